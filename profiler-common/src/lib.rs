@@ -1,0 +1,198 @@
+//! Plain-data records that cross between the tachyon-bpf BPF program and its userspace.
+//!
+//! Everything here is `#[repr(C)]` with explicit padding and sizes asserted at compile time, so
+//! both sides agree byte for byte. The BPF side writes one variable-length sample record per
+//! perf event into a ring buffer:
+//!
+//! ```text
+//! SampleHeader | PyFrame * header.py_len | user stack bytes * header.ustack_len
+//! ```
+//!
+//! The BPF program records raw values only (addresses, offsets, words); userspace resolves names,
+//! lines and symbols.
+#![no_std]
+
+/// Kernel frames kept per sample (`bpf_get_stack` depth).
+pub const MAX_KSTACK: usize = 64;
+/// Interpreter frames walked per sample. CPython's default recursion limit is 1000 and a 300-deep
+/// recursion must come through whole; 512 frames keep the walk under ~50 µs in the worst case
+/// (one 112-byte read per frame) and the BPF verifier's work bounded. Deeper chains are flagged
+/// [`SAMPLE_PY_TRUNCATED`] and keep their innermost 512 frames.
+pub const MAX_PY_FRAMES: usize = 512;
+/// The user stack is copied in chunks of this size; the copy stops at the first chunk that faults.
+pub const USTACK_CHUNK: usize = 4096;
+/// Largest user-stack copy (`--stack-size` is clamped to it).
+pub const MAX_USTACK: usize = 8 * USTACK_CHUNK;
+/// Bytes of one interpreter frame read in one go (covers `PyFrameObject` up to `f_lasti` on 3.8-3.10
+/// and `_PyInterpreterFrame` on 3.11+).
+pub const FRAME_BUF: usize = 128;
+/// An offset that a layout does not have.
+pub const NO_OFFSET: u32 = u32::MAX;
+
+/// The record kind of a sample.
+pub const RECORD_SAMPLE: u32 = 1;
+
+/// The sample interrupted the thread in kernel mode; the user registers came from the task.
+pub const SAMPLE_KERNEL_MODE: u32 = 1 << 0;
+/// The user stack copy stopped before `--stack-size` because a chunk faulted (normal near the
+/// top of the stack).
+pub const SAMPLE_USTACK_SHORT: u32 = 1 << 1;
+/// No user registers could be read (kernel thread, or the task's registers were unreadable).
+pub const SAMPLE_NO_USER: u32 = 1 << 2;
+/// The process is a known Python process and the thread has a thread state.
+pub const SAMPLE_PY_THREAD: u32 = 1 << 3;
+/// The process is a known Python process but the thread was not (yet) in the thread map.
+pub const SAMPLE_PY_MISS: u32 = 1 << 4;
+/// The interpreter frame chain was longer than [`MAX_PY_FRAMES`].
+pub const SAMPLE_PY_TRUNCATED: u32 = 1 << 5;
+/// A read of the thread state or a frame failed; the frames recorded are the ones before it.
+pub const SAMPLE_PY_READ_FAILED: u32 = 1 << 6;
+
+/// Frame layout families (see `PyProcConfig::layout`).
+pub const PY_LAYOUT_FRAMEOBJECT: u32 = 1; // 3.8-3.10: PyFrameObject chain, f_lasti
+pub const PY_LAYOUT_INTERP: u32 = 2; // 3.11+: _PyInterpreterFrame chain, instruction pointer
+
+/// Per-CPU counters in the `STATS` map, by index.
+pub const STAT_SAMPLES: u32 = 0;
+/// Records that could not be written to the ring buffer (it was full): lost samples.
+pub const STAT_LOST: u32 = 1;
+/// The scratch buffer could not be had (should never happen).
+pub const STAT_SCRATCH_FAIL: u32 = 2;
+/// Samples whose kernel stack could not be read.
+pub const STAT_KSTACK_FAIL: u32 = 3;
+/// Samples of a Python process whose thread was not in the thread map.
+pub const STAT_PY_MISS: u32 = 4;
+/// Samples whose interpreter frame walk hit a failed read.
+pub const STAT_PY_READ_FAIL: u32 = 5;
+/// Samples whose interpreter frame chain was truncated at `MAX_PY_FRAMES`.
+pub const STAT_PY_TRUNCATED: u32 = 6;
+pub const STAT_COUNT: u32 = 8;
+
+/// Global settings, index 0 of the `CONFIG` array.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Config {
+    /// Non-zero: sample every process; zero: only those in `TARGETS`.
+    pub all: u32,
+    /// Bytes of user stack to copy, a multiple of `USTACK_CHUNK`, at most `MAX_USTACK`.
+    pub ustack_size: u32,
+    /// The profiler's own process, never sampled.
+    pub self_tgid: u32,
+    pub _pad: u32,
+}
+
+/// Where a Python process keeps what the frame walk needs. Offsets are byte offsets into the
+/// named struct; addresses are absolute in the target.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PyProcConfig {
+    /// `PY_LAYOUT_*`.
+    pub layout: u32,
+    /// Offset in the thread state of the frame pointer (3.8-3.10 `frame`, 3.13+ `current_frame`)
+    /// or of the `cframe` pointer (3.11, 3.12).
+    pub tstate_frame: u32,
+    /// Offset of `current_frame` in `_PyCFrame` (3.11: 8, 3.12: 0), or `NO_OFFSET`.
+    pub cframe_frame: u32,
+    /// Offset of the code object (`f_code` / `f_executable`) in a frame.
+    pub frame_code: u32,
+    /// Offset of the previous frame (`f_back` / `previous`).
+    pub frame_previous: u32,
+    /// Offset of `f_lasti` (i32, FRAMEOBJECT layout) or of the instruction pointer (INTERP).
+    pub frame_instr: u32,
+    /// Offset of the `owner` byte (3.12+) or of `is_entry` (3.11), or `NO_OFFSET`.
+    pub frame_owner: u32,
+    /// Offset of `co_code_adaptive` in a code object (INTERP layout).
+    pub code_adaptive: u32,
+    /// Offset in the thread state of a status word copied into the sample (3.12/3.13 `_status`,
+    /// 3.14 `holds_gil`), or `NO_OFFSET`.
+    pub tstate_status: u32,
+    /// Bytes of a frame to read (<= `FRAME_BUF`): enough to cover every offset above.
+    pub frame_read_size: u32,
+    /// Mask applied to the code pointer (clears `_PyStackRef` tag bits on 3.14+).
+    pub code_mask: u64,
+    /// Address of the GIL's `last_holder` word, or 0.
+    pub gil_last_holder: u64,
+    /// Address of the GIL's `locked` int, or 0.
+    pub gil_locked: u64,
+    /// Address of the interpreter's `gc.collecting` int, or 0.
+    pub gc_collecting: u64,
+}
+
+/// One interpreter frame as read at the sampled instant.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PyFrame {
+    /// Code object address (tag bits cleared).
+    pub code: u64,
+    /// FRAMEOBJECT layout: the raw `f_lasti`. INTERP layout: the instruction offset in code
+    /// units, `(instr_ptr - code - co_code_adaptive) / 2` (-1 for a frame that has not started).
+    pub instr: i32,
+    /// Low byte: the raw `owner` (3.12+) or `is_entry` (3.11) byte.
+    pub flags: u32,
+}
+
+/// The fixed part of a sample record.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct SampleHeader {
+    pub kind: u32,
+    /// `SAMPLE_*` bits.
+    pub flags: u32,
+    /// Thread group id (the process id, as the host sees it).
+    pub pid: u32,
+    /// Thread id, as the host sees it.
+    pub tid: u32,
+    /// `CLOCK_MONOTONIC` nanoseconds.
+    pub time_ns: u64,
+    pub cpu: u32,
+    /// Kernel frames in `kstack`.
+    pub kstack_len: u32,
+    /// Bytes of user stack after the Python frames.
+    pub ustack_len: u32,
+    /// Python frames after the header, innermost first.
+    pub py_len: u32,
+    pub comm: [u8; 16],
+    /// User instruction pointer, stack pointer and frame pointer.
+    pub ip: u64,
+    pub sp: u64,
+    pub bp: u64,
+    /// The Python thread state of the sampled thread, or 0.
+    pub py_tstate: u64,
+    /// The GIL's `last_holder` and `locked` words, read once at the sampled instant.
+    pub py_gil_holder: u64,
+    pub py_gil_locked: u32,
+    /// The thread state's status word (see `PyProcConfig::tstate_status`).
+    pub py_status: u32,
+    /// The interpreter's `gc.collecting`.
+    pub py_gc_collecting: u32,
+    pub _pad: u32,
+    /// Kernel return addresses, innermost first.
+    pub kstack: [u64; MAX_KSTACK],
+}
+
+impl SampleHeader {
+    pub const SIZE: usize = core::mem::size_of::<SampleHeader>();
+}
+
+/// Size of the per-CPU scratch buffer a record is assembled in.
+pub const SCRATCH_SIZE: usize =
+    SampleHeader::SIZE + MAX_PY_FRAMES * core::mem::size_of::<PyFrame>() + MAX_USTACK;
+
+/// Key of the thread map: `(pid << 32) | tid`.
+pub const fn thread_key(pid: u32, tid: u32) -> u64 {
+    ((pid as u64) << 32) | tid as u64
+}
+
+const _: () = assert!(core::mem::size_of::<Config>() == 16);
+const _: () = assert!(core::mem::size_of::<PyProcConfig>() == 72);
+const _: () = assert!(core::mem::size_of::<PyFrame>() == 16);
+const _: () = assert!(SampleHeader::SIZE == 112 + MAX_KSTACK * 8);
+const _: () = assert!(SampleHeader::SIZE % 8 == 0);
+
+#[cfg(feature = "user")]
+mod pod {
+    // SAFETY: plain `#[repr(C)]` integers with explicit padding; every bit pattern is valid.
+    unsafe impl aya::Pod for super::Config {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::PyProcConfig {}
+}

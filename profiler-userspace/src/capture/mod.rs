@@ -1,0 +1,211 @@
+//! Loading and attaching the BPF program, the maps userspace feeds it, and the ring buffer of
+//! sample records.
+
+pub mod record;
+
+use aya::maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf};
+use aya::programs::perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent};
+use aya::programs::{PerfEvent, ProgramError};
+use aya::{Ebpf, EbpfLoader};
+use profiler_common::{thread_key, Config, PyProcConfig, MAX_USTACK, STAT_COUNT, USTACK_CHUNK};
+
+static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(env!("TACHYON_BPF_OBJECT"));
+
+#[derive(Debug, thiserror::Error)]
+pub enum CaptureError {
+    #[error("loading the BPF program failed: {0}")]
+    Load(String),
+    #[error("attaching to the cpu-clock perf event on CPU {cpu} failed: {source}")]
+    Attach {
+        cpu: u32,
+        #[source]
+        source: ProgramError,
+    },
+    #[error("BPF map {0}: {1}")]
+    Map(&'static str, String),
+    #[error("listing online CPUs failed: {0}")]
+    Cpus(String),
+}
+
+pub struct CaptureOptions {
+    pub rate_hz: u64,
+    pub all: bool,
+    pub stack_size: usize,
+    pub ring_bytes: u32,
+}
+
+pub struct Capture {
+    bpf: Ebpf,
+    attached: Vec<aya::programs::perf_event::PerfEventLinkId>,
+    pub cpus: Vec<u32>,
+}
+
+fn map_err<E: std::fmt::Display>(name: &'static str) -> impl Fn(E) -> CaptureError {
+    move |e| CaptureError::Map(name, e.to_string())
+}
+
+/// Rounds a requested stack size to whole chunks within the supported range.
+pub fn clamp_stack_size(bytes: usize) -> usize {
+    let b = bytes.clamp(USTACK_CHUNK, MAX_USTACK);
+    b / USTACK_CHUNK * USTACK_CHUNK
+}
+
+impl Capture {
+    pub fn load(opts: &CaptureOptions) -> Result<Capture, CaptureError> {
+        let ring = opts.ring_bytes.next_power_of_two().max(1 << 20);
+        let possible =
+            aya::util::nr_cpus().map_err(|(s, e)| CaptureError::Cpus(format!("{s}: {e}")))?;
+        let mut bpf = EbpfLoader::new()
+            .map_max_entries("SAMPLES", ring)
+            .map_max_entries("SCRATCH", possible as u32)
+            .load(BPF_OBJECT)
+            .map_err(|e| CaptureError::Load(format!("{e:#}")))?;
+        let cfg = Config {
+            all: opts.all as u32,
+            ustack_size: clamp_stack_size(opts.stack_size) as u32,
+            self_tgid: std::process::id(),
+            _pad: 0,
+        };
+        let mut arr: Array<_, Config> = Array::try_from(bpf.map_mut("CONFIG").expect("CONFIG map"))
+            .map_err(map_err("CONFIG"))?;
+        arr.set(0, cfg, 0).map_err(map_err("CONFIG"))?;
+        let prog: &mut PerfEvent = bpf
+            .program_mut("tachyon_sample")
+            .expect("program tachyon_sample")
+            .try_into()
+            .map_err(|e: ProgramError| CaptureError::Load(e.to_string()))?;
+        prog.load()
+            .map_err(|e| CaptureError::Load(verifier_text(&e)))?;
+        let cpus =
+            aya::util::online_cpus().map_err(|(s, e)| CaptureError::Cpus(format!("{s}: {e}")))?;
+        Ok(Capture {
+            bpf,
+            attached: Vec::new(),
+            cpus,
+        })
+    }
+
+    /// Starts sampling: one software cpu-clock event per online CPU, every `1/rate` s of CPU time.
+    pub fn attach(&mut self, rate_hz: u64) -> Result<(), CaptureError> {
+        let period_ns = (1_000_000_000 / rate_hz.max(1)).max(1);
+        let prog: &mut PerfEvent = self
+            .bpf
+            .program_mut("tachyon_sample")
+            .expect("program tachyon_sample")
+            .try_into()
+            .map_err(|e: ProgramError| CaptureError::Load(e.to_string()))?;
+        for &cpu in &self.cpus {
+            let link = prog
+                .attach(
+                    PerfEventConfig::Software(SoftwareEvent::CpuClock),
+                    PerfEventScope::AllProcessesOneCpu { cpu },
+                    SamplePolicy::Period(period_ns),
+                    false,
+                )
+                .map_err(|source| CaptureError::Attach { cpu, source })?;
+            self.attached.push(link);
+        }
+        Ok(())
+    }
+
+    /// Stops sampling (records already in the ring buffer stay readable).
+    pub fn detach(&mut self) {
+        if let Some(p) = self.bpf.program_mut("tachyon_sample") {
+            if let Ok(prog) = <&mut PerfEvent>::try_from(p) {
+                for link in self.attached.drain(..) {
+                    let _ = prog.detach(link);
+                }
+            }
+        }
+    }
+
+    pub fn take_ring(&mut self) -> RingBuf<MapData> {
+        RingBuf::try_from(self.bpf.take_map("SAMPLES").expect("SAMPLES map")).expect("ring buffer")
+    }
+
+    pub fn add_target(&mut self, pid: u32) -> Result<(), CaptureError> {
+        let mut m: BpfHashMap<_, u32, u32> =
+            BpfHashMap::try_from(self.bpf.map_mut("TARGETS").expect("TARGETS"))
+                .map_err(map_err("TARGETS"))?;
+        m.insert(pid, 1, 0).map_err(map_err("TARGETS"))
+    }
+
+    pub fn set_py_proc(&mut self, pid: u32, cfg: &PyProcConfig) -> Result<(), CaptureError> {
+        let mut m: BpfHashMap<_, u32, PyProcConfig> =
+            BpfHashMap::try_from(self.bpf.map_mut("PY_PROCS").expect("PY_PROCS"))
+                .map_err(map_err("PY_PROCS"))?;
+        m.insert(pid, *cfg, 0).map_err(map_err("PY_PROCS"))
+    }
+
+    pub fn remove_py_proc(&mut self, pid: u32) {
+        if let Ok(mut m) = BpfHashMap::<_, u32, PyProcConfig>::try_from(
+            self.bpf.map_mut("PY_PROCS").expect("PY_PROCS"),
+        ) {
+            let _ = m.remove(&pid);
+        }
+    }
+
+    pub fn set_py_thread(&mut self, pid: u32, tid: u32, tstate: u64) -> Result<(), CaptureError> {
+        let mut m: BpfHashMap<_, u64, u64> =
+            BpfHashMap::try_from(self.bpf.map_mut("PY_THREADS").expect("PY_THREADS"))
+                .map_err(map_err("PY_THREADS"))?;
+        m.insert(thread_key(pid, tid), tstate, 0)
+            .map_err(map_err("PY_THREADS"))
+    }
+
+    pub fn remove_py_thread(&mut self, pid: u32, tid: u32) {
+        if let Ok(mut m) =
+            BpfHashMap::<_, u64, u64>::try_from(self.bpf.map_mut("PY_THREADS").expect("PY_THREADS"))
+        {
+            let _ = m.remove(&thread_key(pid, tid));
+        }
+    }
+
+    /// The BPF program's counters, summed over CPUs, and the lost count per CPU.
+    pub fn stats(&self) -> ([u64; STAT_COUNT as usize], Vec<(u32, u64)>) {
+        let mut total = [0u64; STAT_COUNT as usize];
+        let mut lost = Vec::new();
+        let Some(map) = self.bpf.map("STATS") else {
+            return (total, lost);
+        };
+        let Ok(arr) = PerCpuArray::<_, u64>::try_from(map) else {
+            return (total, lost);
+        };
+        for (i, slot) in total.iter_mut().enumerate() {
+            if let Ok(per_cpu) = arr.get(&(i as u32), 0) {
+                *slot = per_cpu.iter().sum();
+                if i as u32 == profiler_common::STAT_LOST {
+                    lost = self
+                        .cpus
+                        .iter()
+                        .map(|&c| (c, per_cpu.get(c as usize).copied().unwrap_or(0)))
+                        .collect();
+                }
+            }
+        }
+        (total, lost)
+    }
+}
+
+impl Drop for Capture {
+    fn drop(&mut self) {
+        self.detach();
+    }
+}
+
+fn verifier_text(e: &ProgramError) -> String {
+    match e {
+        ProgramError::LoadError {
+            io_error,
+            verifier_log,
+        } => {
+            let log = verifier_log.to_string();
+            let tail: Vec<&str> = log.lines().rev().take(20).collect();
+            format!(
+                "{io_error}; verifier log (last lines):\n{}",
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            )
+        }
+        other => other.to_string(),
+    }
+}

@@ -1,0 +1,185 @@
+//! Decoding of the BPF program's sample records: the one place bytes become `RawSample`s.
+//!
+//! A record is `SampleHeader | PyFrame * py_len | user stack bytes * ustack_len` (see
+//! `profiler-common`). Lengths come from the kernel side and are checked against the record size.
+
+use profiler_common::{
+    PyFrame, SampleHeader, MAX_KSTACK, MAX_PY_FRAMES, MAX_USTACK, RECORD_SAMPLE,
+};
+
+/// One sample, owned, as the BPF program captured it.
+#[derive(Clone, Debug)]
+pub struct RawSample {
+    pub flags: u32,
+    pub pid: u32,
+    pub tid: u32,
+    pub time_ns: u64,
+    pub cpu: u32,
+    pub comm: String,
+    pub ip: u64,
+    pub sp: u64,
+    pub bp: u64,
+    pub kstack: Vec<u64>,
+    pub py_frames: Vec<PyFrame>,
+    pub py_tstate: u64,
+    pub py_gil_holder: u64,
+    pub py_gil_locked: u32,
+    pub py_status: u32,
+    pub py_gc_collecting: u32,
+    /// The user stack from `sp` upwards.
+    pub stack: Vec<u8>,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum RecordError {
+    #[error("record of {0} bytes is shorter than a sample header")]
+    Short(usize),
+    #[error("unknown record kind {0}")]
+    Kind(u32),
+    #[error("record lengths do not add up (py {py}, stack {stack}, record {len})")]
+    Lengths { py: u32, stack: u32, len: usize },
+}
+
+fn comm_string(comm: &[u8; 16]) -> String {
+    let end = comm.iter().position(|&b| b == 0).unwrap_or(comm.len());
+    String::from_utf8_lossy(&comm[..end]).into_owned()
+}
+
+impl RawSample {
+    /// Decodes one ring-buffer record.
+    pub fn parse(bytes: &[u8]) -> Result<RawSample, RecordError> {
+        if bytes.len() < SampleHeader::SIZE {
+            return Err(RecordError::Short(bytes.len()));
+        }
+        // SAFETY: the length was checked; SampleHeader is plain old data valid for any bytes,
+        // and read_unaligned copes with the ring buffer's 8-byte alignment or worse.
+        let h: SampleHeader =
+            unsafe { std::ptr::read_unaligned(bytes.as_ptr() as *const SampleHeader) };
+        if h.kind != RECORD_SAMPLE {
+            return Err(RecordError::Kind(h.kind));
+        }
+        let py_bytes = h.py_len as usize * std::mem::size_of::<PyFrame>();
+        let need = SampleHeader::SIZE + py_bytes + h.ustack_len as usize;
+        if h.py_len as usize > MAX_PY_FRAMES
+            || h.ustack_len as usize > MAX_USTACK
+            || need > bytes.len()
+        {
+            return Err(RecordError::Lengths {
+                py: h.py_len,
+                stack: h.ustack_len,
+                len: bytes.len(),
+            });
+        }
+        let py_area = &bytes[SampleHeader::SIZE..SampleHeader::SIZE + py_bytes];
+        let py_frames = py_area
+            .chunks_exact(std::mem::size_of::<PyFrame>())
+            .map(|c| PyFrame {
+                code: u64::from_le_bytes(c[0..8].try_into().unwrap()),
+                instr: i32::from_le_bytes(c[8..12].try_into().unwrap()),
+                flags: u32::from_le_bytes(c[12..16].try_into().unwrap()),
+            })
+            .collect();
+        let klen = (h.kstack_len as usize).min(MAX_KSTACK);
+        Ok(RawSample {
+            flags: h.flags,
+            pid: h.pid,
+            tid: h.tid,
+            time_ns: h.time_ns,
+            cpu: h.cpu,
+            comm: comm_string(&h.comm),
+            ip: h.ip,
+            sp: h.sp,
+            bp: h.bp,
+            kstack: h.kstack[..klen]
+                .iter()
+                .copied()
+                .filter(|&a| a != 0)
+                .collect(),
+            py_frames,
+            py_tstate: h.py_tstate,
+            py_gil_holder: h.py_gil_holder,
+            py_gil_locked: h.py_gil_locked,
+            py_status: h.py_status,
+            py_gc_collecting: h.py_gc_collecting,
+            stack: bytes[SampleHeader::SIZE + py_bytes..need].to_vec(),
+        })
+    }
+
+    /// Reads a u64 from the copied user stack, if `addr` falls inside it.
+    pub fn read_stack(&self, addr: u64) -> Option<u64> {
+        let off = addr.checked_sub(self.sp)? as usize;
+        let b = self.stack.get(off..off.checked_add(8)?)?;
+        Some(u64::from_le_bytes(b.try_into().ok()?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn header(py_len: u32, ustack_len: u32) -> Vec<u8> {
+        let h = SampleHeader {
+            kind: RECORD_SAMPLE,
+            flags: 0,
+            pid: 10,
+            tid: 11,
+            time_ns: 5,
+            cpu: 1,
+            kstack_len: 2,
+            ustack_len,
+            py_len,
+            comm: *b"python3\0\0\0\0\0\0\0\0\0",
+            ip: 0x1000,
+            sp: 0x7000,
+            bp: 0,
+            py_tstate: 0,
+            py_gil_holder: 0,
+            py_gil_locked: 0,
+            py_status: 0,
+            py_gc_collecting: 0,
+            _pad: 0,
+            kstack: [0xffff_ffff_8100_0000; MAX_KSTACK],
+        };
+        // SAFETY: viewing a repr(C) value as bytes.
+        unsafe {
+            std::slice::from_raw_parts(&h as *const _ as *const u8, SampleHeader::SIZE).to_vec()
+        }
+    }
+
+    #[test]
+    fn parses_frames_and_stack() {
+        let mut b = header(1, 16);
+        b.extend_from_slice(&0xabcdu64.to_le_bytes());
+        b.extend_from_slice(&7i32.to_le_bytes());
+        b.extend_from_slice(&3u32.to_le_bytes());
+        b.extend_from_slice(&0x1111u64.to_le_bytes());
+        b.extend_from_slice(&0x2222u64.to_le_bytes());
+        let s = RawSample::parse(&b).unwrap();
+        assert_eq!(s.comm, "python3");
+        assert_eq!(s.kstack.len(), 2);
+        assert_eq!(
+            s.py_frames,
+            vec![PyFrame {
+                code: 0xabcd,
+                instr: 7,
+                flags: 3
+            }]
+        );
+        assert_eq!(s.read_stack(0x7008), Some(0x2222));
+        assert_eq!(s.read_stack(0x7009), None);
+        assert_eq!(s.read_stack(0x6ff8), None);
+    }
+
+    #[test]
+    fn rejects_inconsistent_lengths() {
+        let b = header(3, 0);
+        assert!(matches!(
+            RawSample::parse(&b),
+            Err(RecordError::Lengths { .. })
+        ));
+        assert_eq!(
+            RawSample::parse(&b[..10]).unwrap_err(),
+            RecordError::Short(10)
+        );
+    }
+}

@@ -1,0 +1,448 @@
+//! tachyon-bpf: a system-wide eBPF sampling profiler for Python (and everything else) on Linux.
+
+mod aggregate;
+mod capture;
+mod collect;
+mod output;
+mod process;
+mod python;
+mod stack;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use tokio::io::unix::AsyncFd;
+use tokio::signal::unix::{signal, SignalKind};
+
+use capture::record::RawSample;
+use capture::{Capture, CaptureError, CaptureOptions};
+use collect::{monotonic_ns, Collector};
+
+/// Sample every CPU and write where processes spend their time, as a Firefox Profiler profile.
+#[derive(Parser, Debug)]
+#[command(name = "tachyon-bpf", version, about)]
+struct Cli {
+    /// Profile every process on the host.
+    #[arg(long, conflicts_with_all = ["pid", "all_pythons"])]
+    all: bool,
+    /// Profile every Python process on the host, including ones started during the run.
+    #[arg(long, conflicts_with = "pid")]
+    all_pythons: bool,
+    /// Profile this process, all its threads (repeatable).
+    #[arg(short, long = "pid", value_name = "PID")]
+    pid: Vec<u32>,
+    /// Samples per second on each CPU.
+    #[arg(short, long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    rate: u64,
+    /// Stop after this many seconds (default: until Ctrl-C or the command exits).
+    #[arg(short, long, value_name = "SECS")]
+    duration: Option<f64>,
+    /// Where to write the Firefox Profiler profile.
+    #[arg(short, long, default_value = "profile.json")]
+    output: PathBuf,
+    /// Bytes of user stack copied per sample for DWARF unwinding (4096-32768).
+    #[arg(long, default_value_t = 16384, value_parser = clap::value_parser!(u64).range(4096..=32768))]
+    stack_size: u64,
+    /// Ring buffer size in MiB.
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    ring_mb: u32,
+    /// Show interpreter-internal native frames between Python frames.
+    #[arg(long)]
+    show_internal: bool,
+    /// No summary on stderr.
+    #[arg(short, long)]
+    quiet: bool,
+    /// Command to launch and profile until it exits.
+    #[arg(last = true, value_name = "CMD")]
+    command: Vec<String>,
+}
+
+/// Errors a user can hit, each with its exit code (documented in the README).
+#[derive(Debug, thiserror::Error)]
+enum AppError {
+    #[error("{0}")]
+    Permission(String),
+    #[error("{0}")]
+    Kernel(String),
+    #[error("{0}")]
+    Target(String),
+    #[error("{0}")]
+    Output(String),
+    #[error("{0}")]
+    Usage(String),
+    #[error("{0}")]
+    Other(String),
+}
+
+impl AppError {
+    fn code(&self) -> i32 {
+        match self {
+            AppError::Other(_) => 1,
+            AppError::Usage(_) => 2,
+            AppError::Permission(_) => 3,
+            AppError::Kernel(_) => 4,
+            AppError::Target(_) => 5,
+            AppError::Output(_) => 6,
+        }
+    }
+}
+
+impl From<CaptureError> for AppError {
+    fn from(e: CaptureError) -> Self {
+        match e {
+            CaptureError::Load(ref m) if m.contains("Operation not permitted") => AppError::Permission(format!(
+                "{e}: needs root, or CAP_BPF, CAP_PERFMON and CAP_SYS_PTRACE"
+            )),
+            CaptureError::Load(_) | CaptureError::Attach { .. } => AppError::Kernel(format!(
+                "{e} (needs a kernel with BTF, BPF ring buffers and perf_event BPF programs, 5.15 or newer)"
+            )),
+            other => AppError::Other(other.to_string()),
+        }
+    }
+}
+
+/// Effective capabilities of this process.
+fn cap_eff() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("CapEff:"))
+                .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        })
+        .unwrap_or(0)
+}
+
+const CAP_SYS_PTRACE: u32 = 19;
+const CAP_SYS_ADMIN: u32 = 21;
+const CAP_PERFMON: u32 = 38;
+const CAP_BPF: u32 = 39;
+
+fn check_environment() -> Result<(), AppError> {
+    let caps = cap_eff();
+    let has = |c: u32| caps & (1u64 << c) != 0;
+    let mut missing = Vec::new();
+    if !has(CAP_BPF) && !has(CAP_SYS_ADMIN) {
+        missing.push("CAP_BPF");
+    }
+    if !has(CAP_PERFMON) && !has(CAP_SYS_ADMIN) {
+        missing.push("CAP_PERFMON");
+    }
+    if !has(CAP_SYS_PTRACE) {
+        missing.push("CAP_SYS_PTRACE");
+    }
+    if !missing.is_empty() {
+        return Err(AppError::Permission(format!(
+            "tachyon-bpf needs root (or {}): run it with sudo",
+            missing.join(", ")
+        )));
+    }
+    if !std::path::Path::new("/sys/kernel/btf/vmlinux").exists() {
+        return Err(AppError::Kernel(
+            "this kernel has no BTF (/sys/kernel/btf/vmlinux is missing): tachyon-bpf needs CONFIG_DEBUG_INFO_BTF=y".into(),
+        ));
+    }
+    Ok(())
+}
+
+fn main() {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let code = if e.use_stderr() { 2 } else { 0 };
+            let _ = e.print();
+            std::process::exit(code);
+        }
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    match rt.block_on(run(cli)) {
+        Ok(code) => std::process::exit(code),
+        Err(e) => {
+            eprintln!("tachyon-bpf: error: {e}");
+            std::process::exit(e.code());
+        }
+    }
+}
+
+/// A launched command, held before `exec` until the profiler is attached.
+struct Launched {
+    pid: u32,
+    go: std::os::fd::OwnedFd,
+    /// Carries the errno of a failed exec; closes on a successful one.
+    exec_err: std::os::fd::OwnedFd,
+}
+
+impl Launched {
+    /// Lets the command exec and returns once it has (or failed to); its exit status is sent
+    /// on `tx` when it ends.
+    fn release(self, tx: tokio::sync::oneshot::Sender<i32>) -> std::io::Result<()> {
+        let _ = nix::unistd::write(&self.go, b"g");
+        drop(self.go);
+        let mut b = [0u8; 4];
+        if let Ok(4) = nix::unistd::read(&self.exec_err, &mut b) {
+            return Err(std::io::Error::from_raw_os_error(i32::from_ne_bytes(b)));
+        }
+        let pid = nix::unistd::Pid::from_raw(self.pid as i32);
+        std::thread::spawn(move || {
+            use nix::sys::wait::{waitpid, WaitStatus};
+            loop {
+                match waitpid(pid, None) {
+                    Ok(WaitStatus::Exited(_, code)) => {
+                        let _ = tx.send(code);
+                        return;
+                    }
+                    Ok(WaitStatus::Signaled(_, sig, _)) => {
+                        let _ = tx.send(128 + sig as i32);
+                        return;
+                    }
+                    Ok(_) => continue,
+                    Err(_) => return,
+                }
+            }
+        });
+        Ok(())
+    }
+}
+
+/// Forks the command and holds it before `exec` on a pipe, so its first instruction is sampled.
+/// `std::process::Command` cannot do this: `spawn` itself waits for the `exec`.
+fn launch(command: &[String]) -> Result<Launched, AppError> {
+    use std::ffi::CString;
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let args: Vec<CString> = command
+        .iter()
+        .map(|a| CString::new(a.as_bytes()))
+        .collect::<Result<_, _>>()
+        .map_err(|_| AppError::Usage("command arguments cannot contain NUL bytes".into()))?;
+    let mut argv: Vec<*const libc::c_char> = args.iter().map(|a| a.as_ptr()).collect();
+    argv.push(std::ptr::null());
+    // The error pipe reports a failed exec (errno) back; it closes on a successful exec.
+    let mut go = [0i32; 2];
+    let mut err = [0i32; 2];
+    // SAFETY: pipe2 fills the two-element arrays.
+    if unsafe { libc::pipe2(go.as_mut_ptr(), libc::O_CLOEXEC) } != 0
+        || unsafe { libc::pipe2(err.as_mut_ptr(), libc::O_CLOEXEC) } != 0
+    {
+        return Err(AppError::Other(format!(
+            "pipe: {}",
+            std::io::Error::last_os_error()
+        )));
+    }
+    // SAFETY: fork in a process whose other threads (none that hold locks we use) are not
+    // touched by the child, which only calls async-signal-safe read/write/execvp/_exit.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err(AppError::Other(format!(
+            "fork: {}",
+            std::io::Error::last_os_error()
+        )));
+    }
+    if pid == 0 {
+        // SAFETY: async-signal-safe calls only, on descriptors and strings prepared before fork.
+        unsafe {
+            libc::close(go[1]);
+            libc::close(err[0]);
+            let mut b = 0u8;
+            libc::read(go[0], &mut b as *mut u8 as *mut libc::c_void, 1);
+            libc::execvp(argv[0], argv.as_ptr());
+            let e = *libc::__errno_location();
+            libc::write(err[1], &e as *const i32 as *const libc::c_void, 4);
+            libc::_exit(127);
+        }
+    }
+    // SAFETY: the descriptors came from pipe2 above and are owned here from now on.
+    let (go_rd, go_wr, err_rd, err_wr) = unsafe {
+        (
+            OwnedFd::from_raw_fd(go[0]),
+            OwnedFd::from_raw_fd(go[1]),
+            OwnedFd::from_raw_fd(err[0]),
+            OwnedFd::from_raw_fd(err[1]),
+        )
+    };
+    drop(go_rd);
+    drop(err_wr);
+    Ok(Launched {
+        pid: pid as u32,
+        go: go_wr,
+        exec_err: err_rd,
+    })
+}
+
+async fn run(cli: Cli) -> Result<i32, AppError> {
+    if !cli.all && !cli.all_pythons && cli.pid.is_empty() && cli.command.is_empty() {
+        return Err(AppError::Usage(
+            "nothing to profile: give --all, --all-pythons, --pid PID or -- COMMAND".into(),
+        ));
+    }
+    if !cli.command.is_empty() && (cli.all || cli.all_pythons || !cli.pid.is_empty()) {
+        return Err(AppError::Usage(
+            "-- COMMAND cannot be combined with --all, --all-pythons or --pid".into(),
+        ));
+    }
+    check_environment()?;
+    for &pid in &cli.pid {
+        if pid == 0 || !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            return Err(AppError::Target(format!("no process with pid {pid}")));
+        }
+    }
+    output::check_writable(&cli.output)
+        .map_err(|e| AppError::Output(format!("cannot write {}: {e}", cli.output.display())))?;
+
+    let mut capture = Capture::load(&CaptureOptions {
+        rate_hz: cli.rate,
+        all: cli.all,
+        stack_size: cli.stack_size as usize,
+        ring_bytes: cli.ring_mb << 20,
+    })?;
+    let mut launched = if cli.command.is_empty() {
+        None
+    } else {
+        Some(launch(&cli.command)?)
+    };
+    for &pid in &cli.pid {
+        capture.add_target(pid)?;
+    }
+    if let Some(l) = &launched {
+        capture.add_target(l.pid)?;
+    }
+    let start_ns = monotonic_ns();
+    let start_epoch_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64() * 1000.0)
+        .unwrap_or(0.0);
+    let mut collector = Collector::new(start_ns, python::PythonRegistry::default());
+    let ring = capture.take_ring();
+    // SAFETY: the ring buffer owns its map fd and neither replaces nor closes it while the
+    // AsyncFd holds it.
+    let mut ring = unsafe { AsyncFd::register_with_interest(ring, tokio::io::Interest::READABLE) }
+        .map_err(|e| AppError::Other(format!("ring buffer: {e}")))?;
+    capture.attach(cli.rate)?;
+    let started = Instant::now();
+
+    // Let the launched command run now that sampling is on.
+    let (child_tx, mut child_rx) = tokio::sync::oneshot::channel::<i32>();
+    if let Some(l) = launched.take() {
+        l.release(child_tx)
+            .map_err(|e| AppError::Target(format!("cannot start {}: {e}", cli.command[0])))?;
+    } else {
+        drop(child_tx);
+    }
+
+    let mut sigint = signal(SignalKind::interrupt()).map_err(|e| AppError::Other(e.to_string()))?;
+    let mut sigterm =
+        signal(SignalKind::terminate()).map_err(|e| AppError::Other(e.to_string()))?;
+    let deadline = cli
+        .duration
+        .map(|d| tokio::time::Instant::now() + Duration::from_secs_f64(d.max(0.0)));
+    let sleep = async {
+        match deadline {
+            Some(d) => tokio::time::sleep_until(d).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(sleep);
+    let has_child = !cli.command.is_empty();
+    let mut child_status = None;
+    loop {
+        tokio::select! {
+            guard = ring.readable_mut() => {
+                let mut guard = guard.map_err(|e| AppError::Other(format!("ring buffer: {e}")))?;
+                drain(guard.get_inner_mut(), &mut collector);
+                guard.clear_ready();
+            }
+            _ = &mut sleep => break,
+            _ = sigint.recv() => break,
+            _ = sigterm.recv() => break,
+            st = &mut child_rx, if has_child && child_status.is_none() => {
+                child_status = st.ok();
+                break;
+            }
+        }
+    }
+    // A second Ctrl-C while the profile is written exits at once.
+    tokio::spawn(async move {
+        if sigint.recv().await.is_some() {
+            eprintln!("tachyon-bpf: interrupted again, exiting without writing");
+            std::process::exit(130);
+        }
+    });
+    capture.detach();
+    let elapsed = started.elapsed();
+    drain(ring.get_mut(), &mut collector);
+    collector.finish();
+    let (stats, lost_per_cpu) = capture.stats();
+    let lost = stats[profiler_common::STAT_LOST as usize];
+
+    let run = output::gecko::RunInfo {
+        start_epoch_ms,
+        interval_ms: 1000.0 / cli.rate as f64,
+        duration_ms: elapsed.as_secs_f64() * 1000.0,
+        mode: "cpu".into(),
+        rate_hz: cli.rate,
+        command: std::env::args().collect::<Vec<_>>().join(" "),
+        lost,
+    };
+    let json = output::gecko::to_json(&collector.profile, &run);
+    let bytes = serde_json::to_vec(&json).map_err(|e| AppError::Other(e.to_string()))?;
+    output::write_atomic(&cli.output, &bytes)
+        .map_err(|e| AppError::Output(format!("cannot write {}: {e}", cli.output.display())))?;
+
+    if !cli.quiet {
+        let c = &collector.profile.counters;
+        let secs = elapsed.as_secs_f64().max(1e-9);
+        let lost_str: Vec<String> = lost_per_cpu
+            .iter()
+            .map(|(cpu, n)| format!("cpu{cpu} {n}"))
+            .collect();
+        eprintln!(
+            "tachyon-bpf: {secs:.2} s, {} samples ({:.0}/s at {} Hz on {} CPUs), lost {} ({}), \
+             truncated {}, bad records {}, {} processes, {} threads",
+            c.samples,
+            c.samples as f64 / secs,
+            cli.rate,
+            capture.cpus.len(),
+            lost,
+            lost_str.join(", "),
+            c.native_truncated,
+            c.bad_records,
+            collector.profile.processes.len(),
+            collector.profile.thread_count(),
+        );
+        if c.py_samples > 0 {
+            eprintln!(
+                "tachyon-bpf: python: {} samples, {} merged, {} merge mismatches, {} thread misses, {} read failures, {} truncated",
+                c.py_samples, c.py_merged, c.py_merge_mismatch, c.py_thread_miss, c.py_read_failed, c.py_truncated
+            );
+        }
+        eprintln!(
+            "tachyon-bpf: wrote {} (open it at https://profiler.firefox.com/)",
+            cli.output.display()
+        );
+    }
+    if let Some(code) = child_status {
+        if code != 0 && !cli.quiet {
+            eprintln!("tachyon-bpf: the command exited with status {code}");
+        }
+    }
+    Ok(0)
+}
+
+fn drain(ring: &mut aya::maps::RingBuf<aya::maps::MapData>, collector: &mut Collector) {
+    while let Some(item) = ring.next() {
+        match RawSample::parse(&item) {
+            Ok(s) => {
+                drop(item);
+                collector.handle(s);
+            }
+            Err(e) => {
+                log::debug!("bad record: {e}");
+                collector.profile.counters.bad_records += 1;
+            }
+        }
+    }
+}

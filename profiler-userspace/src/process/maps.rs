@@ -1,0 +1,80 @@
+//! `/proc/PID/maps` parsing.
+
+use std::path::PathBuf;
+
+/// One line of `/proc/PID/maps`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Mapping {
+    pub start: u64,
+    pub end: u64,
+    pub offset: u64,
+    pub exec: bool,
+    pub inode: u64,
+    pub dev: String,
+    /// The path as the target sees it (`[vdso]`, `[stack]` and empty for anonymous mappings).
+    pub path: String,
+}
+
+impl Mapping {
+    pub fn is_file(&self) -> bool {
+        self.inode != 0 && self.path.starts_with('/')
+    }
+
+    /// The file without a `(deleted)` suffix.
+    pub fn file_path(&self) -> PathBuf {
+        PathBuf::from(self.path.trim_end_matches(" (deleted)"))
+    }
+}
+
+pub fn parse_maps(text: &str) -> Vec<Mapping> {
+    text.lines().filter_map(parse_line).collect()
+}
+
+fn parse_line(line: &str) -> Option<Mapping> {
+    let mut it = line.splitn(6, ' ');
+    let range = it.next()?;
+    let perms = it.next()?;
+    let offset = u64::from_str_radix(it.next()?, 16).ok()?;
+    let dev = it.next()?.to_string();
+    let inode = it.next()?.parse().ok()?;
+    let path = it.next().unwrap_or("").trim_start().to_string();
+    let (s, e) = range.split_once('-')?;
+    Some(Mapping {
+        start: u64::from_str_radix(s, 16).ok()?,
+        end: u64::from_str_radix(e, 16).ok()?,
+        offset,
+        exec: perms.as_bytes().get(2) == Some(&b'x'),
+        inode,
+        dev,
+        path,
+    })
+}
+
+pub fn read_maps(pid: u32) -> std::io::Result<Vec<Mapping>> {
+    Ok(parse_maps(&std::fs::read_to_string(format!(
+        "/proc/{pid}/maps"
+    ))?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_lines() {
+        let m = parse_maps(
+            "55d0c0a00000-55d0c0a01000 r--p 00000000 fe:01 1234 /usr/bin/python3.11\n\
+             7f0000001000-7f0000002000 r-xp 00001000 fe:01 99 /lib/x86_64-linux-gnu/libc.so.6 (deleted)\n\
+             7ffd1000-7ffd2000 rw-p 00000000 00:00 0                          [stack]\n",
+        );
+        assert_eq!(m.len(), 3);
+        assert!(!m[0].exec && m[1].exec);
+        assert_eq!(m[1].offset, 0x1000);
+        assert_eq!(
+            m[1].file_path(),
+            PathBuf::from("/lib/x86_64-linux-gnu/libc.so.6")
+        );
+        assert_eq!(m[2].path, "[stack]");
+        assert!(!m[2].is_file());
+    }
+}

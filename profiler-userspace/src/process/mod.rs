@@ -1,0 +1,175 @@
+//! Per-process state: name, mappings, the ELF files behind them and a framehop unwinder over
+//! them. Mappings are re-read when a sample's address falls outside every known module
+//! (`dlopen`), at most every `REFRESH_MIN`.
+
+pub mod maps;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use framehop::x86_64::{CacheX86_64, UnwinderX86_64};
+use framehop::Unwinder;
+
+use crate::stack::elf::{ElfCache, ElfFile, FileBytes};
+use maps::Mapping;
+
+const REFRESH_MIN: Duration = Duration::from_millis(200);
+
+/// One file mapped into a process (all its mappings together).
+#[derive(Clone)]
+pub struct Module {
+    pub start: u64,
+    pub end: u64,
+    /// AVMA - SVMA.
+    pub bias: u64,
+    pub path: Arc<str>,
+    pub elf: Option<Arc<ElfFile>>,
+    /// Address ranges that are executable.
+    pub exec: Vec<(u64, u64)>,
+}
+
+pub struct Process {
+    pub pid: u32,
+    /// `comm` of the process (its main thread).
+    pub comm: String,
+    pub cmdline: Vec<String>,
+    pub modules: Vec<Module>,
+    pub mappings: Vec<Mapping>,
+    pub unwinder: UnwinderX86_64<FileBytes>,
+    pub cache: CacheX86_64,
+    maps_read_at: Option<Instant>,
+    /// The process could not be read (it exited, or is a kernel thread).
+    pub unreadable: bool,
+}
+
+pub fn read_comm(pid: u32) -> Option<String> {
+    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .ok()
+        .map(|s| s.trim_end().to_string())
+}
+
+pub fn read_cmdline(pid: u32) -> Vec<String> {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|b| {
+            b.split(|&c| c == 0)
+                .filter(|s| !s.is_empty())
+                .map(|s| String::from_utf8_lossy(s).into_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+impl Process {
+    pub fn new(pid: u32, fallback_comm: &str) -> Process {
+        Process {
+            pid,
+            comm: read_comm(pid).unwrap_or_else(|| fallback_comm.to_string()),
+            cmdline: read_cmdline(pid),
+            modules: Vec::new(),
+            mappings: Vec::new(),
+            unwinder: UnwinderX86_64::new(),
+            cache: CacheX86_64::new(),
+            maps_read_at: None,
+            unreadable: false,
+        }
+    }
+
+    /// Re-reads the mappings if they were never read, or if `addr` is in no known module and
+    /// the last read is old enough.
+    pub fn ensure_maps(&mut self, addr: u64, elves: &mut ElfCache) {
+        let stale = match self.maps_read_at {
+            None => true,
+            Some(t) => self.module_for(addr).is_none() && t.elapsed() >= REFRESH_MIN,
+        };
+        if stale && !(self.unreadable && self.maps_read_at.is_some()) {
+            self.reload_maps(elves);
+        }
+    }
+
+    pub fn reload_maps(&mut self, elves: &mut ElfCache) {
+        self.maps_read_at = Some(Instant::now());
+        let Ok(mappings) = maps::read_maps(self.pid) else {
+            self.unreadable = true;
+            return;
+        };
+        self.unreadable = mappings.is_empty();
+        let mut by_file: HashMap<(String, u64), Vec<&Mapping>> = HashMap::new();
+        let mut order = Vec::new();
+        for m in &mappings {
+            if !m.is_file() {
+                continue;
+            }
+            let key = (m.dev.clone(), m.inode);
+            if !by_file.contains_key(&key) {
+                order.push(key.clone());
+            }
+            by_file.entry(key).or_default().push(m);
+        }
+        let old: HashMap<u64, ()> = self.modules.iter().map(|m| (m.start, ())).collect();
+        let mut modules = Vec::new();
+        for key in order {
+            let ms = &by_file[&key];
+            if !ms.iter().any(|m| m.exec) {
+                continue;
+            }
+            let first = ms[0];
+            let elf = elves.get(
+                self.pid,
+                &first.dev,
+                first.inode,
+                &first.file_path(),
+                (first.start, first.end),
+            );
+            let start = ms.iter().map(|m| m.start).min().unwrap_or(0);
+            let end = ms.iter().map(|m| m.end).max().unwrap_or(0);
+            let bias = elf
+                .as_ref()
+                .and_then(|e| {
+                    ms.iter().find_map(|m| {
+                        e.offset_to_svma(m.offset)
+                            .map(|svma| m.start.wrapping_sub(svma))
+                    })
+                })
+                .unwrap_or(start.wrapping_sub(first.offset));
+            modules.push(Module {
+                start,
+                end,
+                bias,
+                path: Arc::from(first.file_path().to_string_lossy().as_ref()),
+                elf,
+                exec: ms
+                    .iter()
+                    .filter(|m| m.exec)
+                    .map(|m| (m.start, m.end))
+                    .collect(),
+            });
+        }
+        modules.sort_by_key(|m| m.start);
+        for m in &self.modules {
+            self.unwinder.remove_module(m.start);
+        }
+        let _ = old;
+        for m in &modules {
+            if let Some(elf) = &m.elf {
+                self.unwinder.add_module(framehop::Module::new(
+                    m.path.to_string(),
+                    m.start..m.end,
+                    m.bias,
+                    elf.unwind_info(),
+                ));
+            }
+        }
+        self.modules = modules;
+        self.mappings = mappings;
+    }
+
+    pub fn module_for(&self, addr: u64) -> Option<&Module> {
+        let i = self
+            .modules
+            .partition_point(|m| m.start <= addr)
+            .checked_sub(1)?;
+        let m = &self.modules[i];
+        (addr < m.end).then_some(m)
+    }
+}
