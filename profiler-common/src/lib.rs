@@ -187,7 +187,7 @@ const _: () = assert!(core::mem::size_of::<Config>() == 16);
 const _: () = assert!(core::mem::size_of::<PyProcConfig>() == 72);
 const _: () = assert!(core::mem::size_of::<PyFrame>() == 16);
 const _: () = assert!(SampleHeader::SIZE == 112 + MAX_KSTACK * 8);
-const _: () = assert!(SampleHeader::SIZE % 8 == 0);
+const _: () = assert!(SampleHeader::SIZE.is_multiple_of(8));
 
 #[cfg(feature = "user")]
 mod pod {

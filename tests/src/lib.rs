@@ -1,1 +1,332 @@
+//! Helpers for the end-to-end tests: run the real `tachyon-bpf` binary as root against real
+//! processes, and read the profiles back with the real Firefox Profiler CLI.
+//!
+//! Preconditions (root, the built binary, the profiler CLI) are checked loudly: a test that
+//! cannot run fails with the reason; it never passes by skipping.
 
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use serde_json::Value;
+
+pub fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+/// Panics unless running as root: these tests load BPF programs for real.
+pub fn require_root() {
+    // SAFETY: geteuid has no preconditions.
+    let euid = unsafe { libc::geteuid() };
+    assert_eq!(
+        euid, 0,
+        "end-to-end tests load BPF programs and must run as root"
+    );
+}
+
+/// The `tachyon-bpf` binary under test (`cargo xtask test` builds it and sets TACHYON_BPF_BIN).
+pub fn profiler_bin() -> PathBuf {
+    let p = std::env::var_os("TACHYON_BPF_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace().join("target/release/tachyon-bpf"));
+    assert!(
+        p.exists(),
+        "{} is missing: run the tests with `cargo xtask test`",
+        p.display()
+    );
+    p
+}
+
+/// A scratch directory for one test.
+pub fn scratch(name: &str) -> PathBuf {
+    let d = workspace().join("target/e2e").join(name);
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Compiles a C program with gcc.
+pub fn compile_c(dir: &Path, name: &str, source: &str, flags: &[&str]) -> PathBuf {
+    let src = dir.join(format!("{name}.c"));
+    std::fs::write(&src, source).unwrap();
+    let out = dir.join(name);
+    let st = Command::new("gcc")
+        .args(flags)
+        .arg("-o")
+        .arg(&out)
+        .arg(&src)
+        .status()
+        .expect("gcc");
+    assert!(st.success(), "gcc failed for {name}");
+    out
+}
+
+/// Runs the profiler to completion with a timeout; returns its output.
+pub fn run_profiler(args: &[&str], timeout: Duration) -> Output {
+    let mut child = Command::new(profiler_bin())
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn tachyon-bpf");
+    wait_timeout(&mut child, timeout);
+    child.wait_with_output().unwrap()
+}
+
+/// Waits for `child`, killing it (and failing) after `timeout`.
+pub fn wait_timeout(child: &mut Child, timeout: Duration) {
+    let t0 = Instant::now();
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            return;
+        }
+        if t0.elapsed() > timeout {
+            let _ = child.kill();
+            panic!("process {} did not finish within {timeout:?}", child.id());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+pub fn stderr_of(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+static SESSION: AtomicU32 = AtomicU32::new(0);
+
+/// A loaded profile in the Firefox Profiler CLI (`@firefox-devtools/profiler-cli`), which runs
+/// the profiler web app's own import and processing pipeline.
+pub struct Viewer {
+    session: String,
+    home: PathBuf,
+    tools: PathBuf,
+}
+
+impl Viewer {
+    fn cli(&self) -> Command {
+        let node_bin = self.tools.join("node_modules/node/bin");
+        let path = format!(
+            "{}:{}",
+            node_bin.display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        let mut c = Command::new(self.tools.join("node_modules/.bin/profiler-cli"));
+        c.env("PATH", path).env("HOME", &self.home);
+        c
+    }
+
+    pub fn load(profile: &Path) -> Result<Viewer> {
+        let tools = std::env::var_os("TACHYON_TOOLS")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| workspace().join(".tools"));
+        if !tools.join("node_modules/.bin/profiler-cli").exists() {
+            bail!(
+                "the Firefox Profiler CLI is missing under {}: run the tests with `cargo xtask test`",
+                tools.display()
+            );
+        }
+        let n = SESSION.fetch_add(1, Ordering::SeqCst);
+        let session = format!("t{}-{n}", std::process::id());
+        let home = workspace().join("target/e2e/.viewer-home");
+        std::fs::create_dir_all(&home)?;
+        let v = Viewer {
+            session,
+            home,
+            tools,
+        };
+        let out = v
+            .cli()
+            .arg("load")
+            .arg(profile)
+            .args([
+                "--session",
+                &v.session,
+                "--symbol-server",
+                "http://127.0.0.1:9/",
+            ])
+            .output()
+            .context("running profiler-cli")?;
+        if !out.status.success() {
+            bail!(
+                "the Firefox Profiler could not load {}: {}{}",
+                profile.display(),
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(v)
+    }
+
+    /// Runs a query with `--json` and parses its output.
+    pub fn json(&self, args: &[&str]) -> Result<Value> {
+        let out = self
+            .cli()
+            .args(args)
+            .args(["--json", "--session", &self.session])
+            .output()?;
+        if !out.status.success() {
+            bail!(
+                "profiler-cli {args:?} failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        serde_json::from_slice(&out.stdout)
+            .with_context(|| format!("profiler-cli {args:?} printed no JSON"))
+    }
+
+    /// Processes as the profiler lists them: (pid, name, [(thread handle, thread name, tid)]).
+    pub fn processes(&self) -> Result<Vec<ProcessInfo>> {
+        let info = self.json(&["profile", "info", "--all"])?;
+        let mut out = Vec::new();
+        for p in info["processes"].as_array().context("processes")? {
+            out.push(ProcessInfo {
+                pid: p["pid"].as_str().unwrap_or_default().to_string(),
+                name: p["name"].as_str().unwrap_or_default().to_string(),
+                threads: p["threads"]
+                    .as_array()
+                    .map(|ts| {
+                        ts.iter()
+                            .map(|t| ThreadInfo {
+                                handle: t["threadHandle"].as_str().unwrap_or_default().into(),
+                                name: t["name"].as_str().unwrap_or_default().into(),
+                                tid: t["tid"].as_u64().unwrap_or(0),
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+            });
+        }
+        Ok(out)
+    }
+
+    /// The top-down call tree of a thread, flattened to (root-first path, self samples).
+    pub fn call_paths(&self, thread: &str) -> Result<CallPaths> {
+        let v = self.json(&[
+            "thread",
+            "samples-top-down",
+            "--thread",
+            thread,
+            "--include-idle",
+            "--max-lines",
+            "1000000",
+        ])?;
+        let root = &v["regularCallTree"];
+        let total = root["totalSamples"].as_u64().unwrap_or(0);
+        let mut paths = Vec::new();
+        let mut stack = Vec::new();
+        flatten(root, &mut stack, &mut paths);
+        Ok(CallPaths { total, paths })
+    }
+
+    /// Samples per category name for a thread.
+    pub fn categories(&self, thread: &str) -> Result<Vec<(String, u64)>> {
+        let v = self.json(&["thread", "samples", "--thread", thread, "--include-idle"])?;
+        Ok(v["categoryBreakdown"]["categories"]
+            .as_array()
+            .map(|cs| {
+                cs.iter()
+                    .map(|c| {
+                        (
+                            c["name"].as_str().unwrap_or_default().to_string(),
+                            c["samples"].as_u64().unwrap_or(0),
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default())
+    }
+
+    pub fn thread_info(&self, thread: &str) -> Result<Value> {
+        self.json(&["thread", "info", "--thread", thread])
+    }
+
+    pub fn markers(&self, thread: &str) -> Result<Value> {
+        self.json(&["thread", "markers", "--thread", thread])
+    }
+}
+
+impl Drop for Viewer {
+    fn drop(&mut self) {
+        let _ = self
+            .cli()
+            .args(["stop", &self.session])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+pub struct ProcessInfo {
+    pub pid: String,
+    pub name: String,
+    pub threads: Vec<ThreadInfo>,
+}
+
+pub struct ThreadInfo {
+    pub handle: String,
+    pub name: String,
+    pub tid: u64,
+}
+
+/// One call-tree node: its root-first path of `nameWithLibrary` and plain names, and its self
+/// samples.
+pub struct CallPath {
+    pub names: Vec<String>,
+    pub self_samples: u64,
+}
+
+pub struct CallPaths {
+    pub total: u64,
+    pub paths: Vec<CallPath>,
+}
+
+fn flatten(node: &Value, stack: &mut Vec<String>, out: &mut Vec<CallPath>) {
+    let is_root = node.get("callNodeIndex").is_none();
+    if !is_root {
+        stack.push(node["name"].as_str().unwrap_or_default().to_string());
+        let own = node["selfSamples"].as_u64().unwrap_or(0);
+        if own > 0 {
+            out.push(CallPath {
+                names: stack.clone(),
+                self_samples: own,
+            });
+        }
+    }
+    if let Some(children) = node["children"].as_array() {
+        for c in children {
+            flatten(c, stack, out);
+        }
+    }
+    if !is_root {
+        stack.pop();
+    }
+}
+
+impl CallPaths {
+    /// Samples whose stack contains `seq` as consecutive frames, root-first.
+    pub fn with_sequence(&self, seq: &[&str]) -> u64 {
+        self.paths
+            .iter()
+            .filter(|p| {
+                p.names
+                    .windows(seq.len())
+                    .any(|w| w.iter().zip(seq).all(|(a, b)| a == b))
+            })
+            .map(|p| p.self_samples)
+            .sum()
+    }
+
+    /// Samples whose stack satisfies `f`.
+    pub fn count(&self, f: impl Fn(&[String]) -> bool) -> u64 {
+        self.paths
+            .iter()
+            .filter(|p| f(&p.names))
+            .map(|p| p.self_samples)
+            .sum()
+    }
+}

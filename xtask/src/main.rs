@@ -1,1 +1,163 @@
-fn main() {}
+//! Developer tasks: `cargo xtask setup | build-ebpf | build | run -- ARGS | test`.
+//!
+//! Every task first runs `setup`, which is idempotent and fast when nothing is missing: Debian's
+//! BPF-capable Rust toolchain, bpf-linker, and the Firefox Profiler CLI (with Node 24) that the
+//! tests read profiles back with.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+
+include!("ebpf_build.rs");
+
+const APT_PACKAGES: [&str; 4] = ["rustc-web", "cargo-web", "rust-web-src", "llvm-22-dev"];
+const BPF_LINKER_VERSION: &str = "0.13.0";
+const NODE_PACKAGES: [&str; 2] = ["node@24", "@firefox-devtools/profiler-cli@0.10.0"];
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace root")
+        .to_path_buf()
+}
+
+fn run(cmd: &mut Command) -> Result<()> {
+    let status = cmd.status().with_context(|| format!("running {cmd:?}"))?;
+    if !status.success() {
+        bail!("{cmd:?} failed with {status}");
+    }
+    Ok(())
+}
+
+fn quiet_ok(cmd: &mut Command) -> bool {
+    cmd.output().map(|o| o.status.success()).unwrap_or(false)
+}
+
+fn output_of(cmd: &mut Command) -> String {
+    cmd.output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default()
+}
+
+fn setup_toolchain() -> Result<()> {
+    let missing: Vec<&str> = APT_PACKAGES
+        .iter()
+        .copied()
+        .filter(|p| !quiet_ok(Command::new("dpkg").args(["-s", p])))
+        .collect();
+    if !missing.is_empty() {
+        eprintln!("xtask: installing {}", missing.join(" "));
+        run(Command::new("apt-get").args(["update", "-q"]))?;
+        run(Command::new("apt-get")
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .args(["install", "-y", "-q", "--no-install-recommends"])
+            .args(&missing))?;
+    }
+    let vv = output_of(Command::new(BPF_RUSTC).arg("-vV"));
+    if !vv.contains("LLVM version: 22.") {
+        bail!("{BPF_RUSTC} is not the LLVM 22 rustc-web the BPF build needs:\n{vv}");
+    }
+    let linker = output_of(Command::new("bpf-linker").arg("--version"));
+    if !linker.contains(BPF_LINKER_VERSION) {
+        eprintln!("xtask: installing bpf-linker {BPF_LINKER_VERSION} (about 2 minutes)");
+        run(Command::new("cargo")
+            .env("LLVM_PREFIX", "/usr/lib/llvm-22")
+            .args([
+                "install",
+                "--locked",
+                "bpf-linker",
+                "--version",
+                BPF_LINKER_VERSION,
+            ])
+            .args(["--no-default-features", "--features", "llvm-22"]))?;
+    }
+    Ok(())
+}
+
+/// The Firefox Profiler CLI and Node 24 under `.tools/`.
+fn setup_tools() -> Result<PathBuf> {
+    let tools = workspace().join(".tools");
+    let cli = tools.join("node_modules/.bin/profiler-cli");
+    let node = tools.join("node_modules/node/bin/node");
+    let node_ok = output_of(Command::new(&node).arg("--version")).starts_with("v24");
+    if !cli.exists() || !node_ok {
+        std::fs::create_dir_all(&tools)?;
+        eprintln!("xtask: installing {} into .tools", NODE_PACKAGES.join(" "));
+        run(Command::new("npm")
+            .current_dir(&tools)
+            .args(["install", "--no-save", "--no-audit", "--no-fund"])
+            .args(NODE_PACKAGES))?;
+    }
+    Ok(tools)
+}
+
+fn build_ebpf() -> Result<()> {
+    run(&mut ebpf_build_command(&workspace()))
+}
+
+fn build_release() -> Result<PathBuf> {
+    run(Command::new("cargo").current_dir(workspace()).args([
+        "build",
+        "--release",
+        "-p",
+        "tachyon-bpf",
+    ]))?;
+    Ok(workspace().join("target/release/tachyon-bpf"))
+}
+
+fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let task = args.first().map(String::as_str).unwrap_or("help");
+    let rest = if args.len() > 1 { &args[1..] } else { &[] };
+    match task {
+        "setup" => {
+            setup_toolchain()?;
+            setup_tools()?;
+        }
+        "build-ebpf" => {
+            setup_toolchain()?;
+            build_ebpf()?;
+            eprintln!("xtask: {}", workspace().join(BPF_OBJECT).display());
+        }
+        "build" => {
+            setup_toolchain()?;
+            let bin = build_release()?;
+            eprintln!("xtask: {}", bin.display());
+        }
+        "run" => {
+            setup_toolchain()?;
+            let bin = build_release()?;
+            let rest: Vec<&String> = rest.iter().skip_while(|a| *a == "--").collect();
+            let status = Command::new(bin).args(rest).status()?;
+            std::process::exit(status.code().unwrap_or(1));
+        }
+        "test" => {
+            setup_toolchain()?;
+            let tools = setup_tools()?;
+            let bin = build_release()?;
+            // Unit tests of every crate, then the end-to-end tests one at a time: they profile
+            // real processes on every CPU, and concurrent runs would disturb each other's counts.
+            run(Command::new("cargo").current_dir(workspace()).args([
+                "test",
+                "--workspace",
+                "--exclude",
+                "tachyon-bpf-tests",
+            ]))?;
+            run(Command::new("cargo")
+                .current_dir(workspace())
+                .env("TACHYON_BPF_BIN", &bin)
+                .env("TACHYON_TOOLS", &tools)
+                .args(["test", "-p", "tachyon-bpf-tests", "--"])
+                .arg("--test-threads=1")
+                .args(rest))?;
+        }
+        _ => {
+            eprintln!(
+                "usage: cargo xtask <setup | build-ebpf | build | run -- ARGS | test [FILTER]>"
+            );
+            std::process::exit(2);
+        }
+    }
+    Ok(())
+}

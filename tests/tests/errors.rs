@@ -1,0 +1,123 @@
+//! Bad input and bad environments: one clear line on stderr and a distinct exit code each.
+
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use tachyon_bpf_tests::*;
+
+fn check(o: &Output, code: i32, needle: &str) {
+    let err = stderr_of(o);
+    assert_eq!(o.status.code(), Some(code), "exit code; stderr: {err}");
+    assert!(err.contains(needle), "expected {needle:?} in stderr: {err}");
+    assert!(!err.contains("panicked"), "panic: {err}");
+    let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "expected one line: {err}");
+}
+
+fn run_wrapped(wrapper: &[&str], args: &[&str]) -> Output {
+    let mut child = Command::new(wrapper[0])
+        .args(&wrapper[1..])
+        .arg(profiler_bin())
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_timeout(&mut child, Duration::from_secs(30));
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+fn not_root() {
+    require_root();
+    let o = run_wrapped(
+        &[
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+        ],
+        &["--all", "-d", "1", "-o", "/tmp/never.json"],
+    );
+    check(&o, 3, "needs root");
+}
+
+#[test]
+fn missing_bpf_capabilities_are_named() {
+    require_root();
+    let o = run_wrapped(
+        &["setpriv", "--bounding-set=-bpf,-perfmon,-sys_admin"],
+        &["--all", "-d", "1", "-o", "/tmp/never.json"],
+    );
+    check(&o, 3, "CAP_BPF, CAP_PERFMON");
+}
+
+#[test]
+fn kernel_without_btf() {
+    require_root();
+    // A mount namespace in which /sys/kernel/btf is empty, as on a kernel built without BTF.
+    let dir = scratch("no_btf");
+    let out = dir.join("p.json");
+    let script = format!(
+        "mount -t tmpfs none /sys/kernel/btf && exec {} --all -d 1 -o {}",
+        profiler_bin().display(),
+        out.display()
+    );
+    let mut child = Command::new("unshare")
+        .args(["-m", "sh", "-c", &script])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_timeout(&mut child, Duration::from_secs(30));
+    let o = child.wait_with_output().unwrap();
+    check(&o, 4, "no BTF");
+}
+
+#[test]
+fn unknown_pid() {
+    require_root();
+    let o = run_profiler(
+        &["--pid", "3999999", "-d", "1", "-o", "/tmp/never.json"],
+        Duration::from_secs(30),
+    );
+    check(&o, 5, "no process with pid 3999999");
+}
+
+#[test]
+fn command_that_cannot_start() {
+    require_root();
+    let dir = scratch("bad_command");
+    let out = dir.join("p.json");
+    let o = run_profiler(
+        &["-o", out.to_str().unwrap(), "--", "/nonexistent/program"],
+        Duration::from_secs(30),
+    );
+    check(&o, 5, "cannot start /nonexistent/program");
+    assert!(!out.exists());
+}
+
+#[test]
+fn unwritable_output() {
+    require_root();
+    let o = run_profiler(
+        &["--all", "-d", "1", "-o", "/nonexistent-dir/p.json"],
+        Duration::from_secs(30),
+    );
+    check(&o, 6, "cannot write /nonexistent-dir/p.json");
+    let dir = scratch("out_is_dir");
+    let o = run_profiler(
+        &["--all", "-d", "1", "-o", dir.to_str().unwrap()],
+        Duration::from_secs(30),
+    );
+    check(&o, 6, "is a directory");
+}
+
+#[test]
+fn nothing_to_profile() {
+    require_root();
+    let o = run_profiler(&["-d", "1"], Duration::from_secs(30));
+    check(&o, 2, "nothing to profile");
+    let o = run_profiler(&["--rate", "0", "--all"], Duration::from_secs(30));
+    assert_eq!(o.status.code(), Some(2), "{}", stderr_of(&o));
+}
