@@ -227,9 +227,13 @@ fn launch(command: &[String]) -> Result<Launched, AppError> {
     let mut go = [0i32; 2];
     let mut err = [0i32; 2];
     // SAFETY: pipe2 fills the two-element arrays.
-    if unsafe { libc::pipe2(go.as_mut_ptr(), libc::O_CLOEXEC) } != 0
-        || unsafe { libc::pipe2(err.as_mut_ptr(), libc::O_CLOEXEC) } != 0
-    {
+    let (r1, r2) = unsafe {
+        (
+            libc::pipe2(go.as_mut_ptr(), libc::O_CLOEXEC),
+            libc::pipe2(err.as_mut_ptr(), libc::O_CLOEXEC),
+        )
+    };
+    if r1 != 0 || r2 != 0 {
         return Err(AppError::Other(format!(
             "pipe: {}",
             std::io::Error::last_os_error()
