@@ -26,6 +26,21 @@ pub struct Collector {
     start_ns: u64,
 }
 
+/// Native functions on the path that takes the GIL.
+fn is_gil_acquire(name: &str) -> bool {
+    matches!(
+        name,
+        "take_gil"
+            | "PyEval_RestoreThread"
+            | "PyEval_AcquireThread"
+            | "PyEval_AcquireLock"
+            | "PyGILState_Ensure"
+            | "_PyThreadState_Attach"
+            | "_PyEval_AcquireLock"
+            | "_PyEval_TakeGIL"
+    ) || name.starts_with("take_gil.")
+}
+
 pub fn monotonic_ns() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
@@ -150,7 +165,17 @@ impl Collector {
             proc.ensure_maps(s.ip, elves);
         }
         let unwound = if s.flags & profiler_common::SAMPLE_NO_USER == 0 {
-            unwind_user(proc, &s)
+            let mut u = unwind_user(proc, &s);
+            // A return address outside every known module: a library mapped since the maps
+            // were read. Re-read them (rate-limited) and unwind again.
+            if let Some(f) = u.frames.iter().find(|f| proc.module_for(f.addr).is_none()) {
+                let before = proc.modules.len();
+                proc.ensure_maps(f.addr, elves);
+                if proc.modules.len() != before {
+                    u = unwind_user(proc, &s);
+                }
+            }
+            u
         } else {
             crate::stack::unwind::Unwound {
                 frames: Vec::new(),
@@ -197,6 +222,13 @@ impl Collector {
         let mut st = 0u8;
         if let Some(p) = &py {
             st = p.state;
+            // Waiting for the GIL: not the holder, and in the GIL-acquire path.
+            if st & state::PYTHON != 0
+                && st & state::HAS_GIL == 0
+                && native.iter().any(|(_, n)| is_gil_acquire(n))
+            {
+                st |= state::GIL_WAIT;
+            }
         }
         let proc_label = self.python.process_label(pid).unwrap_or(proc_name);
         if let Some(v) = self.python.version_label(pid) {
@@ -204,7 +236,6 @@ impl Collector {
             p.python = Some(v);
             p.name = proc_label.clone();
         }
-        let _ = state::ON_CPU;
         self.profile.add_sample(
             pid,
             &proc_label,
@@ -214,7 +245,6 @@ impl Collector {
                 time_ms: t_ms,
                 stack,
                 state: st | state::ON_CPU,
-                cpu: s.cpu,
             },
         );
     }

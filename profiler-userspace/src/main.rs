@@ -1,6 +1,4 @@
 //! tachyon-bpf: a system-wide eBPF sampling profiler for Python (and everything else) on Linux.
-// Python state fields are wired in the next change.
-#![allow(dead_code)]
 
 mod aggregate;
 mod capture;
@@ -300,7 +298,6 @@ async fn run(cli: Cli) -> Result<i32, AppError> {
         .map_err(|e| AppError::Output(format!("cannot write {}: {e}", cli.output.display())))?;
 
     let mut capture = Capture::load(&CaptureOptions {
-        rate_hz: cli.rate,
         all: cli.all,
         stack_size: cli.stack_size as usize,
         ring_bytes: cli.ring_mb << 20,
@@ -321,7 +318,17 @@ async fn run(cli: Cli) -> Result<i32, AppError> {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs_f64() * 1000.0)
         .unwrap_or(0.0);
-    let mut collector = Collector::new(start_ns, python::PythonRegistry::default());
+    let mut collector = Collector::new(start_ns, python::PythonRegistry::new(cli.show_internal));
+    let mut explicit: Vec<u32> = cli.pid.clone();
+    if let Some(l) = &launched {
+        explicit.push(l.pid);
+    }
+    let scope = Scope {
+        all: cli.all,
+        all_pythons: cli.all_pythons,
+        explicit,
+    };
+    python_tick(&mut collector, &mut capture, &scope, true);
     let ring = capture.take_ring();
     // SAFETY: the ring buffer owns its map fd and neither replaces nor closes it while the
     // AsyncFd holds it.
@@ -354,8 +361,14 @@ async fn run(cli: Cli) -> Result<i32, AppError> {
     tokio::pin!(sleep);
     let has_child = !cli.command.is_empty();
     let mut child_status = None;
+    let mut tick = tokio::time::interval(Duration::from_millis(100));
+    let mut ticks: u64 = 0;
     loop {
         tokio::select! {
+            _ = tick.tick() => {
+                ticks += 1;
+                python_tick(&mut collector, &mut capture, &scope, ticks.is_multiple_of(3));
+            }
             guard = ring.readable_mut() => {
                 let mut guard = guard.map_err(|e| AppError::Other(format!("ring buffer: {e}")))?;
                 drain(guard.get_inner_mut(), &mut collector);
@@ -381,6 +394,7 @@ async fn run(cli: Cli) -> Result<i32, AppError> {
     let elapsed = started.elapsed();
     drain(ring.get_mut(), &mut collector);
     collector.finish();
+    collector.profile.build_markers(1000.0 / cli.rate as f64);
     let (stats, lost_per_cpu) = capture.stats();
     let lost = stats[profiler_common::STAT_LOST as usize];
 
@@ -436,6 +450,83 @@ async fn run(cli: Cli) -> Result<i32, AppError> {
         }
     }
     Ok(0)
+}
+
+/// What the run profiles, for Python discovery.
+struct Scope {
+    all: bool,
+    all_pythons: bool,
+    explicit: Vec<u32>,
+}
+
+fn list_pids() -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .map(|d| {
+            d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Finds new Python processes (every call for explicit targets; with `scan`, every process for
+/// --all/--all-pythons), and keeps each Python process's thread map in the BPF program current.
+fn python_tick(collector: &mut Collector, capture: &mut Capture, scope: &Scope, scan: bool) {
+    let me = std::process::id();
+    let mut candidates: Vec<u32> = scope.explicit.clone();
+    if scan && (scope.all || scope.all_pythons) {
+        candidates.extend(list_pids().into_iter().filter(|&p| p != me));
+    }
+    for pid in candidates {
+        if collector.python.procs.contains_key(&pid) || collector.python.known_not_python(pid) {
+            continue;
+        }
+        if !python::maps_mention_python(pid) {
+            continue;
+        }
+        let elves = &mut collector.elves;
+        let proc = collector
+            .procs
+            .entry(pid)
+            .or_insert_with(|| process::Process::new(pid, ""));
+        proc.reload_maps(elves);
+        if let Some(cfg) = collector.python.try_add(proc) {
+            if let Err(e) = capture.set_py_proc(pid, &cfg) {
+                log::warn!("pid {pid}: {e}");
+            }
+            if scope.all_pythons {
+                let _ = capture.add_target(pid);
+            }
+        }
+    }
+    // Thread maps, and processes that are gone.
+    let pids: Vec<u32> = collector.python.procs.keys().copied().collect();
+    for pid in pids {
+        if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            if let Some(p) = collector.python.procs.get(&pid) {
+                for &tid in p.threads.keys() {
+                    capture.remove_py_thread(pid, tid);
+                }
+            }
+            capture.remove_py_proc(pid);
+            collector.python.forget(pid);
+            continue;
+        }
+        let Some(p) = collector.python.procs.get_mut(&pid) else {
+            continue;
+        };
+        let now = p.current_threads();
+        for (&tid, &ts) in &now {
+            if p.threads.get(&tid) != Some(&ts) {
+                let _ = capture.set_py_thread(pid, tid, ts);
+            }
+        }
+        for &tid in p.threads.keys() {
+            if !now.contains_key(&tid) {
+                capture.remove_py_thread(pid, tid);
+            }
+        }
+        p.threads = now;
+    }
 }
 
 fn drain(ring: &mut aya::maps::RingBuf<aya::maps::MapData>, collector: &mut Collector) {

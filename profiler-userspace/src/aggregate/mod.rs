@@ -1,6 +1,8 @@
 //! The aggregated profile: interned functions, frames and stacks shared by every thread, and per
 //! process/thread sample timelines and markers. Every output format is written from this.
 
+pub mod markers;
+
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
@@ -76,8 +78,6 @@ pub mod state {
     pub const GC: u8 = 1 << 3;
     pub const PYTHON: u8 = 1 << 4;
     pub const MAIN_THREAD: u8 = 1 << 5;
-    /// Free-threaded build: the thread is attached to the interpreter.
-    pub const ATTACHED: u8 = 1 << 6;
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -87,7 +87,6 @@ pub struct Sample {
     pub stack: Option<StackId>,
     /// `state::*` bits.
     pub state: u8,
-    pub cpu: u32,
 }
 
 #[derive(Clone, Debug)]
@@ -205,6 +204,7 @@ impl Profile {
     }
 
     /// Frames of a stack, leaf first.
+    #[cfg(test)]
     pub fn stack_frames(&self, mut stack: Option<StackId>) -> Vec<FrameId> {
         let mut out = Vec::new();
         while let Some(s) = stack {
@@ -246,6 +246,15 @@ impl Profile {
         });
         t.last_ms = t.last_ms.max(s.time_ms);
         t.samples.push(s);
+    }
+
+    /// Builds every thread's state markers from its (time-sorted) samples.
+    pub fn build_markers(&mut self, interval_ms: f64) {
+        for p in self.processes.values_mut() {
+            for t in p.threads.values_mut() {
+                t.markers = markers::build(&t.samples, interval_ms);
+            }
+        }
     }
 
     pub fn thread_count(&self) -> usize {

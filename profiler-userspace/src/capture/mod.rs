@@ -28,7 +28,6 @@ pub enum CaptureError {
 }
 
 pub struct CaptureOptions {
-    pub rate_hz: u64,
     pub all: bool,
     pub stack_size: usize,
     pub ring_bytes: u32,

@@ -14,7 +14,6 @@ pub struct RawSample {
     pub pid: u32,
     pub tid: u32,
     pub time_ns: u64,
-    pub cpu: u32,
     pub comm: String,
     pub ip: u64,
     pub sp: u64,
@@ -24,7 +23,6 @@ pub struct RawSample {
     pub py_tstate: u64,
     pub py_gil_holder: u64,
     pub py_gil_locked: u32,
-    pub py_status: u32,
     pub py_gc_collecting: u32,
     /// The user stack from `sp` upwards.
     pub stack: Vec<u8>,
@@ -85,7 +83,6 @@ impl RawSample {
             pid: h.pid,
             tid: h.tid,
             time_ns: h.time_ns,
-            cpu: h.cpu,
             comm: comm_string(&h.comm),
             ip: h.ip,
             sp: h.sp,
@@ -99,7 +96,6 @@ impl RawSample {
             py_tstate: h.py_tstate,
             py_gil_holder: h.py_gil_holder,
             py_gil_locked: h.py_gil_locked,
-            py_status: h.py_status,
             py_gc_collecting: h.py_gc_collecting,
             stack: bytes[SampleHeader::SIZE + py_bytes..need].to_vec(),
         })

@@ -25,8 +25,6 @@ pub struct Module {
     pub bias: u64,
     pub path: Arc<str>,
     pub elf: Option<Arc<ElfFile>>,
-    /// Address ranges that are executable.
-    pub exec: Vec<(u64, u64)>,
 }
 
 pub struct Process {
@@ -89,6 +87,11 @@ impl Process {
 
     pub fn reload_maps(&mut self, elves: &mut ElfCache) {
         self.maps_read_at = Some(Instant::now());
+        // After an exec the name and arguments change with the mappings.
+        if let Some(c) = read_comm(self.pid) {
+            self.comm = c;
+            self.cmdline = read_cmdline(self.pid);
+        }
         let Ok(mappings) = maps::read_maps(self.pid) else {
             self.unreadable = true;
             return;
@@ -138,11 +141,6 @@ impl Process {
                 bias,
                 path: Arc::from(first.file_path().to_string_lossy().as_ref()),
                 elf,
-                exec: ms
-                    .iter()
-                    .filter(|m| m.exec)
-                    .map(|m| (m.start, m.end))
-                    .collect(),
             });
         }
         modules.sort_by_key(|m| m.start);

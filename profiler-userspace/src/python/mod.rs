@@ -1,10 +1,35 @@
-//! Python support: finding CPython runtimes, feeding the BPF frame walk, resolving code objects
-//! and merging Python frames into native stacks.
+//! Python support: finding CPython 3.8-3.14 runtimes, feeding the BPF frame walk (per-process
+//! layout and the thread -> thread-state map), resolving code objects to names and lines, and
+//! merging Python frames into native stacks.
 
-use std::collections::HashMap;
+pub mod code;
+pub mod layout;
+pub mod merge;
+pub mod remote;
 
-use crate::aggregate::{Counters, FrameId, Profile};
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use profiler_common::{
+    PyProcConfig, SAMPLE_PY_MISS, SAMPLE_PY_READ_FAILED, SAMPLE_PY_THREAD, SAMPLE_PY_TRUNCATED,
+};
+
+use crate::aggregate::{state, Category, Counters, Frame, FrameId, Func, FuncId, Profile};
 use crate::capture::record::RawSample;
+use crate::process::Process;
+use code::CodeInfo;
+use layout::{Activations, Layout};
+use remote::{le_u64, Remote};
+
+/// Bounds on walks of target lists (untrusted memory).
+const MAX_INTERPRETERS: usize = 64;
+const MAX_THREADS: usize = 4096;
+/// Code objects cached per process before the cache is cleared.
+const MAX_CODES: usize = 200_000;
+/// A process with no runtime is looked at this many times, this far apart, before it is
+/// taken to be something else (its libraries may still be loading).
+const NO_RUNTIME_ATTEMPTS: u32 = 5;
+const NO_RUNTIME_RETRY: std::time::Duration = std::time::Duration::from_millis(300);
 
 /// The Python frames of one sample, grouped by interpreter activation.
 pub struct PythonFrames {
@@ -14,31 +39,604 @@ pub struct PythonFrames {
     pub state: u8,
 }
 
+/// Why a process is not profiled as Python.
+#[derive(Debug)]
+pub enum NotPython {
+    /// No CPython runtime in its executable or libraries.
+    NoRuntime,
+    /// A runtime that is not initialised yet (try again later).
+    NotReady,
+    /// A version or build this profiler does not support.
+    Unsupported(String),
+}
+
+pub struct PyProcess {
+    pub pid: u32,
+    pub layout: Layout,
+    pub version: String,
+    remote: Remote,
+    runtime: u64,
+    none_addr: u64,
+    code_type: u64,
+    pub config: PyProcConfig,
+    /// Host tid -> thread state, as last pushed to the BPF map.
+    pub threads: HashMap<u32, u64>,
+    codes: HashMap<u64, Arc<CodeInfo>>,
+    funcs: HashMap<(u64, [u64; 3]), FuncId>,
+    frames: HashMap<(FuncId, u32), FrameId>,
+    /// Offset of the kernel tid in the C library's thread struct (found once, <= 3.10).
+    pthread_tid_offset: Option<u64>,
+    pub label: String,
+}
+
+fn parse_minor_from_path(path: &str) -> Option<u32> {
+    let file = path.rsplit('/').next()?;
+    let rest = file
+        .strip_prefix("libpython3.")
+        .or_else(|| file.strip_prefix("python3."))?;
+    let digits: String = rest.chars().take_while(|c| c.is_ascii_digit()).collect();
+    digits.parse().ok()
+}
+
+/// A name for the process that shows the script: `app.py`, `-m module` or `-c`.
+fn script_label(cmdline: &[String], fallback: &str) -> String {
+    let mut it = cmdline.iter().skip(1);
+    while let Some(a) = it.next() {
+        if a == "-m" {
+            return format!("-m {}", it.next().map(String::as_str).unwrap_or(""));
+        }
+        if a == "-c" {
+            return "-c".into();
+        }
+        if a.starts_with('-') {
+            if matches!(a.as_str(), "-W" | "-X" | "--check-hash-based-pycs") {
+                it.next();
+            }
+            continue;
+        }
+        return a.rsplit('/').next().unwrap_or(a).to_string();
+    }
+    fallback.to_string()
+}
+
+impl PyProcess {
+    /// Finds the CPython runtime of `proc` (its mappings must be loaded).
+    pub fn discover(proc: &Process) -> Result<PyProcess, NotPython> {
+        let remote = Remote { pid: proc.pid };
+        let wanted = ["_PyRuntime", "Py_Version", "_Py_NoneStruct", "PyCode_Type"];
+        for m in &proc.modules {
+            let Some(elf) = &m.elf else { continue };
+            let file_name = m.path.rsplit('/').next().unwrap_or("");
+            if !file_name.contains("python") {
+                continue;
+            }
+            let syms = elf.find_symbols(&wanted);
+            let runtime_svma = syms
+                .get("_PyRuntime")
+                .copied()
+                .or_else(|| elf.section_address(".PyRuntime"));
+            let Some(runtime_svma) = runtime_svma else {
+                continue;
+            };
+            let runtime = runtime_svma.wrapping_add(m.bias);
+            let addr = |n: &str| syms.get(n).map(|a| a.wrapping_add(m.bias)).unwrap_or(0);
+
+            // Version: debug offsets (3.13+), Py_Version (3.11+), the file name.
+            let head = remote.read(runtime, 24);
+            let mut hex = head
+                .as_ref()
+                .filter(|h| &h[..8] == layout::DEBUG_COOKIE)
+                .and_then(|h| le_u64(h, 8));
+            if hex.is_none() && addr("Py_Version") != 0 {
+                hex = remote.u32(addr("Py_Version")).map(|v| v as u64);
+            }
+            let (major, minor, micro) = match hex {
+                Some(v) => ((v >> 24) & 0xff, ((v >> 16) & 0xff) as u32, (v >> 8) & 0xff),
+                None => match parse_minor_from_path(&m.path) {
+                    Some(minor) => (3, minor, 0),
+                    None => continue,
+                },
+            };
+            let version = if hex.is_some() {
+                format!("{major}.{minor}.{micro}")
+            } else {
+                format!("{major}.{minor}")
+            };
+            if major != 3 {
+                return Err(NotPython::Unsupported(format!("Python {version}")));
+            }
+            let Some(mut layout) = layout::builtin(minor) else {
+                return Err(NotPython::Unsupported(format!("Python {version}")));
+            };
+            if minor >= 13 {
+                match layout::apply_debug_offsets(&remote, runtime, &mut layout) {
+                    Some(d) if d.free_threaded => {
+                        return Err(NotPython::Unsupported(format!(
+                            "free-threaded Python {version}"
+                        )))
+                    }
+                    Some(_) => {}
+                    None => {
+                        return Err(NotPython::Unsupported(format!(
+                            "Python {version} without debug offsets"
+                        )))
+                    }
+                }
+            }
+            let interp = remote.u64(runtime + layout.interp_head).unwrap_or(0);
+            if interp == 0 {
+                return Err(NotPython::NotReady);
+            }
+            let gil = if let Some(off) = layout.gil_in_runtime {
+                Some((runtime + off, runtime + off + 8))
+            } else if let Some(off) = layout.interp_gil_ptr {
+                remote
+                    .u64(interp + off)
+                    .filter(|&g| g != 0)
+                    .map(|g| (g + 8, g + 16))
+            } else {
+                None
+            };
+            let gc = layout
+                .gc_collecting_runtime
+                .map(|o| runtime + o)
+                .or(layout.gc_collecting_interp.map(|o| interp + o));
+            let config = layout.proc_config(gil, gc);
+            return Ok(PyProcess {
+                pid: proc.pid,
+                label: format!(
+                    "{} (Python {version})",
+                    script_label(&proc.cmdline, &proc.comm)
+                ),
+                layout,
+                version,
+                remote,
+                runtime,
+                none_addr: addr("_Py_NoneStruct"),
+                code_type: addr("PyCode_Type"),
+                config,
+                threads: HashMap::new(),
+                codes: HashMap::new(),
+                funcs: HashMap::new(),
+                frames: HashMap::new(),
+                pthread_tid_offset: None,
+            });
+        }
+        Err(NotPython::NoRuntime)
+    }
+
+    /// Thread states of every interpreter: (tstate, pthread id, native thread id).
+    fn thread_states(&self) -> Vec<(u64, u64, u64)> {
+        let l = &self.layout;
+        let mut out = Vec::new();
+        let mut interp = self.remote.u64(self.runtime + l.interp_head).unwrap_or(0);
+        let mut seen = HashSet::new();
+        for _ in 0..MAX_INTERPRETERS {
+            if interp == 0 || !seen.insert(interp) {
+                break;
+            }
+            let mut t = self.remote.u64(interp + l.interp_threads_head).unwrap_or(0);
+            for _ in 0..MAX_THREADS {
+                if t == 0 || !seen.insert(t) {
+                    break;
+                }
+                let Some(b) = self.remote.read(
+                    t,
+                    176.max(l.thread_id as usize + 8)
+                        .max(l.native_thread_id.unwrap_or(0) as usize + 8),
+                ) else {
+                    break;
+                };
+                // A thread state belongs to its interpreter; anything else is not a list we trust.
+                if le_u64(&b, l.tstate_interp as usize) != Some(interp) {
+                    break;
+                }
+                let ptid = le_u64(&b, l.thread_id as usize).unwrap_or(0);
+                let ntid = l
+                    .native_thread_id
+                    .and_then(|o| le_u64(&b, o as usize))
+                    .unwrap_or(0)
+                    & 0xffff_ffff;
+                out.push((t, ptid, ntid));
+                t = le_u64(&b, l.tstate_next as usize).unwrap_or(0);
+            }
+            interp = self.remote.u64(interp + l.interp_next).unwrap_or(0);
+        }
+        out
+    }
+
+    /// The thread -> thread-state map as it is now: host tids as keys.
+    pub fn current_threads(&mut self) -> HashMap<u32, u64> {
+        let tasks = task_ids(self.pid);
+        let ns_to_host: HashMap<u32, u32> = tasks.iter().map(|&(host, ns)| (ns, host)).collect();
+        let states = self.thread_states();
+        let mut out = HashMap::new();
+        for (tstate, ptid, ntid) in states {
+            let mut ns_tid = ntid as u32;
+            if ns_tid == 0 && ptid != 0 {
+                ns_tid = self.tid_from_pthread(ptid, &ns_to_host).unwrap_or(0);
+            }
+            if let Some(&host) = ns_to_host.get(&ns_tid) {
+                out.insert(host, tstate);
+            }
+        }
+        out
+    }
+
+    /// The kernel tid stored in the C library's thread struct at `pthread` (<= 3.10 keep only
+    /// `pthread_self()`). The offset is found once by looking for a value that is one of the
+    /// process's tids (glibc x86-64 keeps it at 0x2d0).
+    fn tid_from_pthread(&mut self, pthread: u64, tids: &HashMap<u32, u32>) -> Option<u32> {
+        if let Some(off) = self.pthread_tid_offset {
+            return self
+                .remote
+                .u32(pthread + off)
+                .filter(|t| tids.contains_key(t));
+        }
+        let b = self.remote.read(pthread, 2048)?;
+        let mut candidates: Vec<u64> = vec![0x2d0];
+        candidates.extend((0..2048u64).step_by(4));
+        for off in candidates {
+            if let Some(v) = remote::le_u32(&b, off as usize) {
+                if v != 0 && tids.contains_key(&v) {
+                    self.pthread_tid_offset = Some(off);
+                    return Some(v);
+                }
+            }
+        }
+        None
+    }
+
+    fn code(&mut self, addrs: &[u64]) -> Vec<Option<Arc<CodeInfo>>> {
+        let len = code::header_len(&self.layout);
+        let ranges: Vec<(u64, usize)> = addrs.iter().map(|&a| (a, len)).collect();
+        // One read validates every cached code object of the sample (addresses can be reused
+        // after a code object is freed); misses are resolved in full.
+        let mut heads = self.remote.read_many(&ranges);
+        if heads.iter().any(Option::is_none) {
+            heads = ranges.iter().map(|r| self.remote.read(r.0, r.1)).collect();
+        }
+        if self.codes.len() > MAX_CODES {
+            self.codes.clear();
+        }
+        addrs
+            .iter()
+            .zip(heads)
+            .map(|(&a, head)| {
+                let head = head?;
+                let id = code::ident(&self.layout, &head)?;
+                if let Some(c) = self.codes.get(&a) {
+                    if c.ident == id {
+                        return Some(c.clone());
+                    }
+                }
+                let c = Arc::new(code::read_code(
+                    &self.remote,
+                    &self.layout,
+                    &head,
+                    self.code_type,
+                )?);
+                self.codes.insert(a, c.clone());
+                Some(c)
+            })
+            .collect()
+    }
+
+    fn frame_for(&mut self, profile: &mut Profile, addr: u64, c: &CodeInfo, instr: i32) -> FrameId {
+        let func = *self.funcs.entry((addr, c.ident)).or_insert_with(|| {
+            profile.func(Func {
+                name: c.name.clone(),
+                file: Some(c.file.clone()),
+                line: Some(c.firstlineno),
+                lib: None,
+                category: Category::Python,
+                is_python: true,
+            })
+        });
+        let line = code::line_for(self.layout.minor, c, instr);
+        *self.frames.entry((func, line)).or_insert_with(|| {
+            profile.frame(Frame {
+                func,
+                line: Some(line),
+                address: None,
+                symbol_address: None,
+                category: Category::Python,
+            })
+        })
+    }
+}
+
+/// (host tid, tid in the process's own pid namespace) of every thread.
+fn task_ids(pid: u32) -> Vec<(u32, u32)> {
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| {
+        let host: u32 = e.ok()?.file_name().to_str()?.parse().ok()?;
+        let status = std::fs::read_to_string(format!("/proc/{pid}/task/{host}/status")).ok();
+        let ns = status
+            .as_deref()
+            .and_then(|s| s.lines().find_map(|l| l.strip_prefix("NSpid:")))
+            .and_then(|v| v.split_whitespace().last()?.parse().ok())
+            .unwrap_or(host);
+        Some((host, ns))
+    })
+    .collect()
+}
+
+/// Everything the profiler knows about Python processes.
 #[derive(Default)]
 pub struct PythonRegistry {
-    labels: HashMap<u32, String>,
+    pub procs: HashMap<u32, PyProcess>,
+    /// Processes found not to be Python, by pid, start time and executable, so a reused pid or
+    /// an exec is looked at again.
+    /// Attempts so far and when the last one was; a process that is still loading its
+    /// libraries is looked at again a few times.
+    not_python: HashMap<(u32, u64, String), (u32, std::time::Instant)>,
+    reported: HashSet<u32>,
+    pub show_internal: bool,
+}
+
+/// The start time of a process (field 22 of /proc/PID/stat), to tell reused pids apart.
+pub fn start_time(pid: u32) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = s.rsplit_once(')')?.1;
+    after.split_whitespace().nth(19)?.parse().ok()
+}
+
+fn process_key(pid: u32) -> (u32, u64, String) {
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe"))
+        .map(|p| p.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    (pid, start_time(pid).unwrap_or(0), exe)
 }
 
 impl PythonRegistry {
-    pub fn resolve(&mut self, _s: &RawSample, _profile: &mut Profile) -> Option<PythonFrames> {
-        None
+    /// Known not to be Python (as the process is now).
+    pub fn known_not_python(&self, pid: u32) -> bool {
+        match self.not_python.get(&process_key(pid)) {
+            Some((n, at)) => *n >= NO_RUNTIME_ATTEMPTS || at.elapsed() < NO_RUNTIME_RETRY,
+            None => false,
+        }
+    }
+
+    fn not_python_again(&mut self, key: (u32, u64, String), final_: bool) {
+        let e = self
+            .not_python
+            .entry(key)
+            .or_insert((0, std::time::Instant::now()));
+        e.0 = if final_ { NO_RUNTIME_ATTEMPTS } else { e.0 + 1 };
+        e.1 = std::time::Instant::now();
+    }
+}
+
+/// Whether any mapping of the process names a python binary or libpython (a cheap pre-check).
+pub fn maps_mention_python(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/maps"))
+        .map(|m| {
+            m.lines().any(|l| {
+                l.rsplit('/')
+                    .next()
+                    .map(|f| f.starts_with("python") || f.starts_with("libpython"))
+                    .unwrap_or(false)
+            })
+        })
+        .unwrap_or(false)
+}
+
+impl PythonRegistry {
+    pub fn new(show_internal: bool) -> PythonRegistry {
+        PythonRegistry {
+            show_internal,
+            ..Default::default()
+        }
+    }
+
+    /// Tries to set up `proc` as a Python process. Returns the BPF config to install when it is
+    /// newly found.
+    pub fn try_add(&mut self, proc: &Process) -> Option<PyProcConfig> {
+        if self.procs.contains_key(&proc.pid) {
+            return None;
+        }
+        let key = process_key(proc.pid);
+        if self.known_not_python(proc.pid) {
+            return None;
+        }
+        match PyProcess::discover(proc) {
+            Ok(p) => {
+                let cfg = p.config;
+                log::info!("pid {}: Python {} ({})", proc.pid, p.version, p.label);
+                self.procs.insert(proc.pid, p);
+                Some(cfg)
+            }
+            Err(NotPython::NotReady) => {
+                log::debug!("pid {}: Python runtime not initialised yet", proc.pid);
+                None
+            }
+            Err(NotPython::NoRuntime) => {
+                log::debug!(
+                    "pid {}: no Python runtime in {} modules",
+                    proc.pid,
+                    proc.modules.len()
+                );
+                self.not_python_again(key, false);
+                None
+            }
+            Err(NotPython::Unsupported(what)) => {
+                if self.reported.insert(proc.pid) {
+                    eprintln!(
+                        "tachyon-bpf: pid {} runs {what}, which is not supported: native stacks only",
+                        proc.pid
+                    );
+                }
+                self.not_python_again(key, true);
+                None
+            }
+        }
+    }
+
+    pub fn forget(&mut self, pid: u32) {
+        self.procs.remove(&pid);
+    }
+
+    pub fn resolve(&mut self, s: &RawSample, profile: &mut Profile) -> Option<PythonFrames> {
+        let p = self.procs.get_mut(&s.pid)?;
+        let c: &mut Counters = &mut profile.counters;
+        if s.flags & SAMPLE_PY_MISS != 0 {
+            c.py_thread_miss += 1;
+        }
+        if s.flags & SAMPLE_PY_THREAD == 0 {
+            return Some(PythonFrames {
+                activations: Vec::new(),
+                state: 0,
+            });
+        }
+        c.py_samples += 1;
+        if s.flags & SAMPLE_PY_READ_FAILED != 0 {
+            c.py_read_failed += 1;
+        }
+        if s.flags & SAMPLE_PY_TRUNCATED != 0 {
+            c.py_truncated += 1;
+        }
+        let mut st = state::PYTHON;
+        let has_gil = s.py_gil_locked != 0 && s.py_gil_holder == s.py_tstate && s.py_tstate != 0;
+        if has_gil {
+            st |= state::HAS_GIL;
+            if s.py_gc_collecting != 0 {
+                st |= state::GC;
+            }
+        }
+        if s.tid == s.pid {
+            st |= state::MAIN_THREAD;
+        }
+
+        // Innermost first from BPF: group into activations (shims and entry flags delimit).
+        let layout = p.layout.clone();
+        let real: Vec<(usize, bool)> = s
+            .py_frames
+            .iter()
+            .enumerate()
+            .map(|(i, f)| (i, layout.is_shim(f.flags as u8, f.code, p.none_addr)))
+            .collect();
+        let addrs: Vec<u64> = s
+            .py_frames
+            .iter()
+            .zip(&real)
+            .filter(|(_, r)| !r.1)
+            .map(|(f, _)| f.code)
+            .collect();
+        let mut uniq = addrs.clone();
+        uniq.sort_unstable();
+        uniq.dedup();
+        let infos: HashMap<u64, Option<Arc<CodeInfo>>> =
+            uniq.iter().copied().zip(p.code(&uniq)).collect();
+
+        let mut activations: Vec<Vec<FrameId>> = Vec::new();
+        let mut cur: Vec<FrameId> = Vec::new(); // innermost first
+        for (f, (_, shim)) in s.py_frames.iter().zip(&real) {
+            if *shim {
+                if !cur.is_empty() {
+                    activations.push(std::mem::take(&mut cur));
+                }
+                continue;
+            }
+            let frame = match infos.get(&f.code).cloned().flatten() {
+                Some(ci) => p.frame_for(profile, f.code, &ci, f.instr),
+                None => {
+                    profile.counters.py_unresolved_frames += 1;
+                    unresolved_frame(profile)
+                }
+            };
+            cur.push(frame);
+            let ends = match layout.activations {
+                Activations::PerFrame => true,
+                Activations::EntryFlag => f.flags & 0xff != 0,
+                Activations::Shim => false,
+            };
+            if ends {
+                activations.push(std::mem::take(&mut cur));
+            }
+        }
+        if !cur.is_empty() {
+            activations.push(cur);
+        }
+        // Built innermost first at both levels: flip to outermost activation first, root-first.
+        activations.reverse();
+        for a in &mut activations {
+            a.reverse();
+        }
+        Some(PythonFrames {
+            activations,
+            state: st,
+        })
     }
 
     pub fn merge(
         &self,
-        native: &[(FrameId, std::sync::Arc<str>)],
-        _activations: &[Vec<FrameId>],
-        _truncated: bool,
-        _counters: &mut Counters,
+        native: &[(FrameId, Arc<str>)],
+        activations: &[Vec<FrameId>],
+        truncated: bool,
+        counters: &mut Counters,
     ) -> Vec<FrameId> {
-        native.iter().map(|(f, _)| *f).collect()
+        merge::merge(native, activations, truncated, self.show_internal, counters)
     }
 
     pub fn process_label(&self, pid: u32) -> Option<String> {
-        self.labels.get(&pid).cloned()
+        self.procs.get(&pid).map(|p| p.label.clone())
     }
 
-    pub fn version_label(&self, _pid: u32) -> Option<String> {
-        None
+    pub fn version_label(&self, pid: u32) -> Option<String> {
+        self.procs.get(&pid).map(|p| p.version.clone())
+    }
+}
+
+fn unresolved_frame(profile: &mut Profile) -> FrameId {
+    let func = profile.func(Func {
+        name: Arc::from("<unresolved Python frame>"),
+        file: None,
+        line: None,
+        lib: None,
+        category: Category::Python,
+        is_python: true,
+    });
+    profile.frame(Frame {
+        func,
+        line: None,
+        address: None,
+        symbol_address: None,
+        category: Category::Python,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn labels_show_the_script() {
+        let c = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            script_label(&c(&["python3", "-u", "/srv/app.py", "x"]), "p"),
+            "app.py"
+        );
+        assert_eq!(
+            script_label(&c(&["python3", "-m", "http.server"]), "p"),
+            "-m http.server"
+        );
+        assert_eq!(
+            script_label(&c(&["python3", "-X", "dev", "a.py"]), "p"),
+            "a.py"
+        );
+        assert_eq!(script_label(&c(&["python3"]), "p"), "p");
+    }
+
+    #[test]
+    fn version_from_file_names() {
+        assert_eq!(
+            parse_minor_from_path("/usr/lib/libpython3.11.so.1.0"),
+            Some(11)
+        );
+        assert_eq!(parse_minor_from_path("/usr/bin/python3.9"), Some(9));
+        assert_eq!(parse_minor_from_path("/usr/bin/python3"), None);
     }
 }

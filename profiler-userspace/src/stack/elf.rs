@@ -92,10 +92,6 @@ impl ElfFile {
         })
     }
 
-    pub fn section(&self, name: &str) -> Option<&SectionRef> {
-        self.sections.get(name)
-    }
-
     /// The SVMA at which file offset `offset` is loaded.
     pub fn offset_to_svma(&self, offset: u64) -> Option<u64> {
         self.segments
@@ -125,9 +121,27 @@ impl ElfFile {
         }
     }
 
-    /// The raw file bytes (for readers of other sections, e.g. Python runtime discovery).
-    pub fn data(&self) -> &[u8] {
-        &self.map[..]
+    /// SVMAs of the named symbols (any kind), from `.symtab` and `.dynsym`.
+    pub fn find_symbols(&self, names: &[&str]) -> HashMap<String, u64> {
+        use object::ObjectSymbol;
+        let mut out = HashMap::new();
+        let Ok(file) = object::File::parse(&self.map[..]) else {
+            return out;
+        };
+        for sym in file.symbols().chain(file.dynamic_symbols()) {
+            if let Ok(n) = sym.name() {
+                if sym.address() != 0 && names.contains(&n) {
+                    out.entry(n.to_string()).or_insert(sym.address());
+                }
+            }
+        }
+        out
+    }
+
+    /// The SVMA of a section, if present (e.g. `.PyRuntime`).
+    pub fn section_address(&self, name: &str) -> Option<u64> {
+        let file = object::File::parse(&self.map[..]).ok()?;
+        file.section_by_name(name).map(|s| s.address())
     }
 }
 
@@ -169,9 +183,5 @@ impl ElfCache {
         });
         self.files.insert(key, file.clone());
         file
-    }
-
-    pub fn len(&self) -> usize {
-        self.files.len()
     }
 }

@@ -65,14 +65,6 @@ impl SymbolTable {
         }
         Some((*start, name.clone()))
     }
-
-    pub fn len(&self) -> usize {
-        self.syms.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.syms.is_empty()
-    }
 }
 
 /// The kernel's symbols from `/proc/kallsyms` (text symbols only). Module symbols carry their
@@ -112,10 +104,6 @@ impl KernelSymbols {
     pub fn lookup(&self, addr: u64) -> Option<(u64, Arc<str>)> {
         let i = self.syms.partition_point(|s| s.0 <= addr).checked_sub(1)?;
         Some((self.syms[i].0, self.syms[i].1.clone()))
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.syms.is_empty()
     }
 }
 

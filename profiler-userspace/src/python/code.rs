@@ -1,0 +1,348 @@
+//! Code objects: names, files and line tables read from the target, and the line for an
+//! instruction offset in each version's line-table format. Target memory is untrusted: every
+//! length is bounded and every decoder stops at the end of its input.
+
+use std::sync::Arc;
+
+use super::layout::Layout;
+use super::remote::{le_u32, le_u64, Remote};
+
+/// Longest name or file name decoded (code points).
+const MAX_STR: usize = 4096;
+/// Longest line table read.
+const MAX_LINETABLE: usize = 256 * 1024;
+
+#[derive(Debug)]
+pub struct CodeInfo {
+    pub name: Arc<str>,
+    pub file: Arc<str>,
+    pub firstlineno: u32,
+    pub linetable: Vec<u8>,
+    /// What the cache validates a hit with: the type, file and name pointers.
+    pub ident: [u64; 3],
+}
+
+/// Decodes a `str` object (any kind, compact or not).
+pub fn read_unicode(remote: &Remote, layout: &Layout, addr: u64) -> Option<String> {
+    let head = remote.read(addr, 80)?;
+    let length = le_u64(&head, 16)? as usize;
+    let state = le_u32(&head, 32)?;
+    let kind = ((state >> 2) & 7) as usize;
+    let compact = state & (1 << 5) != 0;
+    let ascii = state & (1 << 6) != 0;
+    if length > MAX_STR || !matches!(kind, 1 | 2 | 4) {
+        return None;
+    }
+    let data = if compact {
+        addr + if ascii {
+            layout.unicode_ascii_data
+        } else {
+            layout.unicode_compact_data
+        } as u64
+    } else {
+        // Legacy (non-compact) strings keep their data behind a pointer after the compact part.
+        le_u64(&head, layout.unicode_compact_data)?
+    };
+    if length == 0 {
+        return Some(String::new());
+    }
+    let bytes = remote.read(data, length * kind)?;
+    Some(match kind {
+        1 => bytes.iter().map(|&b| b as char).collect(),
+        2 => bytes
+            .chunks_exact(2)
+            .map(|c| char::from_u32(u16::from_le_bytes([c[0], c[1]]) as u32).unwrap_or('\u{fffd}'))
+            .collect(),
+        _ => bytes
+            .chunks_exact(4)
+            .map(|c| {
+                char::from_u32(u32::from_le_bytes([c[0], c[1], c[2], c[3]])).unwrap_or('\u{fffd}')
+            })
+            .collect(),
+    })
+}
+
+fn read_bytes_object(remote: &Remote, addr: u64) -> Option<Vec<u8>> {
+    let head = remote.read(addr, 32)?;
+    let size = le_u64(&head, 16)? as usize;
+    if size > MAX_LINETABLE {
+        return None;
+    }
+    if size == 0 {
+        return Some(Vec::new());
+    }
+    remote.read(addr + 32, size)
+}
+
+/// Bytes of a code object read for validation and resolution.
+pub fn header_len(layout: &Layout) -> usize {
+    [
+        layout.code_filename,
+        layout.code_name,
+        layout.code_qualname.unwrap_or(0),
+        layout.code_linetable,
+        layout.code_firstlineno,
+    ]
+    .into_iter()
+    .max()
+    .unwrap_or(0)
+        + 8
+}
+
+/// The identity a cached code object is validated by: (ob_type, co_filename, co_name).
+pub fn ident(layout: &Layout, head: &[u8]) -> Option<[u64; 3]> {
+    Some([
+        le_u64(head, 8)?,
+        le_u64(head, layout.code_filename)?,
+        le_u64(head, layout.code_name)?,
+    ])
+}
+
+/// Reads a whole code object given its header bytes.
+pub fn read_code(
+    remote: &Remote,
+    layout: &Layout,
+    head: &[u8],
+    code_type: u64,
+) -> Option<CodeInfo> {
+    let id = ident(layout, head)?;
+    if code_type != 0 && id[0] != code_type {
+        return None;
+    }
+    let name_ptr = layout
+        .code_qualname
+        .and_then(|q| le_u64(head, q))
+        .filter(|&p| p != 0)
+        .unwrap_or(id[2]);
+    let name =
+        read_unicode(remote, layout, name_ptr).or_else(|| read_unicode(remote, layout, id[2]))?;
+    let file = read_unicode(remote, layout, id[1]).unwrap_or_else(|| "<unknown>".into());
+    let firstlineno = le_u32(head, layout.code_firstlineno)? as i32;
+    let linetable = le_u64(head, layout.code_linetable)
+        .and_then(|p| read_bytes_object(remote, p))
+        .unwrap_or_default();
+    Some(CodeInfo {
+        name: Arc::from(name.as_str()),
+        file: Arc::from(file.as_str()),
+        firstlineno: firstlineno.max(0) as u32,
+        linetable,
+        ident: id,
+    })
+}
+
+/// The line of instruction `instr` (as the BPF program reports it for this version).
+pub fn line_for(minor: u32, code: &CodeInfo, instr: i32) -> u32 {
+    let first = code.firstlineno as i64;
+    let line = match minor {
+        0..=9 => lnotab_line(&code.linetable, first, instr.max(0) as u64),
+        10 => linetable310_line(&code.linetable, first, 2 * instr.max(0) as u64),
+        _ => {
+            if instr < 0 {
+                Some(first)
+            } else {
+                location_table_line(&code.linetable, first, instr as u64)
+            }
+        }
+    };
+    line.filter(|&l| l > 0).unwrap_or(first).max(0) as u32
+}
+
+/// <= 3.9 `co_lnotab`: (byte increment, signed line increment) pairs; `addr` in bytes.
+fn lnotab_line(t: &[u8], first: i64, addr: u64) -> Option<i64> {
+    let mut line = first;
+    let mut a = 0u64;
+    for pair in t.chunks_exact(2) {
+        a += pair[0] as u64;
+        if a > addr {
+            break;
+        }
+        line += pair[1] as i8 as i64;
+    }
+    Some(line)
+}
+
+/// 3.10 `co_linetable`: (start delta, signed line delta; -128 = none) pairs; `addr` in bytes.
+fn linetable310_line(t: &[u8], first: i64, addr: u64) -> Option<i64> {
+    let mut line = first;
+    let mut start = 0u64;
+    for pair in t.chunks_exact(2) {
+        let end = start + pair[0] as u64;
+        let delta = pair[1] as i8;
+        if delta != -128 {
+            line += delta as i64;
+        }
+        if addr >= start && addr < end {
+            return (delta != -128).then_some(line);
+        }
+        start = end;
+    }
+    None
+}
+
+fn varint(t: &[u8], i: &mut usize) -> Option<u64> {
+    let mut v = 0u64;
+    let mut shift = 0;
+    loop {
+        let b = *t.get(*i)?;
+        *i += 1;
+        v |= ((b & 63) as u64) << shift;
+        if b & 64 == 0 {
+            return Some(v);
+        }
+        shift += 6;
+        if shift > 60 {
+            return None;
+        }
+    }
+}
+
+fn svarint(t: &[u8], i: &mut usize) -> Option<i64> {
+    let v = varint(t, i)?;
+    Some(if v & 1 != 0 {
+        -((v >> 1) as i64)
+    } else {
+        (v >> 1) as i64
+    })
+}
+
+/// 3.11+ location table; `addrq` in code units.
+fn location_table_line(t: &[u8], first: i64, addrq: u64) -> Option<i64> {
+    let mut i = 0;
+    let mut line = first;
+    let mut start = 0u64;
+    while i < t.len() {
+        let b = t[i];
+        if b & 0x80 == 0 {
+            return None; // not at an entry start: corrupt table
+        }
+        i += 1;
+        let code = (b >> 3) & 15;
+        let len = (b & 7) as u64 + 1;
+        let this_line = match code {
+            15 => None,
+            14 => {
+                line += svarint(t, &mut i)?;
+                varint(t, &mut i)?;
+                varint(t, &mut i)?;
+                varint(t, &mut i)?;
+                Some(line)
+            }
+            13 => {
+                line += svarint(t, &mut i)?;
+                Some(line)
+            }
+            10..=12 => {
+                line += (code - 10) as i64;
+                i += 2;
+                Some(line)
+            }
+            _ => {
+                i += 1;
+                Some(line)
+            }
+        };
+        if addrq >= start && addrq < start + len {
+            return this_line;
+        }
+        start += len;
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn code(first: u32, table: Vec<u8>) -> CodeInfo {
+        CodeInfo {
+            name: Arc::from("f"),
+            file: Arc::from("f.py"),
+            firstlineno: first,
+            linetable: table,
+            ident: [0; 3],
+        }
+    }
+
+    #[test]
+    fn lnotab() {
+        // bytes 0-5 line 10, 6-13 line 11, 14+ line 9 (negative increment).
+        let c = code(10, vec![6, 1, 8, 0xfe]);
+        assert_eq!(line_for(9, &c, 0), 10);
+        assert_eq!(line_for(9, &c, 6), 11);
+        assert_eq!(line_for(9, &c, 13), 11);
+        assert_eq!(line_for(9, &c, 14), 9);
+    }
+
+    #[test]
+    fn linetable_310() {
+        // [0,4) line 5+1, [4,10) no line, [10,20) line 6+2.
+        let c = code(5, vec![4, 1, 6, 0x80, 10, 2]);
+        assert_eq!(line_for(10, &c, 1), 6); // byte 2
+        assert_eq!(line_for(10, &c, 3), 5); // byte 6: no line -> first line
+        assert_eq!(line_for(10, &c, 6), 8); // byte 12
+    }
+
+    #[test]
+    fn location_table_311() {
+        // entry 1: code 13 (no columns), len 2, line +1 (svarint 2) -> line 8
+        // entry 2: code 10 (one line, +0), len 3, two column bytes -> line 8
+        // entry 3: code 11 (one line, +1), len 1 -> line 9
+        // entry 4: code 14 (long), len 1, line -2 (svarint 5), 3 varints -> line 7
+        // entry 5: code 15 (none), len 1
+        let t = vec![
+            0x80 | (13 << 3) | 1,
+            2,
+            0x80 | (10 << 3) | 2,
+            0,
+            4,
+            0x80 | (11 << 3),
+            1,
+            2,
+            0x80 | (14 << 3),
+            5,
+            0,
+            1,
+            2,
+            0x80 | (15 << 3),
+        ];
+        let c = code(7, t);
+        assert_eq!(line_for(11, &c, 0), 8);
+        assert_eq!(line_for(11, &c, 1), 8);
+        assert_eq!(line_for(11, &c, 4), 8);
+        assert_eq!(line_for(11, &c, 5), 9);
+        assert_eq!(line_for(11, &c, 6), 7);
+        assert_eq!(line_for(11, &c, 7), 7); // "none" -> first line
+        assert_eq!(line_for(11, &c, -1), 7); // not started
+        assert_eq!(line_for(11, &c, 999), 7);
+    }
+
+    #[test]
+    fn corrupt_tables_do_not_panic() {
+        for t in [
+            vec![0x7f],
+            vec![0xff, 0xff, 0xff],
+            vec![
+                0x80 | (14 << 3),
+                0xff,
+                0xff,
+                0xff,
+                0xff,
+                0xff,
+                0xff,
+                0xff,
+                0xff,
+                0xff,
+                0xff,
+                0xff,
+                0xff,
+            ],
+        ] {
+            let c = code(3, t);
+            for minor in [8, 10, 11, 13] {
+                for i in [-5, 0, 1, 100, i32::MAX] {
+                    let _ = line_for(minor, &c, i);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,301 @@
+//! Per-version CPython layouts (x86-64 Linux, default GIL builds), as data. 3.13+ layouts are
+//! checked against, and overridden by, the target's own `_Py_DebugOffsets`.
+//!
+//! Numbers: see docs in the project's shared notes; they were compiled against each version's
+//! headers and read live.
+
+use profiler_common::{PyProcConfig, NO_OFFSET, PY_LAYOUT_FRAMEOBJECT, PY_LAYOUT_INTERP};
+
+use super::remote::{le_u64, Remote};
+
+/// Which frame-chain conventions a version uses for activations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activations {
+    /// 3.8-3.10: every frame is its own `_PyEval_EvalFrameDefault` call.
+    PerFrame,
+    /// 3.11: the first frame of an activation has `is_entry`.
+    EntryFlag,
+    /// 3.12+: a shim frame (owner >= 3 or a non-code executable) sits below each activation.
+    Shim,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Layout {
+    pub minor: u32,
+    pub interp_head: u64,
+    pub interp_next: u64,
+    pub interp_threads_head: u64,
+    pub tstate_next: u64,
+    pub tstate_interp: u64,
+    pub tstate_frame: u32,
+    pub cframe_frame: u32,
+    pub thread_id: u64,
+    pub native_thread_id: Option<u64>,
+    pub frame_code: u32,
+    pub frame_previous: u32,
+    pub frame_instr: u32,
+    pub frame_owner: u32,
+    pub frame_read: u32,
+    pub code_firstlineno: usize,
+    pub code_filename: usize,
+    pub code_name: usize,
+    pub code_qualname: Option<usize>,
+    pub code_linetable: usize,
+    pub code_adaptive: u32,
+    pub unicode_ascii_data: usize,
+    pub unicode_compact_data: usize,
+    /// Runtime-relative `last_holder` (<= 3.11), or the interpreter's `ceval.gil` pointer (3.12+).
+    pub gil_in_runtime: Option<u64>,
+    pub interp_gil_ptr: Option<u64>,
+    /// `gc.collecting`: runtime-relative (3.8) or interpreter-relative.
+    pub gc_collecting_runtime: Option<u64>,
+    pub gc_collecting_interp: Option<u64>,
+    pub code_mask: u64,
+    pub activations: Activations,
+}
+
+/// The built-in layout of `3.minor`.
+pub fn builtin(minor: u32) -> Option<Layout> {
+    let legacy = |minor: u32| Layout {
+        minor,
+        interp_head: 32,
+        interp_next: 0,
+        interp_threads_head: 8,
+        tstate_next: 8,
+        tstate_interp: 16,
+        tstate_frame: 24,
+        cframe_frame: NO_OFFSET,
+        thread_id: 176,
+        native_thread_id: None,
+        frame_code: 32,
+        frame_previous: 24,
+        frame_instr: if minor == 10 { 96 } else { 104 },
+        frame_owner: NO_OFFSET,
+        frame_read: 112,
+        code_firstlineno: 40,
+        code_filename: 104,
+        code_name: 112,
+        code_qualname: None,
+        code_linetable: 120,
+        code_adaptive: 0,
+        unicode_ascii_data: 48,
+        unicode_compact_data: 72,
+        gil_in_runtime: Some(if minor == 8 { 1160 } else { 360 }),
+        interp_gil_ptr: None,
+        gc_collecting_runtime: (minor == 8).then_some(544),
+        gc_collecting_interp: (minor != 8).then_some(816),
+        code_mask: !0,
+        activations: Activations::PerFrame,
+    };
+    let modern = Layout {
+        minor,
+        interp_head: 40,
+        interp_next: 0,
+        interp_threads_head: 16,
+        tstate_next: 8,
+        tstate_interp: 16,
+        tstate_frame: 56,
+        cframe_frame: 8,
+        thread_id: 152,
+        native_thread_id: Some(160),
+        frame_code: 32,
+        frame_previous: 48,
+        frame_instr: 56,
+        frame_owner: 68,
+        frame_read: 72,
+        code_firstlineno: 72,
+        code_filename: 112,
+        code_name: 120,
+        code_qualname: Some(128),
+        code_linetable: 136,
+        code_adaptive: 184,
+        unicode_ascii_data: 48,
+        unicode_compact_data: 72,
+        gil_in_runtime: Some(368),
+        interp_gil_ptr: None,
+        gc_collecting_runtime: None,
+        gc_collecting_interp: Some(848),
+        code_mask: !0,
+        activations: Activations::EntryFlag,
+    };
+    Some(match minor {
+        8..=10 => legacy(minor),
+        11 => modern,
+        12 => Layout {
+            interp_threads_head: 72,
+            cframe_frame: 0,
+            thread_id: 136,
+            native_thread_id: Some(144),
+            frame_code: 0,
+            frame_previous: 8,
+            frame_owner: 70,
+            code_firstlineno: 68,
+            code_adaptive: 192,
+            unicode_ascii_data: 40,
+            unicode_compact_data: 56,
+            gil_in_runtime: None,
+            interp_gil_ptr: Some(384),
+            gc_collecting_interp: Some(312),
+            activations: Activations::Shim,
+            ..modern
+        },
+        13 | 14 => Layout {
+            interp_head: if minor == 13 { 632 } else { 808 },
+            interp_next: 7264,
+            interp_threads_head: 7344,
+            tstate_frame: 72,
+            cframe_frame: NO_OFFSET,
+            thread_id: 152,
+            native_thread_id: Some(160),
+            frame_code: 0,
+            frame_previous: 8,
+            frame_owner: if minor == 13 { 70 } else { 74 },
+            frame_read: if minor == 13 { 72 } else { 80 },
+            code_firstlineno: 68,
+            code_adaptive: if minor == 13 { 200 } else { 208 },
+            unicode_ascii_data: 40,
+            unicode_compact_data: 56,
+            gil_in_runtime: None,
+            interp_gil_ptr: Some(16),
+            gc_collecting_interp: Some(7600),
+            code_mask: if minor == 13 { !0 } else { !3 },
+            activations: Activations::Shim,
+            ..modern
+        },
+        _ => return None,
+    })
+}
+
+/// What `_Py_DebugOffsets` (3.13+) says, where it differs from or confirms the built-in layout.
+#[derive(Debug)]
+pub struct DebugOffsets {
+    pub free_threaded: bool,
+}
+
+pub const DEBUG_COOKIE: &[u8; 8] = b"xdebugpy";
+
+/// Reads `_Py_DebugOffsets` at the start of `_PyRuntime` and applies the 3.13 groups to
+/// `layout` (3.14's groups move, so only the runtime group is applied there).
+pub fn apply_debug_offsets(
+    remote: &Remote,
+    runtime: u64,
+    layout: &mut Layout,
+) -> Option<DebugOffsets> {
+    let b = remote.read(runtime, 352)?;
+    if &b[0..8] != DEBUG_COOKIE {
+        return None;
+    }
+    let version = le_u64(&b, 8)?;
+    let free_threaded = le_u64(&b, 16)? != 0;
+    let f = |off: usize| le_u64(&b, off);
+    // Sanity bounds: untrusted numbers never become huge offsets.
+    let ok = |v: u64| v < (1 << 20);
+    if let Some(v) = f(40).filter(|v| ok(*v)) {
+        layout.interp_head = v;
+    }
+    if (version >> 16) & 0xff == 13 {
+        let pairs: [(usize, &mut u64); 6] = [
+            (64, &mut layout.interp_next),
+            (72, &mut layout.interp_threads_head),
+            (168, &mut layout.tstate_next),
+            (176, &mut layout.tstate_interp),
+            (192, &mut layout.thread_id),
+            (0, &mut 0u64),
+        ];
+        for (off, slot) in pairs {
+            if off != 0 {
+                if let Some(v) = f(off).filter(|v| ok(*v)) {
+                    *slot = v;
+                }
+            }
+        }
+        if let Some(v) = f(200).filter(|v| ok(*v)) {
+            layout.native_thread_id = Some(v);
+        }
+        if let Some(v) = f(184).filter(|v| ok(*v)) {
+            layout.tstate_frame = v as u32;
+        }
+        if let Some(v) = f(232).filter(|v| ok(*v)) {
+            layout.frame_previous = v as u32;
+        }
+        if let Some(v) = f(240).filter(|v| ok(*v)) {
+            layout.frame_code = v as u32;
+        }
+        if let Some(v) = f(248).filter(|v| ok(*v)) {
+            layout.frame_instr = v as u32;
+        }
+        if let Some(v) = f(264).filter(|v| ok(*v)) {
+            layout.frame_owner = v as u32;
+        }
+        if let Some(v) = f(280).filter(|v| ok(*v)) {
+            layout.code_filename = v as usize;
+        }
+        if let Some(v) = f(288).filter(|v| ok(*v)) {
+            layout.code_name = v as usize;
+        }
+        if let Some(v) = f(296).filter(|v| ok(*v)) {
+            layout.code_qualname = Some(v as usize);
+        }
+        if let Some(v) = f(304).filter(|v| ok(*v)) {
+            layout.code_linetable = v as usize;
+        }
+        if let Some(v) = f(312).filter(|v| ok(*v)) {
+            layout.code_firstlineno = v as usize;
+        }
+        if let Some(v) = f(344).filter(|v| ok(*v)) {
+            layout.code_adaptive = v as u32;
+        }
+    }
+    Some(DebugOffsets { free_threaded })
+}
+
+impl Layout {
+    /// The BPF side of the layout, with the process's addresses filled in.
+    pub fn proc_config(&self, gil: Option<(u64, u64)>, gc_collecting: Option<u64>) -> PyProcConfig {
+        PyProcConfig {
+            layout: if self.minor <= 10 {
+                PY_LAYOUT_FRAMEOBJECT
+            } else {
+                PY_LAYOUT_INTERP
+            },
+            tstate_frame: self.tstate_frame,
+            cframe_frame: self.cframe_frame,
+            frame_code: self.frame_code,
+            frame_previous: self.frame_previous,
+            frame_instr: self.frame_instr,
+            frame_owner: self.frame_owner,
+            code_adaptive: self.code_adaptive,
+            tstate_status: NO_OFFSET,
+            frame_read_size: self.frame_read,
+            code_mask: self.code_mask,
+            gil_last_holder: gil.map(|g| g.0).unwrap_or(0),
+            gil_locked: gil.map(|g| g.1).unwrap_or(0),
+            gc_collecting: gc_collecting.unwrap_or(0),
+        }
+    }
+
+    /// Whether a frame (by its owner byte and code address) is a shim/entry boundary, and
+    /// whether it starts an activation (3.11 entry frames).
+    pub fn is_shim(&self, owner: u8, code: u64, none_addr: u64) -> bool {
+        self.activations == Activations::Shim
+            && (owner >= 3 || code == 0 || (none_addr != 0 && code == none_addr))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_supported_version_has_a_layout() {
+        for minor in 8..=14 {
+            let l = builtin(minor).unwrap();
+            assert!(l.frame_read as usize <= profiler_common::FRAME_BUF);
+            assert!((l.frame_owner == NO_OFFSET) || l.frame_owner < l.frame_read);
+            assert!(l.frame_instr < l.frame_read && l.frame_previous < l.frame_read);
+        }
+        assert!(builtin(7).is_none() && builtin(15).is_none());
+        assert_eq!(builtin(12).unwrap().interp_threads_head, 72);
+        assert_eq!(builtin(14).unwrap().code_mask, !3);
+    }
+}

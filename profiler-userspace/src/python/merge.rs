@@ -1,0 +1,183 @@
+//! Splicing Python frames into native stacks: each interpreter activation replaces the native
+//! eval-loop frame that runs it. Interpreter call machinery between Python frames is hidden
+//! unless asked for; mismatches are counted and no Python frame is ever dropped.
+
+use std::sync::Arc;
+
+use crate::aggregate::{Counters, FrameId};
+
+/// Native functions that run one interpreter activation.
+pub fn is_eval_frame(name: &str) -> bool {
+    name == "_PyEval_EvalFrameDefault"
+        || name.starts_with("_PyEval_EvalFrameDefault.")
+        || name == "PyEval_EvalFrameEx"
+}
+
+/// Interpreter call machinery: hidden between Python frames by default.
+pub fn is_internal(name: &str) -> bool {
+    const PREFIXES: [&str; 24] = [
+        "_PyEval_",
+        "_PyFunction_",
+        "PyObject_Vectorcall",
+        "_PyObject_Vectorcall",
+        "PyObject_Call",
+        "_PyObject_Call",
+        "_PyObject_MakeTpCall",
+        "PyVectorcall_",
+        "_PyVectorcall",
+        "method_vectorcall",
+        "cfunction_",
+        "vectorcall_",
+        "slot_tp_call",
+        "call_function",
+        "function_code_fastcall",
+        "_PyObject_FastCall",
+        "PyEval_EvalCode",
+        "do_call_core",
+        "_TAIL_CALL_",
+        "_PyCFunction",
+        "PyCFunction_Call",
+        "_Py_HandlePending",
+        "object_vacall",
+        "PyObject_VectorcallMethod",
+    ];
+    PREFIXES.iter().any(|p| name.starts_with(p))
+}
+
+/// Merges `activations` (outermost first, each root-first) into `native` (root-first).
+pub fn merge(
+    native: &[(FrameId, Arc<str>)],
+    activations: &[Vec<FrameId>],
+    native_truncated: bool,
+    show_internal: bool,
+    counters: &mut Counters,
+) -> Vec<FrameId> {
+    let evals: Vec<usize> = native
+        .iter()
+        .enumerate()
+        .filter(|(_, (_, n))| is_eval_frame(n))
+        .map(|(i, _)| i)
+        .collect();
+    let (e, a) = (evals.len(), activations.len());
+    // Pair eval frames with activations: from the root when the native stack is whole (an eval
+    // frame whose activation already returned is then the innermost one), from the leaf when the
+    // native unwind stopped early (the missing part is at the root).
+    let pairs: Vec<(usize, usize)> = if native_truncated {
+        evals
+            .iter()
+            .rev()
+            .zip((0..a).rev())
+            .map(|(&n, p)| (n, p))
+            .collect()
+    } else {
+        evals.iter().zip(0..a).map(|(&n, p)| (n, p)).collect()
+    };
+    if e == a && !native_truncated {
+        counters.py_merged += 1;
+    } else if (!native_truncated && e != a) || (native_truncated && e > a) {
+        // A truncated native stack explains missing eval frames, never extra ones.
+        counters.py_merge_mismatch += 1;
+    }
+    let paired_act: std::collections::HashMap<usize, usize> = pairs.iter().copied().collect();
+    let min_act = pairs.iter().map(|p| p.1).min();
+    let max_act = pairs.iter().map(|p| p.1).max();
+    let first_eval = pairs.iter().map(|p| p.0).min();
+    let last_eval = pairs.iter().map(|p| p.0).max();
+
+    let mut out =
+        Vec::with_capacity(native.len() + activations.iter().map(Vec::len).sum::<usize>());
+    // Activations with no eval frame, outside the paired range at the root.
+    let leading = min_act.unwrap_or(a);
+    for act in &activations[..leading] {
+        out.extend_from_slice(act);
+    }
+    for (i, (frame, name)) in native.iter().enumerate() {
+        if let Some(&act) = paired_act.get(&i) {
+            if show_internal {
+                out.push(*frame);
+            }
+            out.extend_from_slice(&activations[act]);
+            // Inner activations with no eval frame of their own go right after the last paired one.
+            if Some(act) == max_act {
+                for extra in &activations[act + 1..] {
+                    out.extend_from_slice(extra);
+                }
+            }
+            continue;
+        }
+        let between = matches!((first_eval, last_eval), (Some(f), Some(l)) if i > f && i < l);
+        if between && !show_internal && is_internal(name) {
+            continue;
+        }
+        out.push(*frame);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn nat(names: &[&str]) -> Vec<(FrameId, Arc<str>)> {
+        names
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (100 + i, Arc::from(*n)))
+            .collect()
+    }
+
+    #[test]
+    fn splices_each_activation_in_place() {
+        let native = nat(&[
+            "_start",
+            "Py_RunMain",
+            "_PyEval_EvalFrameDefault",
+            "_PyEval_Vector",
+            "list_sort_impl",
+            "_PyObject_Call",
+            "_PyEval_EvalFrameDefault",
+            "leaf_c",
+        ]);
+        let acts = vec![vec![1, 2], vec![3]];
+        let mut c = Counters::default();
+        let m = merge(&native, &acts, false, false, &mut c);
+        assert_eq!(m, vec![100, 101, 1, 2, 104, 3, 107]);
+        assert_eq!(c.py_merged, 1);
+        let m = merge(&native, &acts, false, true, &mut c);
+        assert_eq!(m, vec![100, 101, 102, 1, 2, 103, 104, 105, 106, 3, 107]);
+    }
+
+    #[test]
+    fn truncated_native_keeps_outer_python_at_root() {
+        let native = nat(&["_PyEval_EvalFrameDefault", "leaf_c"]);
+        let acts = vec![vec![1], vec![2], vec![3]];
+        let mut c = Counters::default();
+        let m = merge(&native, &acts, true, false, &mut c);
+        assert_eq!(m, vec![1, 2, 3, 101]);
+        assert_eq!(c.py_merge_mismatch, 0);
+        assert_eq!(c.py_merged, 0);
+    }
+
+    #[test]
+    fn no_eval_frames_keeps_every_python_frame() {
+        let native = nat(&["a", "b"]);
+        let acts = vec![vec![1, 2]];
+        let mut c = Counters::default();
+        assert_eq!(
+            merge(&native, &acts, false, false, &mut c),
+            vec![1, 2, 100, 101]
+        );
+        assert_eq!(c.py_merge_mismatch, 1);
+    }
+
+    #[test]
+    fn extra_eval_frame_stays_native() {
+        let native = nat(&["_PyEval_EvalFrameDefault", "x", "_PyEval_EvalFrameDefault"]);
+        let acts = vec![vec![1]];
+        let mut c = Counters::default();
+        assert_eq!(
+            merge(&native, &acts, false, false, &mut c),
+            vec![1, 101, 102]
+        );
+    }
+}
