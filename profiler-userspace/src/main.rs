@@ -328,7 +328,7 @@ async fn run(cli: Cli) -> Result<i32, AppError> {
         all_pythons: cli.all_pythons,
         explicit,
     };
-    python_tick(&mut collector, &mut capture, &scope, true);
+    python_tick(&mut collector, &mut capture, &scope, true, true);
     let ring = capture.take_ring();
     // SAFETY: the ring buffer owns its map fd and neither replaces nor closes it while the
     // AsyncFd holds it.
@@ -361,13 +361,21 @@ async fn run(cli: Cli) -> Result<i32, AppError> {
     tokio::pin!(sleep);
     let has_child = !cli.command.is_empty();
     let mut child_status = None;
-    let mut tick = tokio::time::interval(Duration::from_millis(100));
+    // Discovery of explicit targets every 20 ms (a launched interpreter is found as soon as its
+    // runtime exists), thread maps every 100 ms, a scan of every process every 240 ms.
+    let mut tick = tokio::time::interval(Duration::from_millis(20));
     let mut ticks: u64 = 0;
     loop {
         tokio::select! {
             _ = tick.tick() => {
                 ticks += 1;
-                python_tick(&mut collector, &mut capture, &scope, ticks.is_multiple_of(3));
+                python_tick(
+                    &mut collector,
+                    &mut capture,
+                    &scope,
+                    ticks.is_multiple_of(12),
+                    ticks.is_multiple_of(5),
+                );
             }
             guard = ring.readable_mut() => {
                 let mut guard = guard.map_err(|e| AppError::Other(format!("ring buffer: {e}")))?;
@@ -470,12 +478,19 @@ fn list_pids() -> Vec<u32> {
 
 /// Finds new Python processes (every call for explicit targets; with `scan`, every process for
 /// --all/--all-pythons), and keeps each Python process's thread map in the BPF program current.
-fn python_tick(collector: &mut Collector, capture: &mut Capture, scope: &Scope, scan: bool) {
+fn python_tick(
+    collector: &mut Collector,
+    capture: &mut Capture,
+    scope: &Scope,
+    scan: bool,
+    refresh_threads: bool,
+) {
     let me = std::process::id();
     let mut candidates: Vec<u32> = scope.explicit.clone();
     if scan && (scope.all || scope.all_pythons) {
         candidates.extend(list_pids().into_iter().filter(|&p| p != me));
     }
+    let mut found = Vec::new();
     for pid in candidates {
         if collector.python.procs.contains_key(&pid) || collector.python.known_not_python(pid) {
             continue;
@@ -496,10 +511,15 @@ fn python_tick(collector: &mut Collector, capture: &mut Capture, scope: &Scope, 
             if scope.all_pythons {
                 let _ = capture.add_target(pid);
             }
+            found.push(pid);
         }
     }
-    // Thread maps, and processes that are gone.
-    let pids: Vec<u32> = collector.python.procs.keys().copied().collect();
+    // Thread maps (at once for new processes), and processes that are gone.
+    let pids: Vec<u32> = if refresh_threads {
+        collector.python.procs.keys().copied().collect()
+    } else {
+        found
+    };
     for pid in pids {
         if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
             if let Some(p) = collector.python.procs.get(&pid) {

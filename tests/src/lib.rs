@@ -164,18 +164,28 @@ impl Viewer {
 
     /// Runs a query with `--json` and parses its output.
     pub fn json(&self, args: &[&str]) -> Result<Value> {
+        // Node truncates large output written to a pipe when the CLI exits; a file gets all.
+        let n = SESSION.fetch_add(1, Ordering::SeqCst);
+        let path = self.home.join(format!("out-{}-{n}.json", self.session));
+        let file = std::fs::File::create(&path)?;
         let out = self
             .cli()
             .args(args)
             .args(["--json", "--session", &self.session])
+            .stdout(file)
             .output()?;
+        let text = std::fs::read(&path).unwrap_or_default();
+        let _ = std::fs::remove_file(&path);
         if !out.status.success() {
             bail!(
                 "profiler-cli {args:?} failed: {}",
                 String::from_utf8_lossy(&out.stderr)
             );
         }
-        serde_json::from_slice(&out.stdout)
+        // Call trees nest two JSON levels per frame: deeper than serde_json's default limit.
+        let mut de = serde_json::Deserializer::from_slice(&text);
+        de.disable_recursion_limit();
+        serde::Deserialize::deserialize(&mut de)
             .with_context(|| format!("profiler-cli {args:?} printed no JSON"))
     }
 
@@ -206,7 +216,37 @@ impl Viewer {
 
     /// The top-down call tree of a thread, flattened to (root-first path, self samples).
     pub fn call_paths(&self, thread: &str) -> Result<CallPaths> {
+        self.call_paths_with(thread, &[])
+    }
+
+    /// The handle (`f-N`) of a function of a thread, by name.
+    pub fn function_handle(&self, thread: &str, name: &str) -> Result<String> {
         let v = self.json(&[
+            "thread",
+            "samples",
+            "--thread",
+            thread,
+            "--include-idle",
+            "--limit",
+            "100000",
+        ])?;
+        v["topFunctionsByTotal"]
+            .as_array()
+            .and_then(|fs| {
+                fs.iter().find(|f| {
+                    let n = f["name"].as_str().unwrap_or_default();
+                    n == name || n.rsplit_once('!').map(|(_, s)| s == name).unwrap_or(false)
+                })
+            })
+            .and_then(|f| f["functionHandle"].as_str())
+            .map(str::to_string)
+            .with_context(|| format!("no function {name} in {thread}"))
+    }
+
+    /// Like `call_paths`, with extra transforms (e.g. `--merge f-N`). The profiler cuts call
+    /// trees at depth 200.
+    pub fn call_paths_with(&self, thread: &str, extra: &[&str]) -> Result<CallPaths> {
+        let mut args = vec![
             "thread",
             "samples-top-down",
             "--thread",
@@ -214,7 +254,9 @@ impl Viewer {
             "--include-idle",
             "--max-lines",
             "1000000",
-        ])?;
+        ];
+        args.extend_from_slice(extra);
+        let v = self.json(&args)?;
         let root = &v["regularCallTree"];
         let total = root["totalSamples"].as_u64().unwrap_or(0);
         let mut paths = Vec::new();

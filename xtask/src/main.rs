@@ -148,6 +148,8 @@ fn main() -> Result<()> {
                 .current_dir(workspace())
                 .env("TACHYON_BPF_BIN", &bin)
                 .env("TACHYON_TOOLS", &tools)
+                // Deep call trees (300-frame recursion) are walked recursively.
+                .env("RUST_MIN_STACK", "67108864")
                 .args(["test", "-p", "tachyon-bpf-tests", "--"])
                 .arg("--test-threads=1")
                 .args(rest))?;

@@ -28,8 +28,8 @@ const MAX_THREADS: usize = 4096;
 const MAX_CODES: usize = 200_000;
 /// A process with no runtime is looked at this many times, this far apart, before it is
 /// taken to be something else (its libraries may still be loading).
-const NO_RUNTIME_ATTEMPTS: u32 = 5;
-const NO_RUNTIME_RETRY: std::time::Duration = std::time::Duration::from_millis(300);
+const NO_RUNTIME_ATTEMPTS: u32 = 20;
+const NO_RUNTIME_RETRY: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// The Python frames of one sample, grouped by interpreter activation.
 pub struct PythonFrames {

@@ -1,0 +1,506 @@
+//! Python processes of every installed CPython (pyenv 3.8-3.13 and Debian's python3.11),
+//! profiled for real and read back through the Firefox Profiler CLI.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use tachyon_bpf_tests::*;
+
+fn interpreters() -> Vec<(String, PathBuf)> {
+    let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
+    let mut out = Vec::new();
+    for v in ["3.8.18", "3.9.18", "3.10.13", "3.11.7", "3.12.1", "3.13.0"] {
+        let p = PathBuf::from(format!("{home}/.pyenv/versions/{v}/bin/python3"));
+        assert!(p.exists(), "interpreter {} is missing", p.display());
+        out.push((v.to_string(), p));
+    }
+    let debian = PathBuf::from("/usr/bin/python3.11");
+    assert!(debian.exists(), "Debian's python3.11 is missing");
+    out.push(("debian-3.11".into(), debian));
+    out
+}
+
+fn minor_of(label: &str) -> u32 {
+    label
+        .trim_start_matches("debian-")
+        .split('.')
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+const NESTED: &str = r#"
+import sys, time
+
+class Klass:
+    def méthode(self, n):
+        x = 0
+        for i in range(n):
+            x += i * i  # HOT
+        return x
+
+def leaf_fn(n):
+    return Klass().méthode(n)
+
+def middle_fn(n):
+    return leaf_fn(n)
+
+def outer_fn(n):
+    return middle_fn(n)
+
+def recurse(depth, n):
+    if depth == 0:
+        return outer_fn(n)
+    return recurse(depth - 1, n)
+
+def main():
+    t0 = time.time()
+    deep = len(sys.argv) > 2
+    while time.time() - t0 < float(sys.argv[1]):
+        if deep:
+            recurse(300, 200000)
+        else:
+            outer_fn(200000)
+
+main()
+"#;
+
+fn hot_line(src: &str) -> u64 {
+    src.lines().position(|l| l.contains("# HOT")).unwrap() as u64 + 1
+}
+
+/// Share of frames of `func` (in the written profile) that are at `line`, weighted by samples.
+fn line_share(profile: &Path, func: &str, line: u64) -> f64 {
+    let p: serde_json::Value = serde_json::from_slice(&std::fs::read(profile).unwrap()).unwrap();
+    let strings = p["shared"]["stringArray"].as_array().unwrap();
+    let (mut at, mut all) = (0u64, 0u64);
+    for t in p["threads"].as_array().unwrap() {
+        let ft = &t["funcTable"];
+        let fr = &t["frameTable"];
+        let st = &t["stackTable"];
+        for s in t["samples"]["stack"].as_array().unwrap() {
+            let Some(mut si) = s.as_u64() else { continue };
+            loop {
+                let f = st["frame"][si as usize].as_u64().unwrap() as usize;
+                let func_i = fr["func"][f].as_u64().unwrap() as usize;
+                let name = strings[ft["name"][func_i].as_u64().unwrap() as usize]
+                    .as_str()
+                    .unwrap();
+                if name == func {
+                    all += 1;
+                    if fr["line"][f].as_u64() == Some(line) {
+                        at += 1;
+                    }
+                    break;
+                }
+                match st["prefix"][si as usize].as_u64() {
+                    Some(p) => si = p,
+                    None => break,
+                }
+            }
+        }
+    }
+    if all == 0 {
+        0.0
+    } else {
+        at as f64 / all as f64
+    }
+}
+
+/// Share of samples whose stack holds exactly `depth` frames of `func`.
+fn recursion_share(profile: &Path, func: &str, depth: usize) -> f64 {
+    let p: serde_json::Value = serde_json::from_slice(&std::fs::read(profile).unwrap()).unwrap();
+    let strings = p["shared"]["stringArray"].as_array().unwrap();
+    let (mut ok, mut all) = (0u64, 0u64);
+    for t in p["threads"].as_array().unwrap() {
+        let (ft, fr, st) = (&t["funcTable"], &t["frameTable"], &t["stackTable"]);
+        for s in t["samples"]["stack"].as_array().unwrap() {
+            all += 1;
+            let mut n = 0;
+            let mut cur = s.as_u64();
+            while let Some(si) = cur {
+                let f = st["frame"][si as usize].as_u64().unwrap() as usize;
+                let fi = fr["func"][f].as_u64().unwrap() as usize;
+                if strings[ft["name"][fi].as_u64().unwrap() as usize] == func {
+                    n += 1;
+                }
+                cur = st["prefix"][si as usize].as_u64();
+            }
+            if n == depth {
+                ok += 1;
+            }
+        }
+    }
+    ok as f64 / all.max(1) as f64
+}
+
+fn main_thread<'a>(procs: &'a [ProcessInfo], script: &str) -> &'a ThreadInfo {
+    let p = procs
+        .iter()
+        .find(|p| p.name.contains(script))
+        .unwrap_or_else(|| {
+            panic!(
+                "no process named after {script}: {:?}",
+                procs.iter().map(|p| &p.name).collect::<Vec<_>>()
+            )
+        });
+    p.threads
+        .iter()
+        .find(|t| t.tid.to_string() == p.pid)
+        .expect("main thread")
+}
+
+#[test]
+fn python_frames_names_lines_and_order_every_version() {
+    require_root();
+    let dir = scratch("py_nested");
+    let script = dir.join("nested_app.py");
+    std::fs::write(&script, NESTED).unwrap();
+    let hot = hot_line(NESTED);
+    for (label, py) in interpreters() {
+        let minor = minor_of(&label);
+        let method = if minor >= 11 {
+            "Klass.méthode"
+        } else {
+            "méthode"
+        };
+        for deep in [false, true] {
+            let out = dir.join(format!("{label}-{deep}.json"));
+            let mut args = vec![
+                "-o",
+                out.to_str().unwrap(),
+                "--",
+                py.to_str().unwrap(),
+                script.to_str().unwrap(),
+                "2",
+            ];
+            if deep {
+                args.push("deep");
+            }
+            let o = run_profiler(&args, Duration::from_secs(60));
+            assert!(o.status.success(), "{label}: {}", stderr_of(&o));
+            let v = Viewer::load(&out).unwrap();
+            let procs = v.processes().unwrap();
+            let t = main_thread(&procs, "nested_app.py");
+            let _ = &args;
+            let paths = if deep {
+                // The profiler cuts call trees at depth 200: merge the recursion away there, and
+                // check its depth in the written profile.
+                let rec = v.function_handle(&t.handle, "recurse").unwrap();
+                v.call_paths_with(&t.handle, &["--merge", &rec]).unwrap()
+            } else {
+                v.call_paths(&t.handle).unwrap()
+            };
+            assert!(paths.total > 1000, "{label}: {} samples", paths.total);
+            let chain = ["outer_fn", "middle_fn", "leaf_fn", method];
+            let good = if deep {
+                let depth_ok = recursion_share(&out, "recurse", 301);
+                assert!(
+                    depth_ok >= 0.95,
+                    "{label}: only {depth_ok:.3} of samples 301 recurse frames deep"
+                );
+                paths.count(|n| n.windows(5).any(|w| w[0] == "main" && w[1..] == chain))
+            } else {
+                paths.count(|n| n.windows(5).any(|w| w[0] == "main" && w[1..] == chain))
+            };
+            let frac = good as f64 / paths.total as f64;
+            assert!(
+                frac >= 0.95,
+                "{label} deep={deep}: only {good}/{} samples have the full Python chain",
+                paths.total
+            );
+            let share = line_share(&out, method, hot);
+            assert!(
+                share >= 0.6,
+                "{label}: only {share:.2} of {method} samples at line {hot}"
+            );
+            // Native frames under Python and Python under the native entry.
+            let native_root = paths
+                .count(|n| n.iter().any(|f| f == "Py_RunMain") && n.iter().any(|f| f == "main"));
+            assert!(
+                native_root as f64 >= 0.9 * paths.total as f64 || deep,
+                "{label}: Python frames not under the interpreter's native frames ({native_root}/{})",
+                paths.total
+            );
+            let cats = v.categories(&t.handle).unwrap();
+            assert!(
+                cats.iter().any(|c| c.0 == "Python" && c.1 > 0),
+                "{label}: {cats:?}"
+            );
+            if minor >= 11 && !label.starts_with("debian") {
+                let merged = paths.count(|n| {
+                    n.first().map(|f| f == "_start").unwrap_or(false)
+                        && n.windows(4).any(|w| w == chain)
+                });
+                // Native unwinds that stop before _start (e.g. samples in the vDSO, which is not
+                // unwound yet) keep their Python frames at the root instead.
+                assert!(
+                    merged as f64 >= 0.85 * paths.total as f64,
+                    "{label} deep={deep}: {merged}/{} fully merged (native root + Python)",
+                    paths.total
+                );
+            }
+        }
+    }
+}
+
+const CALLBACK: &str = r#"
+import sys, time
+def py_key(x):
+    s = 0
+    for i in range(60):
+        s += i ^ x
+    return s
+def caller():
+    data = list(range(3000))
+    return sorted(data, key=py_key)
+t0 = time.time()
+while time.time() - t0 < float(sys.argv[1]):
+    caller()
+"#;
+
+#[test]
+fn python_calls_c_calls_python() {
+    require_root();
+    let dir = scratch("py_callback");
+    let script = dir.join("callback_app.py");
+    std::fs::write(&script, CALLBACK).unwrap();
+    for (label, py) in interpreters() {
+        let out = dir.join(format!("{label}.json"));
+        let o = run_profiler(
+            &[
+                "-o",
+                out.to_str().unwrap(),
+                "--",
+                py.to_str().unwrap(),
+                script.to_str().unwrap(),
+                "2",
+            ],
+            Duration::from_secs(60),
+        );
+        assert!(o.status.success(), "{label}: {}", stderr_of(&o));
+        let v = Viewer::load(&out).unwrap();
+        let procs = v.processes().unwrap();
+        let t = main_thread(&procs, "callback_app.py");
+        let paths = v.call_paths(&t.handle).unwrap();
+        let through_c = paths.count(|n| {
+            let (Some(c), Some(k)) = (
+                n.iter().position(|f| f == "caller"),
+                n.iter().position(|f| f == "py_key"),
+            ) else {
+                return false;
+            };
+            // Debian's python3.11 has no .symtab: its static sort functions have no names.
+            c < k
+                && if label.starts_with("debian") {
+                    k > c + 1
+                } else {
+                    n[c + 1..k].iter().any(|f| f.contains("sort"))
+                }
+        });
+        assert!(
+            through_c as f64 >= 0.5 * paths.total as f64,
+            "{label}: only {through_c}/{} samples read caller > native sort > py_key",
+            paths.total
+        );
+    }
+}
+
+fn spawn_py(py: &Path, script: &Path, secs: &str) -> std::process::Child {
+    Command::new(py)
+        .arg(script)
+        .arg(secs)
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+#[test]
+fn all_pythons_finds_running_and_new_interpreters() {
+    require_root();
+    let dir = scratch("py_all");
+    let interp = interpreters();
+    let pick = |l: &str| interp.iter().find(|(x, _)| x == l).unwrap().1.clone();
+    let mut kids = Vec::new();
+    let mut scripts = Vec::new();
+    for (i, label) in ["3.9.18", "3.12.1", "debian-3.11", "3.13.0"]
+        .iter()
+        .enumerate()
+    {
+        let name = format!("fleet_{i}.py");
+        let src = format!(
+            "import sys, time\ndef unique_work_{i}():\n    x = 0\n    for k in range(10000):\n        x += k\n    return x\nt0 = time.time()\nwhile time.time() - t0 < float(sys.argv[1]):\n    unique_work_{i}()\n"
+        );
+        let path = dir.join(&name);
+        std::fs::write(&path, src).unwrap();
+        scripts.push((label.to_string(), name, path));
+    }
+    for (label, _, path) in &scripts[..3] {
+        kids.push(spawn_py(&pick(label), path, "8"));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let out = dir.join("all.json");
+    let prof = Command::new(profiler_bin())
+        .args(["--all-pythons", "-d", "4", "-o", out.to_str().unwrap()])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(1));
+    let (label, _, path) = &scripts[3];
+    kids.push(spawn_py(&pick(label), path, "6"));
+    let o = prof.wait_with_output().unwrap();
+    for mut k in kids {
+        let _ = k.kill();
+        let _ = k.wait();
+    }
+    assert!(o.status.success(), "{}", stderr_of(&o));
+    let v = Viewer::load(&out).unwrap();
+    let procs = v.processes().unwrap();
+    for (i, (label, name, _)) in scripts.iter().enumerate() {
+        let t = main_thread(&procs, name);
+        let paths = v.call_paths(&t.handle).unwrap();
+        let with_py = paths.count(|n| n.iter().any(|f| f == &format!("unique_work_{i}")));
+        assert!(
+            with_py as f64 >= 0.8 * paths.total as f64 && paths.total > 200,
+            "{label} {name}: {with_py}/{} samples in unique_work_{i}",
+            paths.total
+        );
+        // No other script's functions in this process.
+        for j in 0..scripts.len() {
+            if j != i {
+                assert_eq!(
+                    paths.count(|n| n.iter().any(|f| f == &format!("unique_work_{j}"))),
+                    0
+                );
+            }
+        }
+    }
+}
+
+const SPLIT: &str = r#"
+import sys, time
+def spend(seconds):
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+def heavy_three_quarters():
+    spend(0.003)
+def light_one_quarter():
+    spend(0.001)
+t0 = time.time()
+while time.time() - t0 < float(sys.argv[1]):
+    heavy_three_quarters()
+    light_one_quarter()
+"#;
+
+#[test]
+fn ground_truth_cpu_split() {
+    require_root();
+    let dir = scratch("py_split");
+    let script = dir.join("split_app.py");
+    std::fs::write(&script, SPLIT).unwrap();
+    let py = interpreters()
+        .into_iter()
+        .find(|(l, _)| l == "3.12.1")
+        .unwrap()
+        .1;
+    let out = dir.join("split.json");
+    let o = run_profiler(
+        &[
+            "-o",
+            out.to_str().unwrap(),
+            "--",
+            py.to_str().unwrap(),
+            script.to_str().unwrap(),
+            "5",
+        ],
+        Duration::from_secs(60),
+    );
+    assert!(o.status.success(), "{}", stderr_of(&o));
+    let v = Viewer::load(&out).unwrap();
+    let procs = v.processes().unwrap();
+    let t = main_thread(&procs, "split_app.py");
+    let paths = v.call_paths(&t.handle).unwrap();
+    let a = paths.count(|n| n.iter().any(|f| f == "heavy_three_quarters")) as f64;
+    let b = paths.count(|n| n.iter().any(|f| f == "light_one_quarter")) as f64;
+    let share = a / (a + b);
+    assert!(
+        (share - 0.75).abs() <= 0.03,
+        "heavy share {share:.3} (a={a}, b={b})"
+    );
+}
+
+const CONTEND: &str = r#"
+import sys, threading, time
+def spin_worker():
+    t0 = time.time()
+    x = 0
+    while time.time() - t0 < float(sys.argv[1]):
+        x += 1
+ts = [threading.Thread(target=spin_worker) for _ in range(2)]
+for t in ts: t.start()
+for t in ts: t.join()
+"#;
+
+#[test]
+fn gil_state_of_contending_threads() {
+    require_root();
+    let dir = scratch("py_gil");
+    let script = dir.join("gil_app.py");
+    std::fs::write(&script, CONTEND).unwrap();
+    for label in ["3.10.13", "3.12.1", "3.13.0"] {
+        let py = interpreters()
+            .into_iter()
+            .find(|(l, _)| l == label)
+            .unwrap()
+            .1;
+        let out = dir.join(format!("{label}.json"));
+        let o = run_profiler(
+            &[
+                "-o",
+                out.to_str().unwrap(),
+                "--",
+                py.to_str().unwrap(),
+                script.to_str().unwrap(),
+                "3",
+            ],
+            Duration::from_secs(60),
+        );
+        assert!(o.status.success(), "{}", stderr_of(&o));
+        let v = Viewer::load(&out).unwrap();
+        let procs = v.processes().unwrap();
+        let p = procs
+            .iter()
+            .find(|p| p.name.contains("gil_app.py"))
+            .unwrap();
+        let workers: Vec<&ThreadInfo> = p
+            .threads
+            .iter()
+            .filter(|t| {
+                v.call_paths(&t.handle)
+                    .map(|c| c.count(|n| n.iter().any(|f| f == "spin_worker")) > 100)
+                    .unwrap_or(false)
+            })
+            .collect();
+        assert_eq!(
+            workers.len(),
+            2,
+            "{label}: two worker threads with spin_worker samples"
+        );
+        for w in workers {
+            let m = v.markers(&w.handle).unwrap();
+            let text = m.to_string();
+            assert!(
+                text.contains("Has GIL"),
+                "{label}: no Has GIL markers on {}: {text:.400}",
+                w.name
+            );
+            assert!(
+                text.contains("Python Code"),
+                "{label}: no Python Code markers"
+            );
+        }
+    }
+}
