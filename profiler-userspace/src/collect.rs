@@ -230,15 +230,20 @@ impl Collector {
                 st |= state::GIL_WAIT;
             }
         }
-        let proc_label = self.python.process_label(pid).unwrap_or(proc_name);
-        if let Some(v) = self.python.version_label(pid) {
-            let p = self.profile.process_mut(pid, &proc_label, t_ms);
-            p.python = Some(v);
-            p.name = proc_label.clone();
-        }
+        let proc_label = match self.python.labels(pid) {
+            Some((label, version)) => {
+                let p = self.profile.process_mut(pid, label, t_ms);
+                if p.name != label {
+                    p.name = label.to_string();
+                    p.python = Some(version.to_string());
+                }
+                label
+            }
+            None => proc_name.as_str(),
+        };
         self.profile.add_sample(
             pid,
-            &proc_label,
+            proc_label,
             s.tid,
             &s.comm,
             Sample {

@@ -283,10 +283,6 @@ impl Viewer {
             .unwrap_or_default())
     }
 
-    pub fn thread_info(&self, thread: &str) -> Result<Value> {
-        self.json(&["thread", "info", "--thread", thread])
-    }
-
     pub fn markers(&self, thread: &str) -> Result<Value> {
         self.json(&["thread", "markers", "--thread", thread])
     }

@@ -223,21 +223,13 @@ fn all_mode_sees_every_program() {
             .iter()
             .find(|p| p.name == name)
             .unwrap_or_else(|| panic!("{name} missing from --all profile"));
-        let info = v.thread_info(&p.threads[0].handle).unwrap();
-        let n = info["sampleCount"]
-            .as_u64()
-            .or(info["samples"].as_u64())
-            .unwrap_or(0);
         let paths = v.call_paths(&p.threads[0].handle).unwrap();
+        assert!(paths.total > 300, "{name}: {} samples", paths.total);
+        let chain = paths.with_sequence(&["main", "outer", "middle", "leaf_spin"]);
         assert!(
-            paths.total > 300,
-            "{name}: {} samples ({info})",
+            chain as f64 >= 0.9 * paths.total as f64,
+            "{name}: only {chain}/{} samples with main > outer > middle > leaf_spin",
             paths.total
-        );
-        let _ = n;
-        assert!(
-            paths.with_sequence(&["outer", "middle", "leaf_spin"]) > 0,
-            "{name} stacks"
         );
     }
 }

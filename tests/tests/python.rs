@@ -184,7 +184,6 @@ fn python_frames_names_lines_and_order_every_version() {
             let v = Viewer::load(&out).unwrap();
             let procs = v.processes().unwrap();
             let t = main_thread(&procs, "nested_app.py");
-            let _ = &args;
             let paths = if deep {
                 // The profiler cuts call trees at depth 200: merge the recursion away there, and
                 // check its depth in the written profile.

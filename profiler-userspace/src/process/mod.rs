@@ -109,7 +109,6 @@ impl Process {
             }
             by_file.entry(key).or_default().push(m);
         }
-        let old: HashMap<u64, ()> = self.modules.iter().map(|m| (m.start, ())).collect();
         let mut modules = Vec::new();
         for key in order {
             let ms = &by_file[&key];
@@ -147,7 +146,6 @@ impl Process {
         for m in &self.modules {
             self.unwinder.remove_module(m.start);
         }
-        let _ = old;
         for m in &modules {
             if let Some(elf) = &m.elf {
                 self.unwinder.add_module(framehop::Module::new(

@@ -194,57 +194,47 @@ pub fn apply_debug_offsets(
         layout.interp_head = v;
     }
     if (version >> 16) & 0xff == 13 {
-        let pairs: [(usize, &mut u64); 6] = [
-            (64, &mut layout.interp_next),
-            (72, &mut layout.interp_threads_head),
-            (168, &mut layout.tstate_next),
-            (176, &mut layout.tstate_interp),
-            (192, &mut layout.thread_id),
-            (0, &mut 0u64),
-        ];
-        for (off, slot) in pairs {
-            if off != 0 {
-                if let Some(v) = f(off).filter(|v| ok(*v)) {
-                    *slot = v;
-                }
+        let get = |off: usize, slot: &mut u64| {
+            if let Some(v) = f(off).filter(|v| ok(*v)) {
+                *slot = v;
             }
+        };
+        // Positions of the 3.13 struct's fields, in bytes from its start.
+        get(64, &mut layout.interp_next);
+        get(72, &mut layout.interp_threads_head);
+        get(168, &mut layout.tstate_next);
+        get(176, &mut layout.tstate_interp);
+        get(192, &mut layout.thread_id);
+        let mut native = layout.native_thread_id.unwrap_or(0);
+        get(200, &mut native);
+        layout.native_thread_id = Some(native);
+        let mut u32s: [(usize, &mut u32); 6] = [
+            (184, &mut layout.tstate_frame),
+            (232, &mut layout.frame_previous),
+            (240, &mut layout.frame_code),
+            (248, &mut layout.frame_instr),
+            (264, &mut layout.frame_owner),
+            (344, &mut layout.code_adaptive),
+        ];
+        for (off, slot) in u32s.iter_mut() {
+            let mut v = **slot as u64;
+            get(*off, &mut v);
+            **slot = v as u32;
         }
-        if let Some(v) = f(200).filter(|v| ok(*v)) {
-            layout.native_thread_id = Some(v);
+        let mut usizes: [(usize, &mut usize); 4] = [
+            (280, &mut layout.code_filename),
+            (288, &mut layout.code_name),
+            (304, &mut layout.code_linetable),
+            (312, &mut layout.code_firstlineno),
+        ];
+        for (off, slot) in usizes.iter_mut() {
+            let mut v = **slot as u64;
+            get(*off, &mut v);
+            **slot = v as usize;
         }
-        if let Some(v) = f(184).filter(|v| ok(*v)) {
-            layout.tstate_frame = v as u32;
-        }
-        if let Some(v) = f(232).filter(|v| ok(*v)) {
-            layout.frame_previous = v as u32;
-        }
-        if let Some(v) = f(240).filter(|v| ok(*v)) {
-            layout.frame_code = v as u32;
-        }
-        if let Some(v) = f(248).filter(|v| ok(*v)) {
-            layout.frame_instr = v as u32;
-        }
-        if let Some(v) = f(264).filter(|v| ok(*v)) {
-            layout.frame_owner = v as u32;
-        }
-        if let Some(v) = f(280).filter(|v| ok(*v)) {
-            layout.code_filename = v as usize;
-        }
-        if let Some(v) = f(288).filter(|v| ok(*v)) {
-            layout.code_name = v as usize;
-        }
-        if let Some(v) = f(296).filter(|v| ok(*v)) {
-            layout.code_qualname = Some(v as usize);
-        }
-        if let Some(v) = f(304).filter(|v| ok(*v)) {
-            layout.code_linetable = v as usize;
-        }
-        if let Some(v) = f(312).filter(|v| ok(*v)) {
-            layout.code_firstlineno = v as usize;
-        }
-        if let Some(v) = f(344).filter(|v| ok(*v)) {
-            layout.code_adaptive = v as u32;
-        }
+        let mut q = layout.code_qualname.unwrap_or(0) as u64;
+        get(296, &mut q);
+        layout.code_qualname = Some(q as usize);
     }
     Some(DebugOffsets { free_threaded })
 }

@@ -105,7 +105,9 @@ pub fn merge(
             }
             continue;
         }
-        let between = matches!((first_eval, last_eval), (Some(f), Some(l)) if i > f && i < l);
+        // Between Python frames: between two paired eval frames, or below the first one when
+        // unpaired outer activations were put at the root.
+        let between = matches!((first_eval, last_eval), (Some(f), Some(l)) if (i > f || leading > 0) && i < l);
         if between && !show_internal && is_internal(name) {
             continue;
         }
@@ -156,6 +158,23 @@ mod tests {
         assert_eq!(m, vec![1, 2, 3, 101]);
         assert_eq!(c.py_merge_mismatch, 0);
         assert_eq!(c.py_merged, 0);
+    }
+
+    #[test]
+    fn truncated_native_hides_machinery_below_the_first_paired_eval() {
+        let native = nat(&[
+            "function_code_fastcall",
+            "_PyEval_EvalFrameDefault",
+            "call_function",
+            "_PyEval_EvalFrameDefault",
+            "leaf_c",
+        ]);
+        let acts = vec![vec![1], vec![2], vec![3]];
+        let mut c = Counters::default();
+        assert_eq!(
+            merge(&native, &acts, true, false, &mut c),
+            vec![1, 2, 3, 104]
+        );
     }
 
     #[test]

@@ -511,12 +511,12 @@ impl PythonRegistry {
         }
 
         // Innermost first from BPF: group into activations (shims and entry flags delimit).
-        let layout = p.layout.clone();
+        let activation_rule = p.layout.activations;
         let real: Vec<(usize, bool)> = s
             .py_frames
             .iter()
             .enumerate()
-            .map(|(i, f)| (i, layout.is_shim(f.flags as u8, f.code, p.none_addr)))
+            .map(|(i, f)| (i, p.layout.is_shim(f.flags as u8, f.code, p.none_addr)))
             .collect();
         let addrs: Vec<u64> = s
             .py_frames
@@ -548,7 +548,7 @@ impl PythonRegistry {
                 }
             };
             cur.push(frame);
-            let ends = match layout.activations {
+            let ends = match activation_rule {
                 Activations::PerFrame => true,
                 Activations::EntryFlag => f.flags & 0xff != 0,
                 Activations::Shim => false,
@@ -581,12 +581,11 @@ impl PythonRegistry {
         merge::merge(native, activations, truncated, self.show_internal, counters)
     }
 
-    pub fn process_label(&self, pid: u32) -> Option<String> {
-        self.procs.get(&pid).map(|p| p.label.clone())
-    }
-
-    pub fn version_label(&self, pid: u32) -> Option<String> {
-        self.procs.get(&pid).map(|p| p.version.clone())
+    /// The process's label and Python version, if it is a Python process.
+    pub fn labels(&self, pid: u32) -> Option<(&str, &str)> {
+        self.procs
+            .get(&pid)
+            .map(|p| (p.label.as_str(), p.version.as_str()))
     }
 }
 
