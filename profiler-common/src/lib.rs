@@ -29,8 +29,31 @@ pub const FRAME_BUF: usize = 128;
 /// An offset that a layout does not have.
 pub const NO_OFFSET: u32 = u32::MAX;
 
-/// The record kind of a sample.
+/// Record kinds. A record starts with its kind (u32).
+/// A timer sample of a thread on a CPU: a [`SampleHeader`] record.
 pub const RECORD_SAMPLE: u32 = 1;
+/// A thread left the CPU (`sched_switch`), with the full capture: a [`SampleHeader`] record whose
+/// `sched_state` is the thread's state as it left.
+pub const RECORD_SWITCH_OUT: u32 = 2;
+/// A thread left the CPU without a capture: an [`EventRecord`] with `arg0` = the task state as it
+/// left and `arg1` one of `REUSE_*`.
+pub const RECORD_SWITCH_OUT_BRIEF: u32 = 3;
+/// No stack applies (times only: cpu mode).
+pub const REUSE_NONE: u64 = 0;
+/// The thread went to sleep again less than a sampling period after its last off-CPU capture:
+/// that capture's stack and state apply.
+pub const REUSE_OFF_CPU: u64 = 1;
+/// The thread was preempted while runnable: it stopped where it was running, so its latest
+/// sample or capture applies.
+pub const REUSE_LATEST: u64 = 2;
+/// A thread came back on a CPU: an [`EventRecord`].
+pub const RECORD_SWITCH_IN: u32 = 4;
+/// A task was created: an [`EventRecord`] from the parent, `arg0` = child tgid, `arg1` = child tid.
+pub const RECORD_FORK: u32 = 5;
+/// A process replaced its program (`execve`): an [`EventRecord`] with the new comm.
+pub const RECORD_EXEC: u32 = 6;
+/// A thread exited: an [`EventRecord`], `arg0` = 1 when it was the last thread of its process.
+pub const RECORD_EXIT: u32 = 7;
 
 /// The sample interrupted the thread in kernel mode; the user registers came from the task.
 pub const SAMPLE_KERNEL_MODE: u32 = 1 << 0;
@@ -47,6 +70,8 @@ pub const SAMPLE_PY_MISS: u32 = 1 << 4;
 pub const SAMPLE_PY_TRUNCATED: u32 = 1 << 5;
 /// A read of the thread state or a frame failed; the frames recorded are the ones before it.
 pub const SAMPLE_PY_READ_FAILED: u32 = 1 << 6;
+/// The Python thread has an exception being raised or handled.
+pub const SAMPLE_PY_EXCEPTION: u32 = 1 << 7;
 
 /// Frame layout families (see `PyProcConfig::layout`).
 pub const PY_LAYOUT_FRAMEOBJECT: u32 = 1; // 3.8-3.10: PyFrameObject chain, f_lasti
@@ -66,7 +91,19 @@ pub const STAT_PY_MISS: u32 = 4;
 pub const STAT_PY_READ_FAIL: u32 = 5;
 /// Samples whose interpreter frame chain was truncated at `MAX_PY_FRAMES`.
 pub const STAT_PY_TRUNCATED: u32 = 6;
-pub const STAT_COUNT: u32 = 8;
+/// Scheduler and lifetime events that could not be written to the ring buffer.
+pub const STAT_EVENTS_LOST: u32 = 7;
+/// Off-CPU captures written with their stacks.
+pub const STAT_SWITCH_CAPTURES: u32 = 8;
+pub const STAT_COUNT: u32 = 10;
+
+/// What the `sched_switch` program records (`Config::offcpu`).
+/// Nothing: the program is not attached.
+pub const OFFCPU_NONE: u32 = 0;
+/// Switch-out and switch-in times only (exact on/off-CPU timelines and CPU use).
+pub const OFFCPU_TIMES: u32 = 1;
+/// Times plus a full capture (stacks, Python frames, state) when a thread leaves the CPU.
+pub const OFFCPU_STACKS: u32 = 2;
 
 /// Global settings, index 0 of the `CONFIG` array.
 #[repr(C)]
@@ -78,7 +115,22 @@ pub struct Config {
     pub ustack_size: u32,
     /// The profiler's own process, never sampled.
     pub self_tgid: u32,
-    pub _pad: u32,
+    /// `OFFCPU_*`.
+    pub offcpu: u32,
+    /// Non-zero: processes created by a target become targets (`--subprocesses`).
+    pub follow_children: u32,
+    /// Byte offsets of `pid` and `tgid` in the kernel's `task_struct` (from its BTF).
+    pub task_pid_off: u32,
+    pub task_tgid_off: u32,
+    /// Byte offset of `flags` in `task_struct` (kernel threads are skipped off CPU).
+    pub task_flags_off: u32,
+    /// Non-zero: report `execve` of every process (to find new Python processes at once).
+    pub exec_all: u32,
+    /// Records do not wake the reader (it polls) until this many bytes wait in the ring buffer.
+    pub wakeup_bytes: u32,
+    /// Minimum nanoseconds between two full off-CPU captures of one thread (the sampling period):
+    /// a thread switching more often than that reuses its last capture's stack.
+    pub offcpu_min_gap_ns: u64,
 }
 
 /// Where a Python process keeps what the frame walk needs. Offsets are byte offsets into the
@@ -116,6 +168,16 @@ pub struct PyProcConfig {
     pub gil_locked: u64,
     /// Address of the interpreter's `gc.collecting` int, or 0.
     pub gc_collecting: u64,
+    /// Offset in the thread state of the exception being raised (`curexc_type` up to 3.11,
+    /// `current_exception` after), or `NO_OFFSET`.
+    pub tstate_cur_exc: u32,
+    /// Offset in the thread state of `exc_info` (the top `_PyErr_StackItem`), or `NO_OFFSET`.
+    pub tstate_exc_info: u32,
+    /// Offsets in a `_PyErr_StackItem` of `exc_value` and `previous_item`.
+    pub err_exc_value: u32,
+    pub err_previous: u32,
+    /// Address of `_Py_NoneStruct` (an `exc_value` of None means no exception), or 0.
+    pub none_addr: u64,
 }
 
 /// One interpreter frame as read at the sampled instant.
@@ -166,6 +228,8 @@ pub struct SampleHeader {
     /// The interpreter's `gc.collecting`.
     pub py_gc_collecting: u32,
     pub _pad: u32,
+    /// `RECORD_SWITCH_OUT`: the task state the thread left the CPU in (0: preempted, runnable).
+    pub sched_state: u64,
     /// Kernel return addresses, innermost first.
     pub kstack: [u64; MAX_KSTACK],
 }
@@ -174,19 +238,43 @@ impl SampleHeader {
     pub const SIZE: usize = core::mem::size_of::<SampleHeader>();
 }
 
+/// A scheduler or lifetime event (`RECORD_SWITCH_IN`, `RECORD_SWITCH_OUT_BRIEF`, `RECORD_FORK`,
+/// `RECORD_EXEC`, `RECORD_EXIT`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct EventRecord {
+    pub kind: u32,
+    pub cpu: u32,
+    pub pid: u32,
+    pub tid: u32,
+    /// `CLOCK_MONOTONIC` nanoseconds.
+    pub time_ns: u64,
+    pub arg0: u64,
+    pub arg1: u64,
+    pub comm: [u8; 16],
+}
+
+impl EventRecord {
+    pub const SIZE: usize = core::mem::size_of::<EventRecord>();
+}
+
 /// Size of the per-CPU scratch buffer a record is assembled in.
 pub const SCRATCH_SIZE: usize =
     SampleHeader::SIZE + MAX_PY_FRAMES * core::mem::size_of::<PyFrame>() + MAX_USTACK;
+
+/// `task_struct.flags` bit of kernel threads.
+pub const PF_KTHREAD: u32 = 0x0020_0000;
 
 /// Key of the thread map: `(pid << 32) | tid`.
 pub const fn thread_key(pid: u32, tid: u32) -> u64 {
     ((pid as u64) << 32) | tid as u64
 }
 
-const _: () = assert!(core::mem::size_of::<Config>() == 16);
-const _: () = assert!(core::mem::size_of::<PyProcConfig>() == 72);
+const _: () = assert!(core::mem::size_of::<Config>() == 48);
+const _: () = assert!(core::mem::size_of::<PyProcConfig>() == 96);
+const _: () = assert!(EventRecord::SIZE == 56);
 const _: () = assert!(core::mem::size_of::<PyFrame>() == 16);
-const _: () = assert!(SampleHeader::SIZE == 112 + MAX_KSTACK * 8);
+const _: () = assert!(SampleHeader::SIZE == 120 + MAX_KSTACK * 8);
 const _: () = assert!(SampleHeader::SIZE.is_multiple_of(8));
 
 #[cfg(feature = "user")]

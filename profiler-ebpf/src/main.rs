@@ -7,14 +7,19 @@
 //! copy of the user stack for DWARF unwinding in userspace. Everything is read while the sampled
 //! thread is stopped, so all parts of a record describe the same instant.
 //!
-//! Needs kernel 5.15+ (`bpf_task_pt_regs`, ring buffers, bounded loops).
+//! A `sched_switch` BTF tracepoint program records when threads of profiled processes leave and
+//! come back to a CPU; when a thread leaves, it captures the same record as a sample (the thread
+//! is current, so its stacks and Python frames are those of the moment it stopped running).
+//! `sched_process_fork`/`exec`/`exit` programs report lifetimes and follow children.
+//!
+//! Needs kernel 5.17+ (`bpf_task_pt_regs`, ring buffers, `bpf_loop`, BTF tracepoints).
 #![no_std]
 #![no_main]
 
 use core::ffi::c_void;
 
 use aya_ebpf::{
-    bindings::pt_regs,
+    bindings::{pt_regs, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
     helpers::{
         bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_smp_processor_id,
         bpf_ktime_get_ns, bpf_probe_read_kernel,
@@ -22,9 +27,9 @@ use aya_ebpf::{
             bpf_get_current_task_btf, bpf_get_stack, bpf_loop, bpf_probe_read_user, bpf_task_pt_regs,
         },
     },
-    macros::{map, perf_event},
-    maps::{Array, HashMap, PerCpuArray, RingBuf},
-    programs::PerfEventContext,
+    macros::{btf_tracepoint, map, perf_event},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
+    programs::{BtfTracePointContext, PerfEventContext},
     EbpfContext,
 };
 use profiler_common::*;
@@ -49,13 +54,148 @@ static STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(STAT_COUNT, 0);
 static SCRATCH: Array<[u8; SCRATCH_SIZE]> = Array::with_max_entries(1, 0);
 #[map]
 static FRAME: PerCpuArray<[u8; FRAME_BUF]> = PerCpuArray::with_max_entries(1, 0);
+/// `thread_key(pid, tid)` -> time of the thread's last full off-CPU capture.
+#[map]
+static LAST_CAPTURE: LruHashMap<u64, u64> = LruHashMap::with_max_entries(65536, 0);
 /// Sample records. Userspace sets the size at load time.
 #[map]
 static SAMPLES: RingBuf = RingBuf::with_byte_size(1 << 24, 0);
 
 #[perf_event]
 pub fn tachyon_sample(ctx: PerfEventContext) -> u32 {
-    sample(&ctx);
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let pid = (pid_tgid >> 32) as u32;
+    let tid = pid_tgid as u32;
+    if tid == 0 {
+        return 0; // the idle task
+    }
+    let Some(cfg) = CONFIG.get(0) else {
+        return 0;
+    };
+    if !targeted(cfg, pid) {
+        return 0;
+    }
+    // SAFETY: the context of a perf_event program is a bpf_perf_event_data.
+    let regs: &pt_regs = unsafe { &(*ctx.ctx).regs };
+    let user = if regs.cs & 3 == 3 {
+        Some((regs.rip, regs.rsp, regs.rbp))
+    } else {
+        None
+    };
+    // SAFETY: helper without preconditions.
+    let now = unsafe { bpf_ktime_get_ns() };
+    capture(ctx.as_ptr(), cfg, RECORD_SAMPLE, pid, tid, now, user, 0);
+    0
+}
+
+/// `sched_switch(preempt, prev, next, prev_state)`: runs on the CPU switching, with `prev` current.
+#[btf_tracepoint(function = "sched_switch")]
+pub fn tachyon_switch(ctx: BtfTracePointContext) -> u32 {
+    switch(&ctx);
+    0
+}
+
+fn switch(ctx: &BtfTracePointContext) -> Option<()> {
+    let cfg = CONFIG.get(0)?;
+    // SAFETY: helper without preconditions.
+    let now = unsafe { bpf_ktime_get_ns() };
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let pid = (pid_tgid >> 32) as u32;
+    let tid = pid_tgid as u32;
+    if tid != 0 && targeted(cfg, pid) && !is_kthread(cfg, ctx.arg::<u64>(1)) {
+        let prev_state = ctx.arg::<u64>(3) & 0xffff_ffff;
+        let mut reuse = REUSE_NONE;
+        let mut done = false;
+        if cfg.offcpu == OFFCPU_STACKS && prev_state == 0 {
+            // Preempted while runnable: it stopped where it ran; no capture needed.
+            reuse = REUSE_LATEST;
+        } else if cfg.offcpu == OFFCPU_STACKS {
+            let key = thread_key(pid, tid);
+            // SAFETY: the value is copied out at once.
+            let last = unsafe { LAST_CAPTURE.get(&key) }.copied().unwrap_or(0);
+            if last == 0 || now.wrapping_sub(last) >= cfg.offcpu_min_gap_ns {
+                if capture(ctx.as_ptr(), cfg, RECORD_SWITCH_OUT, pid, tid, now, None, prev_state) {
+                    let _ = LAST_CAPTURE.insert(&key, &now, 0);
+                    count(STAT_SWITCH_CAPTURES);
+                    done = true;
+                }
+            } else {
+                reuse = REUSE_OFF_CPU;
+            }
+        }
+        if !done {
+            event(RECORD_SWITCH_OUT_BRIEF, pid, tid, now, prev_state, reuse);
+        }
+    }
+    let next = ctx.arg::<u64>(2);
+    let (npid, ntid) = task_ids(cfg, next)?;
+    if ntid != 0 && targeted(cfg, npid) && !is_kthread(cfg, next) {
+        event(RECORD_SWITCH_IN, npid, ntid, now, 0, 0);
+    }
+    Some(())
+}
+
+/// `sched_process_fork(parent, child)`, in the parent.
+#[btf_tracepoint(function = "sched_process_fork")]
+pub fn tachyon_fork(ctx: BtfTracePointContext) -> u32 {
+    fork(&ctx);
+    0
+}
+
+fn fork(ctx: &BtfTracePointContext) -> Option<()> {
+    let cfg = CONFIG.get(0)?;
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let pid = (pid_tgid >> 32) as u32;
+    if !targeted(cfg, pid) {
+        return None;
+    }
+    let (cpid, ctid) = task_ids(cfg, ctx.arg::<u64>(1))?;
+    if cfg.follow_children != 0 && cpid == ctid && cpid != pid {
+        let _ = TARGETS.insert(&cpid, &1, 0);
+    }
+    // SAFETY: helper without preconditions.
+    let now = unsafe { bpf_ktime_get_ns() };
+    event(RECORD_FORK, pid, pid_tgid as u32, now, cpid as u64, ctid as u64);
+    Some(())
+}
+
+/// `sched_process_exec(p, old_pid, bprm)`, in the process after the new program is loaded.
+#[btf_tracepoint(function = "sched_process_exec")]
+pub fn tachyon_exec(_ctx: BtfTracePointContext) -> u32 {
+    let Some(cfg) = CONFIG.get(0) else {
+        return 0;
+    };
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let pid = (pid_tgid >> 32) as u32;
+    if cfg.exec_all != 0 || targeted(cfg, pid) {
+        // SAFETY: helper without preconditions.
+        let now = unsafe { bpf_ktime_get_ns() };
+        event(RECORD_EXEC, pid, pid_tgid as u32, now, 0, 0);
+    }
+    0
+}
+
+/// `sched_process_exit(p, group_dead)`, in the exiting thread.
+#[btf_tracepoint(function = "sched_process_exit")]
+pub fn tachyon_exit(ctx: BtfTracePointContext) -> u32 {
+    let Some(cfg) = CONFIG.get(0) else {
+        return 0;
+    };
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let pid = (pid_tgid >> 32) as u32;
+    let tid = pid_tgid as u32;
+    if !targeted(cfg, pid) {
+        return 0;
+    }
+    let group_dead = ctx.arg::<u64>(1) & 0xff;
+    // SAFETY: helper without preconditions.
+    let now = unsafe { bpf_ktime_get_ns() };
+    event(RECORD_EXIT, pid, tid, now, group_dead, 0);
+    let _ = LAST_CAPTURE.remove(&thread_key(pid, tid));
+    if group_dead != 0 && cfg.all == 0 {
+        // The pid may be reused by an unrelated program.
+        let _ = TARGETS.remove(&pid);
+    }
     0
 }
 
@@ -87,37 +227,98 @@ fn frame_i32(buf: &[u8; FRAME_BUF], off: u32) -> i32 {
     unsafe { core::ptr::read_unaligned(buf.as_ptr().add(o) as *const i32) }
 }
 
-fn sample(ctx: &PerfEventContext) -> Option<()> {
-    let pid_tgid = bpf_get_current_pid_tgid();
-    let pid = (pid_tgid >> 32) as u32;
-    let tid = pid_tgid as u32;
-    if tid == 0 {
-        return None; // the idle task
+/// Ring-buffer notification: the reader polls, and is woken only when a good part of the buffer
+/// is waiting (a wakeup per record would have the reader preempt the threads it profiles).
+#[inline(always)]
+fn wake_flags() -> u64 {
+    let threshold = CONFIG.get(0).map(|c| c.wakeup_bytes as u64).unwrap_or(0);
+    if SAMPLES.query(BPF_RB_AVAIL_DATA as u64) >= threshold {
+        BPF_RB_FORCE_WAKEUP as u64
+    } else {
+        BPF_RB_NO_WAKEUP as u64
     }
-    let cfg = CONFIG.get(0)?;
-    if pid == cfg.self_tgid {
-        return None;
-    }
+}
+
+#[inline(always)]
+fn targeted(cfg: &Config, pid: u32) -> bool {
     // SAFETY: plain lookup; the value is only tested for presence.
-    if cfg.all == 0 && unsafe { TARGETS.get(&pid) }.is_none() {
+    pid != cfg.self_tgid && (cfg.all != 0 || unsafe { TARGETS.get(&pid) }.is_some())
+}
+
+/// (tgid, pid) of a task, from the `task_struct` offsets userspace found in the kernel's BTF.
+#[inline(always)]
+fn task_ids(cfg: &Config, task: u64) -> Option<(u32, u32)> {
+    if task == 0 {
         return None;
     }
+    // SAFETY: kernel reads through the checked helper.
+    let tgid = unsafe { bpf_probe_read_kernel((task + cfg.task_tgid_off as u64) as *const u32) }
+        .ok()?;
+    // SAFETY: as above.
+    let pid =
+        unsafe { bpf_probe_read_kernel((task + cfg.task_pid_off as u64) as *const u32) }.ok()?;
+    Some((tgid, pid))
+}
+
+#[inline(always)]
+fn is_kthread(cfg: &Config, task: u64) -> bool {
+    // SAFETY: kernel read through the checked helper.
+    match unsafe { bpf_probe_read_kernel((task + cfg.task_flags_off as u64) as *const u32) } {
+        Ok(f) => f & PF_KTHREAD != 0,
+        Err(_) => true,
+    }
+}
+
+#[inline(always)]
+fn event(kind: u32, pid: u32, tid: u32, now: u64, arg0: u64, arg1: u64) {
+    let rec = EventRecord {
+        kind,
+        // SAFETY: helper without preconditions.
+        cpu: unsafe { bpf_get_smp_processor_id() },
+        pid,
+        tid,
+        time_ns: now,
+        arg0,
+        arg1,
+        comm: bpf_get_current_comm().unwrap_or([0; 16]),
+    };
+    if SAMPLES.output::<EventRecord>(&rec, wake_flags()).is_err() {
+        count(STAT_EVENTS_LOST);
+    }
+}
+
+/// Assembles one sample record of the current thread and sends it. `user` holds the user
+/// registers (ip, sp, bp) when the thread was interrupted in user mode; otherwise they come from
+/// the task and the kernel stack is recorded. Returns whether the record was written.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn capture(
+    ctx: *mut c_void,
+    cfg: &Config,
+    kind: u32,
+    pid: u32,
+    tid: u32,
+    now: u64,
+    user: Option<(u64, u64, u64)>,
+    sched_state: u64,
+) -> bool {
     // SAFETY: helper without preconditions.
     let cpu = unsafe { bpf_get_smp_processor_id() };
     let Some(scratch) = SCRATCH.get_ptr_mut(cpu) else {
         count(STAT_SCRATCH_FAIL);
-        return None;
+        return false;
     };
     let base = scratch as *mut u8;
     // SAFETY: the scratch buffer is SCRATCH_SIZE bytes, larger than the header, 8-aligned (map
-    // values are), and only this CPU's program instance uses it.
+    // values are), and one capture at a time uses a CPU's slot: the cpu-clock event arrives in a
+    // timer interrupt, and `sched_switch` runs with interrupts disabled, so neither nests in the
+    // other.
     let hdr = unsafe { &mut *(base as *mut SampleHeader) };
     let mut flags = 0u32;
-    hdr.kind = RECORD_SAMPLE;
+    hdr.kind = kind;
     hdr.pid = pid;
     hdr.tid = tid;
-    // SAFETY: helper without preconditions.
-    hdr.time_ns = unsafe { bpf_ktime_get_ns() };
+    hdr.time_ns = now;
     hdr.cpu = cpu;
     hdr.comm = bpf_get_current_comm().unwrap_or([0; 16]);
     hdr.kstack_len = 0;
@@ -128,16 +329,16 @@ fn sample(ctx: &PerfEventContext) -> Option<()> {
     hdr.py_gil_locked = 0;
     hdr.py_status = 0;
     hdr.py_gc_collecting = 0;
+    hdr._pad = 0;
+    hdr.sched_state = sched_state;
     hdr.ip = 0;
     hdr.sp = 0;
     hdr.bp = 0;
 
-    // SAFETY: the context of a perf_event program is a bpf_perf_event_data.
-    let regs: &pt_regs = unsafe { &(*ctx.ctx).regs };
-    if regs.cs & 3 == 3 {
-        hdr.ip = regs.rip;
-        hdr.sp = regs.rsp;
-        hdr.bp = regs.rbp;
+    if let Some((ip, sp, bp)) = user {
+        hdr.ip = ip;
+        hdr.sp = sp;
+        hdr.bp = bp;
     } else {
         flags |= SAMPLE_KERNEL_MODE;
         // SAFETY: BTF task pointer of the current task; bpf_task_pt_regs returns its user regs.
@@ -154,7 +355,7 @@ fn sample(ctx: &PerfEventContext) -> Option<()> {
         // SAFETY: the buffer is the header's kstack array of MAX_KSTACK u64.
         let n = unsafe {
             bpf_get_stack(
-                ctx.as_ptr(),
+                ctx,
                 hdr.kstack.as_mut_ptr() as *mut c_void,
                 (MAX_KSTACK * 8) as u32,
                 0,
@@ -195,6 +396,9 @@ fn sample(ctx: &PerfEventContext) -> Option<()> {
         }
         if pc.tstate_status != NO_OFFSET && hdr.py_tstate != 0 {
             hdr.py_status = read_user::<u32>(hdr.py_tstate + pc.tstate_status as u64).unwrap_or(0);
+        }
+        if hdr.py_tstate != 0 && has_exception(&pc, hdr.py_tstate) {
+            flags |= SAMPLE_PY_EXCEPTION;
         }
     }
     if py_len > MAX_PY_FRAMES {
@@ -244,12 +448,40 @@ fn sample(ctx: &PerfEventContext) -> Option<()> {
     }
     // SAFETY: total <= SCRATCH_SIZE, the size of the buffer behind base.
     let record = unsafe { core::slice::from_raw_parts(base as *const u8, total) };
-    if SAMPLES.output::<[u8]>(record, 0).is_ok() {
+    if SAMPLES.output::<[u8]>(record, wake_flags()).is_ok() {
         count(STAT_SAMPLES);
+        true
     } else {
         count(STAT_LOST);
+        false
     }
-    Some(())
+}
+
+/// Whether the thread has an exception being raised (`curexc_type` / `current_exception`) or
+/// being handled (an `exc_info` item whose value is neither NULL nor None; items of generators
+/// not handling anything are skipped, as `_PyErr_GetTopmostException` does, up to 4 deep).
+#[inline(always)]
+fn has_exception(pc: &PyProcConfig, tstate: u64) -> bool {
+    if pc.tstate_cur_exc != NO_OFFSET
+        && read_user::<u64>(tstate + pc.tstate_cur_exc as u64).unwrap_or(0) != 0
+    {
+        return true;
+    }
+    if pc.tstate_exc_info == NO_OFFSET {
+        return false;
+    }
+    let mut item = read_user::<u64>(tstate + pc.tstate_exc_info as u64).unwrap_or(0);
+    for _ in 0..4 {
+        if item == 0 {
+            return false;
+        }
+        let v = read_user::<u64>(item + pc.err_exc_value as u64).unwrap_or(0);
+        if v != 0 && v != pc.none_addr {
+            return true;
+        }
+        item = read_user::<u64>(item + pc.err_previous as u64).unwrap_or(0);
+    }
+    false
 }
 
 /// State of one frame walk, shared with the `bpf_loop` callback. Scalars only: the callback

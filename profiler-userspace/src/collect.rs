@@ -4,8 +4,8 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::aggregate::{state, Category, Frame, FrameId, Func, LibId, Profile, Sample};
-use crate::capture::record::RawSample;
+use crate::aggregate::{state, Category, Frame, FrameId, Func, LibId, Mode, Profile};
+use crate::capture::record::{Event, EventKind, RawSample, Reuse};
 use crate::process::Process;
 use crate::python::{PythonFrames, PythonRegistry};
 use crate::stack::elf::ElfCache;
@@ -24,13 +24,19 @@ pub struct Collector {
     kernel_frames: HashMap<u64, FrameId>,
     pub python: PythonRegistry,
     start_ns: u64,
+    /// Processes that exec'd since the caller last looked (their Python state is stale).
+    pub execs: Vec<u32>,
+    /// New child processes of targets since the caller last looked.
+    pub children: Vec<u32>,
 }
 
-/// Native functions on the path that takes the GIL.
+/// Native functions on the path that takes the GIL, and `drop_gil`, which on a forced switch waits
+/// until the requesting thread has taken the GIL before this thread queues for it again.
 fn is_gil_acquire(name: &str) -> bool {
     matches!(
         name,
         "take_gil"
+            | "drop_gil"
             | "PyEval_RestoreThread"
             | "PyEval_AcquireThread"
             | "PyEval_AcquireLock"
@@ -39,6 +45,7 @@ fn is_gil_acquire(name: &str) -> bool {
             | "_PyEval_AcquireLock"
             | "_PyEval_TakeGIL"
     ) || name.starts_with("take_gil.")
+        || name.starts_with("drop_gil.")
 }
 
 pub fn monotonic_ns() -> u64 {
@@ -52,8 +59,8 @@ pub fn monotonic_ns() -> u64 {
 }
 
 impl Collector {
-    pub fn new(start_ns: u64, python: PythonRegistry) -> Collector {
-        let mut profile = Profile::default();
+    pub fn new(start_ns: u64, python: PythonRegistry, mode: Mode, interval_ms: f64) -> Collector {
+        let mut profile = Profile::new(mode, interval_ms);
         let kernel_lib = profile.lib(&Arc::from(KERNEL_LIB));
         Collector {
             profile,
@@ -65,6 +72,8 @@ impl Collector {
             kernel_frames: HashMap::new(),
             python,
             start_ns,
+            execs: Vec::new(),
+            children: Vec::new(),
         }
     }
 
@@ -97,6 +106,20 @@ impl Collector {
         });
         self.kernel_frames.insert(addr, f);
         f
+    }
+
+    /// Whether a kernel address is in BPF program or tracepoint-dispatch code.
+    fn is_tracing_frame(&self, addr: u64) -> bool {
+        match self.kernel.lookup(addr) {
+            Some((_, name)) => {
+                name.starts_with("bpf_prog_")
+                    || name.starts_with("bpf_trace_run")
+                    || name.starts_with("__bpf_trace_")
+                    || name.starts_with("__traceiter_")
+                    || name.starts_with("bpf_trampoline_")
+            }
+            None => false,
+        }
     }
 
     /// Symbolizes one user frame of `pid`. Returns the frame and the symbol name.
@@ -212,7 +235,16 @@ impl Collector {
             ),
             _ => native.iter().map(|(f, _)| *f).collect(),
         };
-        for &k in s.kstack.iter().rev() {
+        // The innermost kernel frames of an off-CPU capture are the profiler's own BPF program
+        // and the tracepoint that ran it; the thread's stack ends at the scheduler.
+        let mut kstack: &[u64] = &s.kstack;
+        while let Some((&k, rest)) = kstack.split_first() {
+            if !self.is_tracing_frame(k) {
+                break;
+            }
+            kstack = rest;
+        }
+        for &k in kstack.iter().rev() {
             root_first.push(self.kernel_frame(k));
         }
         if root_first.is_empty() {
@@ -222,48 +254,119 @@ impl Collector {
         let mut st = 0u8;
         if let Some(p) = &py {
             st = p.state;
-            // Waiting for the GIL: not the holder, and in the GIL-acquire path.
-            if st & state::PYTHON != 0
-                && st & state::HAS_GIL == 0
-                && native.iter().any(|(_, n)| is_gil_acquire(n))
-            {
+            // Waiting for the GIL: in the GIL hand-off path. A thread inside `drop_gil` may still
+            // be the recorded holder while it blocks on the GIL's mutex to release it; it is
+            // giving the GIL up (3.13+ clears `holds_gil` on entry), so it does not hold it.
+            if st & state::PYTHON != 0 && native.iter().any(|(_, n)| is_gil_acquire(n)) {
+                st &= !state::HAS_GIL;
                 st |= state::GIL_WAIT;
             }
         }
-        let proc_label = match self.python.labels(pid) {
+        if s.flags & profiler_common::SAMPLE_PY_EXCEPTION != 0 {
+            st |= state::EXCEPTION;
+        }
+        let proc_label = self.process_label(pid, &proc_name, t_ms);
+        if s.off_cpu {
+            let mode = self.profile.mode;
+            let t = self
+                .profile
+                .thread_mut(pid, &proc_label, s.tid, &s.comm, t_ms);
+            let start = t.start_ms.unwrap_or(0.0);
+            t.sched.switch_out(
+                &mut t.samples,
+                t_ms,
+                start,
+                Some((stack, st)),
+                Reuse::Nothing,
+                mode,
+            );
+        } else {
+            self.profile
+                .add_sample(pid, &proc_label, s.tid, &s.comm, t_ms, stack, st);
+        }
+    }
+
+    /// The process's name in the profile: the script for Python processes, else its comm.
+    fn process_label(&mut self, pid: u32, comm: &str, t_ms: f64) -> String {
+        match self.python.labels(pid) {
             Some((label, version)) => {
                 let p = self.profile.process_mut(pid, label, t_ms);
                 if p.name != label {
                     p.name = label.to_string();
                     p.python = Some(version.to_string());
                 }
-                label
+                label.to_string()
             }
-            None => proc_name.as_str(),
-        };
-        self.profile.add_sample(
-            pid,
-            proc_label,
-            s.tid,
-            &s.comm,
-            Sample {
-                time_ms: t_ms,
-                stack,
-                state: st | state::ON_CPU,
+            None => match self.profile.processes.get_mut(&pid) {
+                Some(p) => {
+                    if p.name.is_empty() {
+                        p.name = comm.to_string();
+                    }
+                    p.name.clone()
+                }
+                None => comm.to_string(),
             },
-        );
+        }
     }
 
-    /// Sorts every thread's samples by time (the ring buffer interleaves CPUs).
-    pub fn finish(&mut self) {
-        for p in self.profile.processes.values_mut() {
-            for t in p.threads.values_mut() {
-                t.samples.sort_by(|a, b| {
-                    a.time_ms
-                        .partial_cmp(&b.time_ms)
-                        .unwrap_or(std::cmp::Ordering::Equal)
-                });
+    /// A scheduler or lifetime event.
+    pub fn handle_event(&mut self, e: Event) {
+        let t_ms = self.time_ms(e.time_ns);
+        match e.kind {
+            EventKind::SwitchIn => {
+                // The event's comm is the task switching out, not this one.
+                let label = self.process_label(e.pid, "", t_ms);
+                let t = self.profile.thread_mut(e.pid, &label, e.tid, "", t_ms);
+                t.sched.switch_in(&mut t.samples, t_ms);
+            }
+            EventKind::SwitchOut { reuse, .. } => {
+                let label = self.process_label(e.pid, &e.comm, t_ms);
+                let mode = self.profile.mode;
+                let t = self.profile.thread_mut(e.pid, &label, e.tid, &e.comm, t_ms);
+                let start = t.start_ms.unwrap_or(0.0);
+                t.sched
+                    .switch_out(&mut t.samples, t_ms, start, None, reuse, mode);
+            }
+            EventKind::Fork {
+                child_pid,
+                child_tid,
+            } => {
+                self.profile.task_born(child_pid, child_tid, t_ms);
+                if child_pid == child_tid && child_pid != e.pid {
+                    // A new process: nothing known about the pid before is valid.
+                    self.forget_process(child_pid);
+                    self.children.push(child_pid);
+                }
+            }
+            EventKind::Exec => {
+                self.profile.exec(e.pid, t_ms);
+                self.forget_process(e.pid);
+                self.execs.push(e.pid);
+            }
+            EventKind::Exit { group_dead } => {
+                if let Some(t) = self
+                    .profile
+                    .processes
+                    .get_mut(&e.pid)
+                    .and_then(|p| p.threads.get_mut(&e.tid))
+                {
+                    if t.name.is_empty() {
+                        t.name = e.comm.clone();
+                    }
+                }
+                self.profile.task_exit(e.pid, e.tid, t_ms, group_dead);
             }
         }
+    }
+
+    /// Drops the memory maps and symbol state of `pid` (it exec'd, or the pid was reused).
+    fn forget_process(&mut self, pid: u32) {
+        self.procs.remove(&pid);
+    }
+
+    /// Ends the run at `end_ns`: closes every timeline, sorts samples, builds markers.
+    pub fn finish(&mut self, end_ns: u64) {
+        let end = self.time_ms(end_ns);
+        self.profile.finish(end);
     }
 }

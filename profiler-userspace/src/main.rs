@@ -15,7 +15,8 @@ use clap::Parser;
 use tokio::io::unix::AsyncFd;
 use tokio::signal::unix::{signal, SignalKind};
 
-use capture::record::RawSample;
+use aggregate::Mode;
+use capture::record::Record;
 use capture::{Capture, CaptureError, CaptureOptions};
 use collect::{monotonic_ns, Collector};
 
@@ -47,6 +48,13 @@ struct Cli {
     /// Ring buffer size in MiB.
     #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=1024))]
     ring_mb: u32,
+    /// What to count: wall (on- and off-CPU time of every thread), cpu (on-CPU time), gil (time
+    /// holding the GIL), exception (time with an exception raised or handled), all.
+    #[arg(short, long, value_enum, default_value_t = Mode::Wall)]
+    mode: Mode,
+    /// With --pid or -- COMMAND: also profile the processes they start, and theirs.
+    #[arg(long)]
+    subprocesses: bool,
     /// Show interpreter-internal native frames between Python frames.
     #[arg(long)]
     show_internal: bool,
@@ -288,6 +296,11 @@ async fn run(cli: Cli) -> Result<i32, AppError> {
             "-- COMMAND cannot be combined with --all, --all-pythons or --pid".into(),
         ));
     }
+    if cli.subprocesses && cli.pid.is_empty() && cli.command.is_empty() {
+        return Err(AppError::Usage(
+            "--subprocesses needs --pid PID or -- COMMAND".into(),
+        ));
+    }
     check_environment()?;
     for &pid in &cli.pid {
         if pid == 0 || !std::path::Path::new(&format!("/proc/{pid}")).exists() {
@@ -301,7 +314,16 @@ async fn run(cli: Cli) -> Result<i32, AppError> {
         all: cli.all,
         stack_size: cli.stack_size as usize,
         ring_bytes: cli.ring_mb << 20,
+        offcpu: if cli.mode.needs_offcpu_stacks() {
+            profiler_common::OFFCPU_STACKS
+        } else {
+            profiler_common::OFFCPU_TIMES
+        },
+        follow_children: cli.subprocesses,
+        exec_all: cli.all_pythons,
+        rate_hz: cli.rate,
     })?;
+    capture.attach_lifetimes()?;
     let mut launched = if cli.command.is_empty() {
         None
     } else {
@@ -318,17 +340,24 @@ async fn run(cli: Cli) -> Result<i32, AppError> {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs_f64() * 1000.0)
         .unwrap_or(0.0);
-    let mut collector = Collector::new(start_ns, python::PythonRegistry::new(cli.show_internal));
+    let interval_ms = 1000.0 / cli.rate as f64;
+    let mut collector = Collector::new(
+        start_ns,
+        python::PythonRegistry::new(cli.show_internal),
+        cli.mode,
+        interval_ms,
+    );
     let mut explicit: Vec<u32> = cli.pid.clone();
     if let Some(l) = &launched {
         explicit.push(l.pid);
     }
-    let scope = Scope {
+    let mut scope = Scope {
         all: cli.all,
         all_pythons: cli.all_pythons,
         explicit,
+        pending: Vec::new(),
     };
-    python_tick(&mut collector, &mut capture, &scope, true, true);
+    python_tick(&mut collector, &mut capture, &mut scope, true, true);
     let ring = capture.take_ring();
     // SAFETY: the ring buffer owns its map fd and neither replaces nor closes it while the
     // AsyncFd holds it.
@@ -369,10 +398,13 @@ async fn run(cli: Cli) -> Result<i32, AppError> {
         tokio::select! {
             _ = tick.tick() => {
                 ticks += 1;
+                // Records do not wake the reader until the buffer fills up a good part: poll.
+                drain(ring.get_mut(), &mut collector);
+                follow_lifetimes(&mut collector, &mut capture, &mut scope, cli.subprocesses);
                 python_tick(
                     &mut collector,
                     &mut capture,
-                    &scope,
+                    &mut scope,
                     ticks.is_multiple_of(12),
                     ticks.is_multiple_of(5),
                 );
@@ -381,6 +413,7 @@ async fn run(cli: Cli) -> Result<i32, AppError> {
                 let mut guard = guard.map_err(|e| AppError::Other(format!("ring buffer: {e}")))?;
                 drain(guard.get_inner_mut(), &mut collector);
                 guard.clear_ready();
+                follow_lifetimes(&mut collector, &mut capture, &mut scope, cli.subprocesses);
             }
             _ = &mut sleep => break,
             _ = sigint.recv() => break,
@@ -400,17 +433,17 @@ async fn run(cli: Cli) -> Result<i32, AppError> {
     });
     capture.detach();
     let elapsed = started.elapsed();
+    let end_ns = monotonic_ns();
     drain(ring.get_mut(), &mut collector);
-    collector.finish();
-    collector.profile.build_markers(1000.0 / cli.rate as f64);
+    collector.finish(end_ns);
     let (stats, lost_per_cpu) = capture.stats();
     let lost = stats[profiler_common::STAT_LOST as usize];
 
     let run = output::gecko::RunInfo {
         start_epoch_ms,
-        interval_ms: 1000.0 / cli.rate as f64,
+        interval_ms,
         duration_ms: elapsed.as_secs_f64() * 1000.0,
-        mode: "cpu".into(),
+        mode: cli.mode.name().into(),
         rate_hz: cli.rate,
         command: std::env::args().collect::<Vec<_>>().join(" "),
         lost,
@@ -438,7 +471,7 @@ async fn run(cli: Cli) -> Result<i32, AppError> {
             lost_str.join(", "),
             c.native_truncated,
             c.bad_records,
-            collector.profile.processes.len(),
+            collector.profile.all_processes().count(),
             collector.profile.thread_count(),
         );
         if c.py_samples > 0 {
@@ -465,6 +498,8 @@ struct Scope {
     all: bool,
     all_pythons: bool,
     explicit: Vec<u32>,
+    /// Processes that exec'd during an --all-pythons run, looked at on every tick for a while.
+    pending: Vec<u32>,
 }
 
 fn list_pids() -> Vec<u32> {
@@ -481,12 +516,19 @@ fn list_pids() -> Vec<u32> {
 fn python_tick(
     collector: &mut Collector,
     capture: &mut Capture,
-    scope: &Scope,
+    scope: &mut Scope,
     scan: bool,
     refresh_threads: bool,
 ) {
     let me = std::process::id();
+    // Exec'd processes stay pending until found or known not to be Python (or gone).
+    scope.pending.retain(|&pid| {
+        !collector.python.procs.contains_key(&pid)
+            && !collector.python.known_not_python(pid)
+            && std::path::Path::new(&format!("/proc/{pid}")).exists()
+    });
     let mut candidates: Vec<u32> = scope.explicit.clone();
+    candidates.extend(scope.pending.iter().copied());
     if scan && (scope.all || scope.all_pythons) {
         candidates.extend(list_pids().into_iter().filter(|&p| p != me));
     }
@@ -549,12 +591,45 @@ fn python_tick(
     }
 }
 
+/// Acts on execs and new children the collector saw: a process that exec'd loses its Python
+/// state (the BPF side must not walk the old program's layout) and is looked at again; with
+/// --subprocesses, children become explicit targets.
+fn follow_lifetimes(
+    collector: &mut Collector,
+    capture: &mut Capture,
+    scope: &mut Scope,
+    subprocesses: bool,
+) {
+    for pid in std::mem::take(&mut collector.execs) {
+        if let Some(p) = collector.python.procs.get(&pid) {
+            for &tid in p.threads.keys() {
+                capture.remove_py_thread(pid, tid);
+            }
+            capture.remove_py_proc(pid);
+        }
+        collector.python.forget(pid);
+        if scope.all_pythons && !scope.explicit.contains(&pid) {
+            // Looked at on every tick until its runtime shows up (or it proves not Python).
+            scope.pending.push(pid);
+        }
+    }
+    for pid in std::mem::take(&mut collector.children) {
+        if subprocesses && !scope.explicit.contains(&pid) {
+            scope.explicit.push(pid);
+        }
+    }
+}
+
 fn drain(ring: &mut aya::maps::RingBuf<aya::maps::MapData>, collector: &mut Collector) {
     while let Some(item) = ring.next() {
-        match RawSample::parse(&item) {
-            Ok(s) => {
+        match Record::parse(&item) {
+            Ok(Record::Sample(s)) => {
                 drop(item);
                 collector.handle(s);
+            }
+            Ok(Record::Event(e)) => {
+                drop(item);
+                collector.handle_event(e);
             }
             Err(e) => {
                 log::debug!("bad record: {e}");

@@ -1,7 +1,11 @@
 //! Per-thread state markers from the samples' states: Has GIL / No GIL, Waiting for GIL,
-//! Python Code / Native Code (the names CPython's own sampler writes), GC Collecting, On CPU.
-//! An interval runs from a sample to the next one; a gap longer than a few sampling intervals
-//! (the thread was off CPU) ends it.
+//! Python Code / Native Code (the names CPython's own sampler writes) and GC Collecting. (On CPU
+//! / Off CPU come from the scheduler, in `timeline`.)
+//!
+//! Each sample covers a span: an off-CPU sample its exact off-CPU interval, an on-CPU sample the
+//! time to the next sample (at most 1.5 periods, else one period). A track's interval runs over
+//! consecutive matching samples whose spans meet within one period, and ends where a
+//! non-matching sample starts.
 
 use super::{state, Category, Marker, Sample};
 
@@ -11,7 +15,7 @@ struct Track {
     test: fn(u8) -> bool,
 }
 
-const TRACKS: [Track; 7] = [
+const TRACKS: [Track; 6] = [
     Track {
         name: "Has GIL",
         category: Category::Gil,
@@ -47,70 +51,58 @@ const TRACKS: [Track; 7] = [
         category: Category::Gc,
         test: |s| s & state::GC != 0,
     },
-    Track {
-        name: "On CPU",
-        category: Category::Cpu,
-        test: |s| s & state::ON_CPU != 0,
-    },
 ];
 
-pub fn build(samples: &[Sample], interval_ms: f64) -> Vec<Marker> {
-    let mut out = Vec::new();
-    let gap = interval_ms * 3.0;
-    for track in &TRACKS {
-        let mut open: Option<f64> = None;
-        let mut last_end = 0.0;
-        for (i, s) in samples.iter().enumerate() {
-            let end = samples
-                .get(i + 1)
-                .map(|n| {
-                    if n.time_ms - s.time_ms <= gap {
-                        n.time_ms
-                    } else {
-                        s.time_ms + interval_ms
-                    }
-                })
-                .unwrap_or(s.time_ms + interval_ms);
-            let on = (track.test)(s.state);
-            match (open, on) {
-                (None, true) => open = Some(s.time_ms),
-                (Some(start), true) if s.time_ms - last_end > 1e-9 => {
-                    // A gap: close the interval at the end of the previous sample's slot.
-                    out.push(Marker {
-                        name: track.name,
-                        category: track.category,
-                        start_ms: start,
-                        end_ms: last_end,
-                    });
-                    open = Some(s.time_ms);
-                }
-                (Some(start), false) => {
-                    out.push(Marker {
-                        name: track.name,
-                        category: track.category,
-                        start_ms: start,
-                        end_ms: s.time_ms.min(last_end.max(start)),
-                    });
-                    open = None;
-                }
-                _ => {}
+/// The time span each (time-sorted) sample stands for.
+fn spans(samples: &[Sample], interval_ms: f64) -> Vec<(f64, f64)> {
+    samples
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let t = s.time_ms;
+            if s.state & state::ON_CPU == 0 {
+                return (t, t + s.weight_ms);
             }
-            last_end = end;
-        }
-        if let Some(start) = open {
+            match samples.get(i + 1) {
+                Some(n) if n.time_ms - t <= 1.5 * interval_ms => (t, n.time_ms.max(t)),
+                _ => (t, t + interval_ms),
+            }
+        })
+        .collect()
+}
+
+pub fn build(samples: &[Sample], interval_ms: f64) -> Vec<Marker> {
+    let spans = spans(samples, interval_ms);
+    let mut out = Vec::new();
+    for track in &TRACKS {
+        let mut push = |a: f64, b: f64| {
             out.push(Marker {
                 name: track.name,
                 category: track.category,
-                start_ms: start,
-                end_ms: last_end,
-            });
+                start_ms: a,
+                end_ms: b,
+            })
+        };
+        let mut open: Option<(f64, f64)> = None;
+        for (s, &(a, b)) in samples.iter().zip(&spans) {
+            if (track.test)(s.state) {
+                open = match open {
+                    Some((start, end)) if a <= end + interval_ms => Some((start, end.max(b))),
+                    Some((start, end)) => {
+                        push(start, end);
+                        Some((a, b))
+                    }
+                    None => Some((a, b)),
+                };
+            } else if let Some((start, end)) = open.take() {
+                push(start, end.min(a).max(start));
+            }
+        }
+        if let Some((start, end)) = open {
+            push(start, end);
         }
     }
-    out.sort_by(|a, b| {
-        a.start_ms
-            .partial_cmp(&b.start_ms)
-            .unwrap_or(std::cmp::Ordering::Equal)
-    });
+    out.sort_by(|a, b| a.start_ms.total_cmp(&b.start_ms));
     out
 }
 
@@ -123,7 +115,27 @@ mod tests {
             time_ms: t,
             stack: None,
             state: st,
+            weight_ms: 1.0,
+            in_mode: true,
+            cpu_delta_us: 0.0,
         }
+    }
+
+    #[test]
+    fn off_cpu_waits_join_across_short_runs() {
+        let wait = state::PYTHON | state::GIL_WAIT;
+        let mut a = s(0.0, wait);
+        a.weight_ms = 5.0;
+        let mut b = s(5.05, wait);
+        b.weight_ms = 3.0;
+        let c = s(8.5, state::PYTHON | state::HAS_GIL | state::ON_CPU);
+        let m = build(&[a, b, c], 1.0);
+        let w: Vec<(f64, f64)> = m
+            .iter()
+            .filter(|m| m.name == "Waiting for GIL")
+            .map(|m| (m.start_ms, m.end_ms))
+            .collect();
+        assert_eq!(w, vec![(0.0, 8.05)]);
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! process/thread sample timelines and markers. Every output format is written from this.
 
 pub mod markers;
+pub mod timeline;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -78,6 +79,50 @@ pub mod state {
     pub const GC: u8 = 1 << 3;
     pub const PYTHON: u8 = 1 << 4;
     pub const MAIN_THREAD: u8 = 1 << 5;
+    /// An exception is being raised or handled.
+    pub const EXCEPTION: u8 = 1 << 6;
+}
+
+/// What a profile counts (`--mode`), with the semantics of CPython's sampler.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Mode {
+    /// On- and off-CPU time of every thread.
+    Wall,
+    /// On-CPU time only.
+    Cpu,
+    /// Time the thread holds the GIL.
+    Gil,
+    /// Time with an exception being raised or handled.
+    Exception,
+    /// Everything, with thread state.
+    All,
+}
+
+impl Mode {
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Wall => "wall",
+            Mode::Cpu => "cpu",
+            Mode::Gil => "gil",
+            Mode::Exception => "exception",
+            Mode::All => "all",
+        }
+    }
+
+    /// Whether a sample in this state counts in this mode.
+    pub fn keeps(self, st: u8) -> bool {
+        match self {
+            Mode::Wall | Mode::All => true,
+            Mode::Cpu => st & state::ON_CPU != 0,
+            Mode::Gil => st & state::HAS_GIL != 0,
+            Mode::Exception => st & state::EXCEPTION != 0,
+        }
+    }
+
+    /// Whether off-CPU time needs stacks (otherwise only its times are recorded).
+    pub fn needs_offcpu_stacks(self) -> bool {
+        self != Mode::Cpu
+    }
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -85,8 +130,15 @@ pub struct Sample {
     /// Milliseconds since the profile start.
     pub time_ms: f64,
     pub stack: Option<StackId>,
-    /// `state::*` bits.
+    /// `state::*` bits; an off-CPU sample lacks `ON_CPU`.
     pub state: u8,
+    /// The time this sample stands for: one sampling period on CPU, the exact off-CPU interval
+    /// (from the scheduler) off CPU.
+    pub weight_ms: f64,
+    /// Counted in the profile's mode (samples outside it still shape the state timelines).
+    pub in_mode: bool,
+    /// CPU time the thread used since its previous sample, in microseconds.
+    pub cpu_delta_us: f64,
 }
 
 #[derive(Clone, Debug)]
@@ -105,6 +157,11 @@ pub struct ThreadData {
     pub markers: Vec<Marker>,
     pub first_ms: f64,
     pub last_ms: f64,
+    /// Created during the run (exact, from the scheduler).
+    pub start_ms: Option<f64>,
+    /// Exited during the run.
+    pub end_ms: Option<f64>,
+    pub sched: timeline::SchedState,
 }
 
 #[derive(Clone, Debug)]
@@ -116,6 +173,13 @@ pub struct ProcessData {
     pub threads: BTreeMap<u32, ThreadData>,
     pub first_ms: f64,
     pub last_ms: f64,
+    /// Started (fork or exec) during the run.
+    pub start_ms: Option<f64>,
+    /// Ended (last thread exit, or exec into another program) during the run.
+    pub end_ms: Option<f64>,
+    /// 0 for the program a pid runs at the end of the run; 1, 2, ... for earlier programs of the
+    /// same pid (before an exec, or before the pid was reused), in order.
+    pub generation: u32,
 }
 
 /// Counters shown in the summary and stored in the profile's metadata.
@@ -134,7 +198,6 @@ pub struct Counters {
     pub py_truncated: u64,
 }
 
-#[derive(Default)]
 pub struct Profile {
     pub libs: Vec<Lib>,
     lib_ids: HashMap<Arc<str>, LibId>,
@@ -145,11 +208,46 @@ pub struct Profile {
     /// (frame, prefix)
     pub stacks: Vec<(FrameId, Option<StackId>)>,
     stack_ids: HashMap<(FrameId, Option<StackId>), StackId>,
+    /// Live processes by pid.
     pub processes: BTreeMap<u32, ProcessData>,
+    /// Processes that ended by exec or whose pid was reused during the run.
+    pub retired: Vec<ProcessData>,
+    /// Creation times of tasks not yet seen, by (pid, tid).
+    births: HashMap<(u32, u32), f64>,
     pub counters: Counters,
+    pub mode: Mode,
+    /// One sampling period.
+    pub interval_ms: f64,
+    /// Milliseconds from the profile start to its end, set by `finish`.
+    pub end_ms: f64,
 }
 
 impl Profile {
+    pub fn new(mode: Mode, interval_ms: f64) -> Profile {
+        Profile {
+            libs: Vec::new(),
+            lib_ids: HashMap::new(),
+            funcs: Vec::new(),
+            func_ids: HashMap::new(),
+            frames: Vec::new(),
+            frame_ids: HashMap::new(),
+            stacks: Vec::new(),
+            stack_ids: HashMap::new(),
+            processes: BTreeMap::new(),
+            retired: Vec::new(),
+            births: HashMap::new(),
+            counters: Counters::default(),
+            mode,
+            interval_ms,
+            end_ms: 0.0,
+        }
+    }
+
+    /// Every process of the run, live and retired.
+    pub fn all_processes(&self) -> impl Iterator<Item = &ProcessData> {
+        self.retired.iter().chain(self.processes.values())
+    }
+
     pub fn lib(&mut self, path: &Arc<str>) -> LibId {
         if let Some(&id) = self.lib_ids.get(path) {
             return id;
@@ -215,6 +313,7 @@ impl Profile {
     }
 
     pub fn process_mut(&mut self, pid: u32, name: &str, t_ms: f64) -> &mut ProcessData {
+        let births = &mut self.births;
         self.processes.entry(pid).or_insert_with(|| ProcessData {
             pid,
             name: name.to_string(),
@@ -222,43 +321,149 @@ impl Profile {
             threads: BTreeMap::new(),
             first_ms: t_ms,
             last_ms: t_ms,
+            start_ms: births.remove(&(pid, 0)),
+            end_ms: None,
+            generation: 0,
         })
     }
 
+    /// The thread, created on first sight.
+    pub fn thread_mut(
+        &mut self,
+        pid: u32,
+        proc_name: &str,
+        tid: u32,
+        thread_name: &str,
+        t_ms: f64,
+    ) -> &mut ThreadData {
+        let born = self.births.remove(&(pid, tid));
+        let p = self.process_mut(pid, proc_name, t_ms);
+        p.first_ms = p.first_ms.min(t_ms);
+        p.last_ms = p.last_ms.max(t_ms);
+        let t = p.threads.entry(tid).or_insert_with(|| ThreadData {
+            tid,
+            name: thread_name.to_string(),
+            samples: Vec::new(),
+            markers: Vec::new(),
+            first_ms: t_ms,
+            last_ms: t_ms,
+            start_ms: born,
+            end_ms: None,
+            sched: timeline::SchedState::default(),
+        });
+        t.first_ms = t.first_ms.min(t_ms);
+        t.last_ms = t.last_ms.max(t_ms);
+        if t.name.is_empty() {
+            t.name = thread_name.to_string();
+        }
+        t
+    }
+
+    /// An on-CPU sample taken by the sampling timer.
+    #[allow(clippy::too_many_arguments)]
     pub fn add_sample(
         &mut self,
         pid: u32,
         proc_name: &str,
         tid: u32,
         thread_name: &str,
-        s: Sample,
+        time_ms: f64,
+        stack: Option<StackId>,
+        st: u8,
     ) {
         self.counters.samples += 1;
-        let p = self.process_mut(pid, proc_name, s.time_ms);
-        p.last_ms = p.last_ms.max(s.time_ms);
-        let t = p.threads.entry(tid).or_insert_with(|| ThreadData {
-            tid,
-            name: thread_name.to_string(),
-            samples: Vec::new(),
-            markers: Vec::new(),
-            first_ms: s.time_ms,
-            last_ms: s.time_ms,
-        });
-        t.last_ms = t.last_ms.max(s.time_ms);
+        let s = Sample {
+            time_ms,
+            stack,
+            state: st | state::ON_CPU,
+            weight_ms: self.interval_ms,
+            in_mode: self.mode.keeps(st | state::ON_CPU),
+            cpu_delta_us: 0.0,
+        };
+        let t = self.thread_mut(pid, proc_name, tid, thread_name, time_ms);
+        t.sched.note_sample(stack, s.state);
         t.samples.push(s);
     }
 
-    /// Builds every thread's state markers from its (time-sorted) samples.
-    pub fn build_markers(&mut self, interval_ms: f64) {
-        for p in self.processes.values_mut() {
+    /// A task was created during the run (`tid == pid`: a new process).
+    pub fn task_born(&mut self, pid: u32, tid: u32, t_ms: f64) {
+        if pid == tid {
+            // A pid seen before is being reused: the old process is over.
+            self.retire(pid, t_ms);
+            self.births.insert((pid, 0), t_ms);
+        }
+        self.births.insert((pid, tid), t_ms);
+    }
+
+    /// A thread exited; `group_dead` when its process is over.
+    pub fn task_exit(&mut self, pid: u32, tid: u32, t_ms: f64, group_dead: bool) {
+        self.births.remove(&(pid, tid));
+        if let Some(p) = self.processes.get_mut(&pid) {
+            if let Some(t) = p.threads.get_mut(&tid) {
+                t.end_ms = Some(t_ms);
+                t.last_ms = t.last_ms.max(t_ms);
+                t.sched.exit(t_ms);
+            }
+            if group_dead {
+                p.end_ms = Some(t_ms);
+                p.last_ms = p.last_ms.max(t_ms);
+            }
+        }
+        if group_dead {
+            self.births.remove(&(pid, 0));
+        }
+    }
+
+    /// The process `pid` replaced its program: what came before is a finished process, and the
+    /// new program starts now.
+    pub fn exec(&mut self, pid: u32, t_ms: f64) {
+        self.retire(pid, t_ms);
+        self.births.insert((pid, 0), t_ms);
+        self.births.insert((pid, pid), t_ms);
+    }
+
+    fn retire(&mut self, pid: u32, t_ms: f64) {
+        if let Some(mut p) = self.processes.remove(&pid) {
+            if p.threads.values().all(|t| t.samples.is_empty()) {
+                // Nothing ran worth showing (a launched command held before its exec).
+                return;
+            }
+            p.generation = self.retired.iter().filter(|r| r.pid == pid).count() as u32 + 1;
+            p.end_ms.get_or_insert(t_ms);
             for t in p.threads.values_mut() {
-                t.markers = markers::build(&t.samples, interval_ms);
+                t.end_ms.get_or_insert(t_ms);
+                t.sched.exit(t_ms);
+            }
+            self.retired.push(p);
+        }
+    }
+
+    /// Ends the run at `end_ms`: closes open intervals, sorts samples, computes CPU deltas and
+    /// builds the state markers.
+    pub fn finish(&mut self, end_ms: f64) {
+        self.end_ms = end_ms;
+        let interval = self.interval_ms;
+        for p in self.retired.iter_mut().chain(self.processes.values_mut()) {
+            for t in p.threads.values_mut() {
+                let end = t.end_ms.unwrap_or(end_ms);
+                let start = t.start_ms.unwrap_or(0.0);
+                t.sched.finish(&mut t.samples, start, end);
+                t.samples.sort_by(|a, b| a.time_ms.total_cmp(&b.time_ms));
+                timeline::cpu_deltas(&mut t.samples, &t.sched.oncpu, start);
+                t.markers = markers::build(&t.samples, interval);
+                t.markers
+                    .extend(timeline::cpu_markers(&t.sched, start, end));
+                t.markers.sort_by(|a, b| a.start_ms.total_cmp(&b.start_ms));
+                if let Some(last) = t.samples.last() {
+                    t.last_ms = t.last_ms.max(last.time_ms + last.weight_ms);
+                }
+                p.last_ms = p.last_ms.max(t.last_ms);
             }
         }
     }
 
     pub fn thread_count(&self) -> usize {
-        self.processes.values().map(|p| p.threads.len()).sum()
+        self.all_processes().map(|p| p.threads.len()).sum()
     }
 }
 
@@ -268,7 +473,7 @@ mod tests {
 
     #[test]
     fn stacks_share_prefixes() {
-        let mut p = Profile::default();
+        let mut p = Profile::new(Mode::Wall, 1.0);
         let f = |p: &mut Profile, n: &str| {
             let func = p.func(Func {
                 name: Arc::from(n),

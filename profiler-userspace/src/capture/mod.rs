@@ -1,13 +1,16 @@
 //! Loading and attaching the BPF program, the maps userspace feeds it, and the ring buffer of
 //! sample records.
 
+pub mod btf;
 pub mod record;
 
 use aya::maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf};
 use aya::programs::perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent};
-use aya::programs::{PerfEvent, ProgramError};
-use aya::{Ebpf, EbpfLoader};
-use profiler_common::{thread_key, Config, PyProcConfig, MAX_USTACK, STAT_COUNT, USTACK_CHUNK};
+use aya::programs::{BtfTracePoint, PerfEvent, ProgramError};
+use aya::{Btf, Ebpf, EbpfLoader};
+use profiler_common::{
+    thread_key, Config, PyProcConfig, MAX_USTACK, OFFCPU_NONE, STAT_COUNT, USTACK_CHUNK,
+};
 
 static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(env!("TACHYON_BPF_OBJECT"));
 
@@ -21,6 +24,12 @@ pub enum CaptureError {
         #[source]
         source: ProgramError,
     },
+    #[error("attaching to the {name} tracepoint failed: {source}")]
+    Tracepoint {
+        name: &'static str,
+        #[source]
+        source: ProgramError,
+    },
     #[error("BPF map {0}: {1}")]
     Map(&'static str, String),
     #[error("listing online CPUs failed: {0}")]
@@ -31,11 +40,29 @@ pub struct CaptureOptions {
     pub all: bool,
     pub stack_size: usize,
     pub ring_bytes: u32,
+    /// `OFFCPU_*`: what the scheduler program records.
+    pub offcpu: u32,
+    /// Children of targets become targets.
+    pub follow_children: bool,
+    /// Report every `execve` on the host (to find new Python processes at once).
+    pub exec_all: bool,
+    /// The sampling rate, which also limits full off-CPU captures per thread.
+    pub rate_hz: u64,
 }
+
+/// The scheduler and lifetime programs: (program name, tracepoint).
+const TRACEPOINTS: [(&str, &str); 4] = [
+    ("tachyon_switch", "sched_switch"),
+    ("tachyon_fork", "sched_process_fork"),
+    ("tachyon_exec", "sched_process_exec"),
+    ("tachyon_exit", "sched_process_exit"),
+];
 
 pub struct Capture {
     bpf: Ebpf,
     attached: Vec<aya::programs::perf_event::PerfEventLinkId>,
+    tracepoints: Vec<(&'static str, aya::programs::tp_btf::BtfTracePointLinkId)>,
+    offcpu: u32,
     pub cpus: Vec<u32>,
 }
 
@@ -59,11 +86,20 @@ impl Capture {
             .map_max_entries("SCRATCH", possible as u32)
             .load(BPF_OBJECT)
             .map_err(|e| CaptureError::Load(format!("{e:#}")))?;
+        let (task_pid_off, task_tgid_off, task_flags_off) =
+            btf::task_offsets().map_err(CaptureError::Load)?;
         let cfg = Config {
             all: opts.all as u32,
             ustack_size: clamp_stack_size(opts.stack_size) as u32,
             self_tgid: std::process::id(),
-            _pad: 0,
+            offcpu: opts.offcpu,
+            follow_children: opts.follow_children as u32,
+            task_pid_off,
+            task_tgid_off,
+            task_flags_off,
+            exec_all: opts.exec_all as u32,
+            wakeup_bytes: ring / 4,
+            offcpu_min_gap_ns: 1_000_000_000 / opts.rate_hz.max(1),
         };
         let mut arr: Array<_, Config> = Array::try_from(bpf.map_mut("CONFIG").expect("CONFIG map"))
             .map_err(map_err("CONFIG"))?;
@@ -75,17 +111,65 @@ impl Capture {
             .map_err(|e: ProgramError| CaptureError::Load(e.to_string()))?;
         prog.load()
             .map_err(|e| CaptureError::Load(verifier_text(&e)))?;
+        let kernel_btf = Btf::from_sys_fs().map_err(|e| CaptureError::Load(e.to_string()))?;
+        for (name, tp) in TRACEPOINTS {
+            if name == "tachyon_switch" && opts.offcpu == OFFCPU_NONE {
+                continue;
+            }
+            let prog: &mut BtfTracePoint = bpf
+                .program_mut(name)
+                .expect("tracepoint program")
+                .try_into()
+                .map_err(|e: ProgramError| CaptureError::Load(e.to_string()))?;
+            prog.load(tp, &kernel_btf)
+                .map_err(|e| CaptureError::Load(format!("{name}: {}", verifier_text(&e))))?;
+        }
         let cpus =
             aya::util::online_cpus().map_err(|(s, e)| CaptureError::Cpus(format!("{s}: {e}")))?;
         Ok(Capture {
             bpf,
             attached: Vec::new(),
+            tracepoints: Vec::new(),
+            offcpu: opts.offcpu,
             cpus,
         })
     }
 
-    /// Starts sampling: one software cpu-clock event per online CPU, every `1/rate` s of CPU time.
+    /// Starts the lifetime programs (before the target starts, so its threads are seen born).
+    pub fn attach_lifetimes(&mut self) -> Result<(), CaptureError> {
+        for (name, tp) in TRACEPOINTS {
+            if name == "tachyon_switch" {
+                continue;
+            }
+            self.attach_tracepoint(name, tp)?;
+        }
+        Ok(())
+    }
+
+    fn attach_tracepoint(
+        &mut self,
+        name: &'static str,
+        tp: &'static str,
+    ) -> Result<(), CaptureError> {
+        let prog: &mut BtfTracePoint = self
+            .bpf
+            .program_mut(name)
+            .expect("tracepoint program")
+            .try_into()
+            .map_err(|e: ProgramError| CaptureError::Load(e.to_string()))?;
+        let link = prog
+            .attach()
+            .map_err(|source| CaptureError::Tracepoint { name: tp, source })?;
+        self.tracepoints.push((name, link));
+        Ok(())
+    }
+
+    /// Starts sampling: one software cpu-clock event per online CPU, every `1/rate` s of CPU time,
+    /// and the scheduler program when off-CPU time is recorded.
     pub fn attach(&mut self, rate_hz: u64) -> Result<(), CaptureError> {
+        if self.offcpu != OFFCPU_NONE {
+            self.attach_tracepoint("tachyon_switch", "sched_switch")?;
+        }
         let period_ns = (1_000_000_000 / rate_hz.max(1)).max(1);
         let prog: &mut PerfEvent = self
             .bpf
@@ -109,6 +193,15 @@ impl Capture {
 
     /// Stops sampling (records already in the ring buffer stay readable).
     pub fn detach(&mut self) {
+        for (name, link) in self.tracepoints.drain(..) {
+            if let Some(Ok(prog)) = self
+                .bpf
+                .program_mut(name)
+                .map(<&mut BtfTracePoint>::try_from)
+            {
+                let _ = prog.detach(link);
+            }
+        }
         if let Some(p) = self.bpf.program_mut("tachyon_sample") {
             if let Ok(prog) = <&mut PerfEvent>::try_from(p) {
                 for link in self.attached.drain(..) {

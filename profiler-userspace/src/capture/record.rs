@@ -4,12 +4,108 @@
 //! `profiler-common`). Lengths come from the kernel side and are checked against the record size.
 
 use profiler_common::{
-    PyFrame, SampleHeader, MAX_KSTACK, MAX_PY_FRAMES, MAX_USTACK, RECORD_SAMPLE,
+    EventRecord, PyFrame, SampleHeader, MAX_KSTACK, MAX_PY_FRAMES, MAX_USTACK, RECORD_EXEC,
+    RECORD_EXIT, RECORD_FORK, RECORD_SAMPLE, RECORD_SWITCH_IN, RECORD_SWITCH_OUT,
+    RECORD_SWITCH_OUT_BRIEF, REUSE_LATEST, REUSE_OFF_CPU,
 };
+
+/// One ring-buffer record.
+#[derive(Clone, Debug)]
+pub enum Record {
+    Sample(RawSample),
+    Event(Event),
+}
+
+/// Which earlier stack an off-CPU interval without its own capture is attributed to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reuse {
+    /// None (times only).
+    Nothing,
+    /// The thread's last off-CPU capture.
+    LastOffCpu,
+    /// The thread's latest sample or capture.
+    Latest,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EventKind {
+    /// Left the CPU without a capture; `reuse` says which earlier stack applies.
+    SwitchOut {
+        state: u64,
+        reuse: Reuse,
+    },
+    SwitchIn,
+    Fork {
+        child_pid: u32,
+        child_tid: u32,
+    },
+    Exec,
+    Exit {
+        group_dead: bool,
+    },
+}
+
+/// A scheduler or lifetime event.
+#[derive(Clone, Debug)]
+pub struct Event {
+    pub kind: EventKind,
+    pub pid: u32,
+    pub tid: u32,
+    pub time_ns: u64,
+    pub comm: String,
+}
+
+impl Record {
+    /// Decodes one ring-buffer record.
+    pub fn parse(bytes: &[u8]) -> Result<Record, RecordError> {
+        let kind = bytes
+            .get(0..4)
+            .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")))
+            .ok_or(RecordError::Short(bytes.len()))?;
+        if kind == RECORD_SAMPLE || kind == RECORD_SWITCH_OUT {
+            return RawSample::parse(bytes).map(Record::Sample);
+        }
+        if bytes.len() < EventRecord::SIZE {
+            return Err(RecordError::Short(bytes.len()));
+        }
+        // SAFETY: the length was checked; EventRecord is plain old data valid for any bytes.
+        let e: EventRecord =
+            unsafe { std::ptr::read_unaligned(bytes.as_ptr() as *const EventRecord) };
+        let kind = match kind {
+            RECORD_SWITCH_OUT_BRIEF => EventKind::SwitchOut {
+                state: e.arg0,
+                reuse: match e.arg1 {
+                    REUSE_OFF_CPU => Reuse::LastOffCpu,
+                    REUSE_LATEST => Reuse::Latest,
+                    _ => Reuse::Nothing,
+                },
+            },
+            RECORD_SWITCH_IN => EventKind::SwitchIn,
+            RECORD_FORK => EventKind::Fork {
+                child_pid: e.arg0 as u32,
+                child_tid: e.arg1 as u32,
+            },
+            RECORD_EXEC => EventKind::Exec,
+            RECORD_EXIT => EventKind::Exit {
+                group_dead: e.arg0 != 0,
+            },
+            k => return Err(RecordError::Kind(k)),
+        };
+        Ok(Record::Event(Event {
+            kind,
+            pid: e.pid,
+            tid: e.tid,
+            time_ns: e.time_ns,
+            comm: comm_string(&e.comm),
+        }))
+    }
+}
 
 /// One sample, owned, as the BPF program captured it.
 #[derive(Clone, Debug)]
 pub struct RawSample {
+    /// Taken as the thread left the CPU (`sched_switch`), not by the sampling timer.
+    pub off_cpu: bool,
     pub flags: u32,
     pub pid: u32,
     pub tid: u32,
@@ -53,7 +149,7 @@ impl RawSample {
         // and read_unaligned copes with the ring buffer's 8-byte alignment or worse.
         let h: SampleHeader =
             unsafe { std::ptr::read_unaligned(bytes.as_ptr() as *const SampleHeader) };
-        if h.kind != RECORD_SAMPLE {
+        if h.kind != RECORD_SAMPLE && h.kind != RECORD_SWITCH_OUT {
             return Err(RecordError::Kind(h.kind));
         }
         let py_bytes = h.py_len as usize * std::mem::size_of::<PyFrame>();
@@ -79,6 +175,7 @@ impl RawSample {
             .collect();
         let klen = (h.kstack_len as usize).min(MAX_KSTACK);
         Ok(RawSample {
+            off_cpu: h.kind == RECORD_SWITCH_OUT,
             flags: h.flags,
             pid: h.pid,
             tid: h.tid,
@@ -134,6 +231,7 @@ mod tests {
             py_status: 0,
             py_gc_collecting: 0,
             _pad: 0,
+            sched_state: 0,
             kstack: [0xffff_ffff_8100_0000; MAX_KSTACK],
         };
         // SAFETY: viewing a repr(C) value as bytes.
@@ -176,6 +274,57 @@ mod tests {
         assert_eq!(
             RawSample::parse(&b[..10]).unwrap_err(),
             RecordError::Short(10)
+        );
+        assert_eq!(Record::parse(&[1, 0]).unwrap_err(), RecordError::Short(2));
+        let mut e = vec![0u8; EventRecord::SIZE];
+        e[0] = 99;
+        assert_eq!(Record::parse(&e).unwrap_err(), RecordError::Kind(99));
+        assert_eq!(Record::parse(&e[..20]).unwrap_err(), RecordError::Short(20));
+    }
+
+    #[test]
+    fn parses_events() {
+        let e = EventRecord {
+            kind: RECORD_FORK,
+            cpu: 0,
+            pid: 5,
+            tid: 6,
+            time_ns: 9,
+            arg0: 7,
+            arg1: 8,
+            comm: *b"sh\0\0\0\0\0\0\0\0\0\0\0\0\0\0",
+        };
+        // SAFETY: viewing a repr(C) value as bytes.
+        let b = unsafe {
+            std::slice::from_raw_parts(&e as *const _ as *const u8, EventRecord::SIZE).to_vec()
+        };
+        let Record::Event(ev) = Record::parse(&b).unwrap() else {
+            panic!("not an event")
+        };
+        assert_eq!(
+            ev.kind,
+            EventKind::Fork {
+                child_pid: 7,
+                child_tid: 8
+            }
+        );
+        assert_eq!(
+            (ev.pid, ev.tid, ev.time_ns, ev.comm.as_str()),
+            (5, 6, 9, "sh")
+        );
+        let mut b2 = b.clone();
+        b2[..4].copy_from_slice(&RECORD_SWITCH_OUT_BRIEF.to_le_bytes());
+        b2[24..32].copy_from_slice(&1u64.to_le_bytes());
+        b2[32..40].copy_from_slice(&1u64.to_le_bytes());
+        let Record::Event(ev) = Record::parse(&b2).unwrap() else {
+            panic!("not an event")
+        };
+        assert_eq!(
+            ev.kind,
+            EventKind::SwitchOut {
+                state: 1,
+                reuse: Reuse::LastOffCpu
+            }
         );
     }
 }

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 
 use serde_json::{json, Value};
 
-use crate::aggregate::{Category, FrameId, FuncId, Profile, StackId, ThreadData};
+use crate::aggregate::{Category, FrameId, FuncId, ProcessData, Profile, StackId, ThreadData};
 
 const PREPROCESSED_VERSION: u32 = 57;
 const GECKO_VERSION: u32 = 32;
@@ -216,22 +216,27 @@ fn marker_schema() -> Value {
     )
 }
 
-fn thread_json(
-    p: &Profile,
-    strings: &mut Strings,
-    pid: u32,
-    proc_name: &str,
-    proc_start: f64,
-    proc_end: f64,
-    t: &ThreadData,
-) -> Value {
+fn thread_json(p: &Profile, strings: &mut Strings, proc: &ProcessData, t: &ThreadData) -> Value {
     let mut tt = ThreadTables::default();
     let mut s_stack = Vec::with_capacity(t.samples.len());
     let mut s_time = Vec::with_capacity(t.samples.len());
+    let mut s_weight = Vec::with_capacity(t.samples.len());
+    let mut s_cpu = Vec::with_capacity(t.samples.len());
+    // CPU use of samples outside the mode goes to the next kept one.
+    let mut carried_cpu = 0.0;
     for s in &t.samples {
+        if !s.in_mode {
+            carried_cpu += s.cpu_delta_us;
+            continue;
+        }
         s_stack.push(s.stack.map(|st| tt.stack(p, strings, st)));
         s_time.push(s.time_ms);
+        s_weight.push(s.weight_ms);
+        s_cpu.push((s.cpu_delta_us + carried_cpu).round() as u64);
+        carried_cpu = 0.0;
     }
+    let pid = proc.pid;
+    let proc_name = proc.name.as_str();
     let mut m_name = Vec::new();
     let mut m_start = Vec::new();
     let mut m_end = Vec::new();
@@ -249,22 +254,24 @@ fn thread_json(
     json!({
         "processType": "default",
         "processName": proc_name,
-        "processStartupTime": proc_start,
-        "processShutdownTime": proc_end,
-        "registerTime": t.first_ms,
-        "unregisterTime": t.last_ms,
+        "processStartupTime": proc.start_ms.unwrap_or(0.0),
+        "processShutdownTime": proc.end_ms,
+        "registerTime": t.start_ms.or(proc.start_ms).unwrap_or(0.0),
+        "unregisterTime": t.end_ms.or(proc.end_ms),
         "pausedRanges": [],
         "name": if is_main { proc_name.to_string() } else { t.name.clone() },
         "isMainThread": is_main,
-        "pid": pid.to_string(),
+        // Earlier programs of a pid are separate processes in the viewer.
+        "pid": if proc.generation == 0 { pid.to_string() } else { format!("{pid}.{}", proc.generation) },
         "tid": t.tid,
         "showMarkersInTimeline": true,
         "samples": {
-            "weightType": "samples",
-            "weight": null,
+            "weightType": "tracing-ms",
+            "weight": s_weight,
             "stack": s_stack,
             "time": s_time,
-            "length": t.samples.len(),
+            "threadCPUDelta": s_cpu,
+            "length": s_time.len(),
         },
         "markers": {
             "data": m_data,
@@ -326,17 +333,9 @@ fn thread_json(
 pub fn to_json(p: &Profile, run: &RunInfo) -> Value {
     let mut strings = Strings::default();
     let mut threads = Vec::new();
-    for proc in p.processes.values() {
+    for proc in p.all_processes() {
         for t in proc.threads.values() {
-            threads.push(thread_json(
-                p,
-                &mut strings,
-                proc.pid,
-                &proc.name,
-                proc.first_ms,
-                proc.last_ms,
-                t,
-            ));
+            threads.push(thread_json(p, &mut strings, proc, t));
         }
     }
     let categories: Vec<Value> = Category::ALL
@@ -362,6 +361,7 @@ pub fn to_json(p: &Profile, run: &RunInfo) -> Value {
     json!({
         "meta": {
             "interval": run.interval_ms,
+            "sampleUnits": {"time": "ms", "eventDelay": "ms", "threadCPUDelta": "µs"},
             "startTime": run.start_epoch_ms,
             "abi": "x86_64-gcc3",
             "misc": format!("mode={} rate={}Hz", run.mode, run.rate_hz),

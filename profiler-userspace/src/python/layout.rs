@@ -52,6 +52,12 @@ pub struct Layout {
     pub gc_collecting_interp: Option<u64>,
     pub code_mask: u64,
     pub activations: Activations,
+    /// Thread-state offsets of the exception being raised (`curexc_type` / `current_exception`)
+    /// and of `exc_info`; `_PyErr_StackItem` offsets of `exc_value` and `previous_item`.
+    pub tstate_cur_exc: u32,
+    pub tstate_exc_info: u32,
+    pub err_exc_value: u32,
+    pub err_previous: u32,
 }
 
 /// The built-in layout of `3.minor`.
@@ -86,6 +92,10 @@ pub fn builtin(minor: u32) -> Option<Layout> {
         gc_collecting_interp: (minor != 8).then_some(816),
         code_mask: !0,
         activations: Activations::PerFrame,
+        tstate_cur_exc: 88,
+        tstate_exc_info: 144,
+        err_exc_value: 8,
+        err_previous: 24,
     };
     let modern = Layout {
         minor,
@@ -117,6 +127,10 @@ pub fn builtin(minor: u32) -> Option<Layout> {
         gc_collecting_interp: Some(848),
         code_mask: !0,
         activations: Activations::EntryFlag,
+        tstate_cur_exc: 96,
+        tstate_exc_info: 120,
+        err_exc_value: 0,
+        err_previous: 8,
     };
     Some(match minor {
         8..=10 => legacy(minor),
@@ -137,6 +151,7 @@ pub fn builtin(minor: u32) -> Option<Layout> {
             interp_gil_ptr: Some(384),
             gc_collecting_interp: Some(312),
             activations: Activations::Shim,
+            tstate_exc_info: 104,
             ..modern
         },
         13 | 14 => Layout {
@@ -160,6 +175,7 @@ pub fn builtin(minor: u32) -> Option<Layout> {
             gc_collecting_interp: Some(7600),
             code_mask: if minor == 13 { !0 } else { !3 },
             activations: Activations::Shim,
+            tstate_cur_exc: 112,
             ..modern
         },
         _ => return None,
@@ -241,7 +257,12 @@ pub fn apply_debug_offsets(
 
 impl Layout {
     /// The BPF side of the layout, with the process's addresses filled in.
-    pub fn proc_config(&self, gil: Option<(u64, u64)>, gc_collecting: Option<u64>) -> PyProcConfig {
+    pub fn proc_config(
+        &self,
+        gil: Option<(u64, u64)>,
+        gc_collecting: Option<u64>,
+        none_addr: u64,
+    ) -> PyProcConfig {
         PyProcConfig {
             layout: if self.minor <= 10 {
                 PY_LAYOUT_FRAMEOBJECT
@@ -261,6 +282,11 @@ impl Layout {
             gil_last_holder: gil.map(|g| g.0).unwrap_or(0),
             gil_locked: gil.map(|g| g.1).unwrap_or(0),
             gc_collecting: gc_collecting.unwrap_or(0),
+            tstate_cur_exc: self.tstate_cur_exc,
+            tstate_exc_info: self.tstate_exc_info,
+            err_exc_value: self.err_exc_value,
+            err_previous: self.err_previous,
+            none_addr,
         }
     }
 
