@@ -4,6 +4,7 @@
 //! Preconditions (root, the built binary, the profiler CLI) are checked loudly: a test that
 //! cannot run fails with the reason; it never passes by skipping.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -95,6 +96,31 @@ pub fn wait_timeout(child: &mut Child, timeout: Duration) {
 
 pub fn stderr_of(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Every CPython the tests run: (label, interpreter path), pyenv 3.8-3.13 and Debian's 3.11.
+/// A missing one fails the test (the machine is not set up as CI's).
+pub fn interpreters() -> Vec<(String, PathBuf)> {
+    let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
+    let mut out = Vec::new();
+    for v in ["3.8.18", "3.9.18", "3.10.13", "3.11.7", "3.12.1", "3.13.0"] {
+        let p = PathBuf::from(format!("{home}/.pyenv/versions/{v}/bin/python3"));
+        assert!(p.exists(), "interpreter {} is missing", p.display());
+        out.push((v.to_string(), p));
+    }
+    let debian = PathBuf::from("/usr/bin/python3.11");
+    assert!(debian.exists(), "Debian's python3.11 is missing");
+    out.push(("debian-3.11".into(), debian));
+    out
+}
+
+/// The interpreter with this label (see `interpreters`).
+pub fn python(label: &str) -> PathBuf {
+    interpreters()
+        .into_iter()
+        .find(|(l, _)| l == label)
+        .map(|(_, p)| p)
+        .unwrap_or_else(|| panic!("no interpreter {label}"))
 }
 
 static SESSION: AtomicU32 = AtomicU32::new(0);
@@ -197,6 +223,8 @@ impl Viewer {
             out.push(ProcessInfo {
                 pid: p["pid"].as_str().unwrap_or_default().to_string(),
                 name: p["name"].as_str().unwrap_or_default().to_string(),
+                start_ms: p["startTime"].as_f64().unwrap_or(0.0),
+                end_ms: p["endTime"].as_f64(),
                 threads: p["threads"]
                     .as_array()
                     .map(|ts| {
@@ -205,6 +233,7 @@ impl Viewer {
                                 handle: t["threadHandle"].as_str().unwrap_or_default().into(),
                                 name: t["name"].as_str().unwrap_or_default().into(),
                                 tid: t["tid"].as_u64().unwrap_or(0),
+                                cpu_ms: t["cpuMs"].as_f64().unwrap_or(0.0),
                             })
                             .collect()
                     })
@@ -258,7 +287,8 @@ impl Viewer {
         args.extend_from_slice(extra);
         let v = self.json(&args)?;
         let root = &v["regularCallTree"];
-        let total = root["totalSamples"].as_u64().unwrap_or(0);
+        // Samples are weighted in milliseconds (an on-CPU sample weighs one sampling period).
+        let total = root["totalSamples"].as_f64().unwrap_or(0.0).round() as u64;
         let mut paths = Vec::new();
         let mut stack = Vec::new();
         flatten(root, &mut stack, &mut paths);
@@ -275,7 +305,7 @@ impl Viewer {
                     .map(|c| {
                         (
                             c["name"].as_str().unwrap_or_default().to_string(),
-                            c["samples"].as_u64().unwrap_or(0),
+                            c["samples"].as_f64().unwrap_or(0.0).round() as u64,
                         )
                     })
                     .collect()
@@ -285,6 +315,21 @@ impl Viewer {
 
     pub fn markers(&self, thread: &str) -> Result<Value> {
         self.json(&["thread", "markers", "--thread", thread])
+    }
+
+    /// Per marker name: (count, summed duration in ms) of a thread's interval markers.
+    pub fn marker_totals(&self, thread: &str) -> Result<HashMap<String, (u64, f64)>> {
+        let m = self.markers(thread)?;
+        let mut out = HashMap::new();
+        for t in m["byType"].as_array().into_iter().flatten() {
+            let n = t["count"].as_u64().unwrap_or(0);
+            let avg = t["durationStats"]["avg"].as_f64().unwrap_or(0.0);
+            out.insert(
+                t["markerName"].as_str().unwrap_or_default().to_string(),
+                (n, avg * n as f64),
+            );
+        }
+        Ok(out)
     }
 }
 
@@ -303,12 +348,17 @@ pub struct ProcessInfo {
     pub pid: String,
     pub name: String,
     pub threads: Vec<ThreadInfo>,
+    /// Start and end in ms from the profile start, as the profiler shows them.
+    pub start_ms: f64,
+    pub end_ms: Option<f64>,
 }
 
 pub struct ThreadInfo {
     pub handle: String,
     pub name: String,
     pub tid: u64,
+    /// CPU time the profiler shows for the thread (from the samples' CPU deltas).
+    pub cpu_ms: f64,
 }
 
 /// One call-tree node: its root-first path of `nameWithLibrary` and plain names, and its self
@@ -327,7 +377,7 @@ fn flatten(node: &Value, stack: &mut Vec<String>, out: &mut Vec<CallPath>) {
     let is_root = node.get("callNodeIndex").is_none();
     if !is_root {
         stack.push(node["name"].as_str().unwrap_or_default().to_string());
-        let own = node["selfSamples"].as_u64().unwrap_or(0);
+        let own = node["selfSamples"].as_f64().unwrap_or(0.0).round() as u64;
         if own > 0 {
             out.push(CallPath {
                 names: stack.clone(),

@@ -1,25 +1,11 @@
 //! Python processes of every installed CPython (pyenv 3.8-3.13 and Debian's python3.11),
 //! profiled for real and read back through the Firefox Profiler CLI.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use tachyon_bpf_tests::*;
-
-fn interpreters() -> Vec<(String, PathBuf)> {
-    let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
-    let mut out = Vec::new();
-    for v in ["3.8.18", "3.9.18", "3.10.13", "3.11.7", "3.12.1", "3.13.0"] {
-        let p = PathBuf::from(format!("{home}/.pyenv/versions/{v}/bin/python3"));
-        assert!(p.exists(), "interpreter {} is missing", p.display());
-        out.push((v.to_string(), p));
-    }
-    let debian = PathBuf::from("/usr/bin/python3.11");
-    assert!(debian.exists(), "Debian's python3.11 is missing");
-    out.push(("debian-3.11".into(), debian));
-    out
-}
 
 fn minor_of(label: &str) -> u32 {
     label

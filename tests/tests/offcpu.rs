@@ -1,0 +1,361 @@
+//! Wall-clock time from the scheduler, profiling modes, GIL waits, GC, CPU use and lifetimes:
+//! real interpreters, profiled for real, read back through the Firefox Profiler CLI and compared
+//! with what each script measures about itself.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tachyon_bpf_tests::*;
+
+/// Runs the profiler on `python script args` and returns (profile path, script stdout).
+fn profile_script(
+    dir: &Path,
+    name: &str,
+    py: &Path,
+    script: &str,
+    extra: &[&str],
+) -> (PathBuf, String) {
+    let file = dir.join(format!("{name}.py"));
+    std::fs::write(&file, script).unwrap();
+    let out = dir.join(format!("{name}.json"));
+    let mut args = vec!["-o", out.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    args.extend(["--", py.to_str().unwrap(), file.to_str().unwrap()]);
+    let o = run_profiler(&args, Duration::from_secs(90));
+    assert!(o.status.success(), "{}", stderr_of(&o));
+    (out, String::from_utf8_lossy(&o.stdout).into_owned())
+}
+
+/// The one thread of `v` whose call tree contains `func`, with its call paths.
+fn thread_with(v: &Viewer, func: &str) -> (ThreadInfo, CallPaths) {
+    let mut found = Vec::new();
+    for p in v.processes().unwrap() {
+        for t in p.threads {
+            let c = v.call_paths(&t.handle).unwrap();
+            if c.count(|n| n.iter().any(|f| f == func)) > 0 {
+                found.push((t, c));
+            }
+        }
+    }
+    assert_eq!(found.len(), 1, "one thread runs {func}");
+    found.pop().unwrap()
+}
+
+const SLEEPER: &str = r#"
+import time
+
+def burn(secs):
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < secs:
+        pass
+
+def nap():
+    time.sleep(1.0)
+
+def main():
+    slept = 0.0
+    t0 = time.perf_counter()
+    for _ in range(3):
+        burn(0.5)
+        s = time.perf_counter()
+        nap()
+        slept += time.perf_counter() - s
+    print(slept / (time.perf_counter() - t0))
+
+main()
+"#;
+
+#[test]
+fn wall_mode_shows_sleep_and_cpu_mode_does_not() {
+    require_root();
+    let dir = scratch("offcpu_sleep");
+    let py = python("3.12.1");
+    let (wall, out) = profile_script(&dir, "sleeper", &py, SLEEPER, &["-m", "wall"]);
+    let measured: f64 = out
+        .trim()
+        .parse()
+        .expect("the script prints its sleep share");
+    let v = Viewer::load(&wall).unwrap();
+    let (_, c) = thread_with(&v, "nap");
+    // Python frame, the C function, down to the kernel's sleep.
+    let sleeping = c.count(|n| {
+        let py = n.iter().position(|f| f == "nap");
+        let k = n.iter().position(|f| f == "do_nanosleep");
+        matches!((py, k), (Some(a), Some(b)) if a < b && n[a..b].iter().any(|f| f == "time_sleep"))
+    });
+    let share = sleeping as f64 / c.total as f64;
+    assert!(
+        (share - measured).abs() <= 0.05,
+        "wall mode: time.sleep is {share:.3} of the thread's time, the script measured {measured:.3}"
+    );
+    assert!(
+        c.count(|n| n.iter().any(|f| f == "burn")) as f64 / c.total as f64 > 0.25,
+        "wall mode keeps the CPU time too"
+    );
+
+    let (cpu, _) = profile_script(&dir, "sleeper_cpu", &py, SLEEPER, &["-m", "cpu"]);
+    let v = Viewer::load(&cpu).unwrap();
+    let (_, c) = thread_with(&v, "burn");
+    let sleeping = c.count(|n| n.iter().any(|f| f == "do_nanosleep"));
+    assert!(
+        (sleeping as f64) < 0.01 * c.total as f64,
+        "cpu mode: {sleeping} of {} ms asleep",
+        c.total
+    );
+    assert!(c.count(|n| n.iter().any(|f| f == "burn")) as f64 / c.total as f64 > 0.9);
+}
+
+const CONTEND: &str = r#"
+import json, threading, time
+
+def spin_worker(secs, out):
+    w0, c0 = time.monotonic(), time.thread_time()
+    x = 0
+    while time.monotonic() - w0 < secs:
+        x += 1
+    out.append((threading.get_native_id(), time.monotonic() - w0, time.thread_time() - c0))
+
+res = []
+ts = [threading.Thread(target=spin_worker, args=(2.5, res)) for _ in range(2)]
+for t in ts: t.start()
+for t in ts: t.join()
+print(json.dumps(res))
+"#;
+
+/// Two CPU-bound threads contend for the GIL: each holds it about half the time, the other
+/// waits, and the waits add up to what each thread measures itself (wall time not on a CPU).
+#[test]
+fn gil_waits_match_what_threads_measure() {
+    require_root();
+    let dir = scratch("offcpu_gil");
+    for label in ["3.8.18", "3.11.7", "3.12.1", "3.13.0", "debian-3.11"] {
+        let (profile, out) = profile_script(&dir, "contend", &python(label), CONTEND, &[]);
+        let res: Vec<(u64, f64, f64)> = serde_json::from_str(out.trim()).unwrap();
+        let v = Viewer::load(&profile).unwrap();
+        let threads: Vec<ThreadInfo> = v
+            .processes()
+            .unwrap()
+            .into_iter()
+            .flat_map(|p| p.threads)
+            .collect();
+        for (tid, wall, cpu) in res {
+            let t = threads
+                .iter()
+                .find(|t| t.tid == tid)
+                .unwrap_or_else(|| panic!("{label}: thread {tid} is in the profile"));
+            let m = v.marker_totals(&t.handle).unwrap();
+            let total = |n: &str| m.get(n).map(|x| x.1).unwrap_or(0.0);
+            let waited_ms = (wall - cpu) * 1000.0;
+            let wait = total("Waiting for GIL");
+            assert!(
+                (wait - waited_ms).abs() <= 0.10 * waited_ms,
+                "{label} thread {tid}: Waiting for GIL {wait:.0} ms, measured {waited_ms:.0} ms"
+            );
+            let has = total("Has GIL") / (wall * 1000.0);
+            assert!(
+                (0.35..=0.65).contains(&has),
+                "{label} thread {tid}: holds the GIL {has:.2} of its time"
+            );
+            // The CPU graph follows the thread's own CPU time.
+            assert!(
+                (t.cpu_ms - cpu * 1000.0).abs() <= 0.05 * cpu * 1000.0,
+                "{label} thread {tid}: CPU {:.0} ms in the profile, {:.0} ms measured",
+                t.cpu_ms,
+                cpu * 1000.0
+            );
+        }
+    }
+}
+
+const GC_LOOP: &str = r#"
+import gc, time
+
+class Node:
+    def __init__(self, prev):
+        self.prev = prev
+        self.cycle = self
+
+def build(n):
+    head = None
+    for _ in range(n):
+        head = Node(head)
+    return head
+
+gc.disable()  # only the explicit collections below
+keep = build(300000)
+in_gc = 0.0
+t0 = time.perf_counter()
+while time.perf_counter() - t0 < 2.5:
+    s = time.perf_counter()
+    gc.collect()
+    in_gc += time.perf_counter() - s
+print(in_gc)
+"#;
+
+#[test]
+fn gc_collecting_markers_cover_collections() {
+    require_root();
+    let dir = scratch("offcpu_gc");
+    for label in ["3.9.18", "3.12.1", "3.13.0"] {
+        let (profile, out) = profile_script(&dir, "gc_loop", &python(label), GC_LOOP, &[]);
+        let in_gc_ms: f64 = out.trim().parse::<f64>().unwrap() * 1000.0;
+        let v = Viewer::load(&profile).unwrap();
+        let (t, _) = thread_with(&v, "<module>");
+        let m = v.marker_totals(&t.handle).unwrap();
+        let gc = m.get("GC Collecting").map(|x| x.1).unwrap_or(0.0);
+        assert!(
+            gc >= 0.8 * in_gc_ms && gc <= 1.1 * in_gc_ms,
+            "{label}: GC Collecting covers {gc:.0} ms of {in_gc_ms:.0} ms in gc.collect"
+        );
+    }
+}
+
+const EXCEPTIONS: &str = r#"
+import time
+
+def busy(secs):
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < secs:
+        pass
+
+def handler_work():
+    try:
+        raise ValueError("x")
+    except ValueError:
+        busy(0.05)
+
+def plain_work():
+    busy(0.05)
+
+t0 = time.perf_counter()
+while time.perf_counter() - t0 < 2.0:
+    handler_work()
+    plain_work()
+"#;
+
+#[test]
+fn exception_mode_keeps_only_time_with_an_exception() {
+    require_root();
+    let dir = scratch("offcpu_exc");
+    for label in ["3.8.18", "3.10.13", "3.11.7", "3.12.1", "3.13.0"] {
+        let (profile, _) = profile_script(
+            &dir,
+            "exceptions",
+            &python(label),
+            EXCEPTIONS,
+            &["-m", "exception"],
+        );
+        let v = Viewer::load(&profile).unwrap();
+        let (_, c) = thread_with(&v, "handler_work");
+        let handler = c.count(|n| n.iter().any(|f| f == "handler_work"));
+        let plain = c.count(|n| n.iter().any(|f| f == "plain_work"));
+        assert!(
+            handler >= 800,
+            "{label}: {handler} ms inside the except block"
+        );
+        assert!(
+            plain as f64 <= 0.02 * handler as f64,
+            "{label}: {plain} ms without an exception kept (vs {handler})"
+        );
+    }
+}
+
+fn epoch_ms() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+        * 1000.0
+}
+
+const THREADS: &str = r#"
+import hashlib, json, threading, time
+
+def hash_worker(out):
+    c0 = time.thread_time()
+    data = b"x" * (1 << 20)
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 5.0:
+        hashlib.sha256(data).digest()
+    out.append((threading.get_native_id(), time.thread_time() - c0))
+
+res = []
+ts = [threading.Thread(target=hash_worker, args=(res,)) for _ in range(8)]
+for t in ts: t.start()
+for t in ts: t.join()
+print(json.dumps(res))
+"#;
+
+/// `--all-pythons` for 10 s: a short-lived interpreter has its true start and end times, and 8
+/// busy threads (hashing without the GIL, so all 8 compete for 2 CPUs) have the CPU time they
+/// measure themselves.
+#[test]
+fn lifetimes_and_cpu_use_in_all_pythons() {
+    require_root();
+    let dir = scratch("offcpu_all");
+    let out = dir.join("all.json");
+    let short = dir.join("short_lived.py");
+    std::fs::write(
+        &short,
+        "import time\nt0 = time.monotonic()\nwhile time.monotonic() - t0 < 1.5: pass\n",
+    )
+    .unwrap();
+    let busy = dir.join("threads8.py");
+    std::fs::write(&busy, THREADS).unwrap();
+    let mut prof = Command::new(profiler_bin())
+        .args([
+            "--all-pythons",
+            "-d",
+            "10",
+            "-q",
+            "-o",
+            out.to_str().unwrap(),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The profile's clock starts once the profiler is attached; give it time.
+    std::thread::sleep(Duration::from_millis(1500));
+    let py = python("3.12.1");
+    let t_start = epoch_ms();
+    let mut c = Command::new(&py).arg(&short).spawn().unwrap();
+    c.wait().unwrap();
+    let t_end = epoch_ms();
+    let o = Command::new(python("3.11.7")).arg(&busy).output().unwrap();
+    assert!(o.status.success());
+    let res: Vec<(u64, f64)> = serde_json::from_slice(&o.stdout).unwrap();
+    wait_timeout(&mut prof, Duration::from_secs(60));
+    let p: serde_json::Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+    let profile_epoch = p["meta"]["startTime"].as_f64().unwrap();
+
+    let v = Viewer::load(&out).unwrap();
+    let procs = v.processes().unwrap();
+    let sp = procs
+        .iter()
+        .find(|p| p.name.contains("short_lived.py"))
+        .expect("the short-lived interpreter is in the profile");
+    let start = profile_epoch + sp.start_ms;
+    let end = profile_epoch + sp.end_ms.expect("it ended during the run");
+    assert!(
+        (start - t_start).abs() <= 50.0,
+        "start {start:.0} vs {t_start:.0}"
+    );
+    assert!((end - t_end).abs() <= 50.0, "end {end:.0} vs {t_end:.0}");
+
+    let threads: Vec<&ThreadInfo> = procs.iter().flat_map(|p| &p.threads).collect();
+    assert_eq!(res.len(), 8);
+    for (tid, cpu) in res {
+        let t = threads
+            .iter()
+            .find(|t| t.tid == tid)
+            .unwrap_or_else(|| panic!("worker {tid} is in the profile"));
+        let cpu_ms = cpu * 1000.0;
+        assert!(
+            (t.cpu_ms - cpu_ms).abs() <= 0.05 * cpu_ms,
+            "thread {tid}: CPU {:.0} ms in the profile, {cpu_ms:.0} ms measured",
+            t.cpu_ms
+        );
+    }
+}
