@@ -108,6 +108,26 @@ impl Collector {
         f
     }
 
+    /// Whether a native stack (root first) is in the GIL hand-off path: a named GIL function, or
+    /// (interpreters without a symbol table, whose `take_gil`/`drop_gil` are anonymous) a
+    /// condition-variable or mutex wait called straight from the Python runtime, which in
+    /// CPython's glibc builds only the GIL does (its own locks use semaphores).
+    fn in_gil_handoff(&self, native: &[(FrameId, Arc<str>)]) -> bool {
+        if native.iter().any(|(_, n)| is_gil_acquire(n)) {
+            return true;
+        }
+        native.windows(2).any(|w| {
+            let (caller, callee) = (&w[0], &w[1]);
+            matches!(
+                callee.1.as_ref(),
+                "pthread_cond_wait" | "pthread_cond_timedwait" | "pthread_mutex_lock"
+            ) && caller.1.starts_with("0x")
+                && self.profile.funcs[self.profile.frames[caller.0].func]
+                    .lib
+                    .is_some_and(|l| self.profile.libs[l].name.contains("python"))
+        })
+    }
+
     /// Whether a kernel address is in BPF program or tracepoint-dispatch code.
     fn is_tracing_frame(&self, addr: u64) -> bool {
         match self.kernel.lookup(addr) {
@@ -257,7 +277,7 @@ impl Collector {
             // Waiting for the GIL: in the GIL hand-off path. A thread inside `drop_gil` may still
             // be the recorded holder while it blocks on the GIL's mutex to release it; it is
             // giving the GIL up (3.13+ clears `holds_gil` on entry), so it does not hold it.
-            if st & state::PYTHON != 0 && native.iter().any(|(_, n)| is_gil_acquire(n)) {
+            if st & state::PYTHON != 0 && self.in_gil_handoff(&native) {
                 st &= !state::HAS_GIL;
                 st |= state::GIL_WAIT;
             }

@@ -338,6 +338,8 @@ impl Profile {
     ) -> &mut ThreadData {
         let born = self.births.remove(&(pid, tid));
         let p = self.process_mut(pid, proc_name, t_ms);
+        // A thread whose creation was not seen is as old as what is known of its process.
+        let born = born.or(p.start_ms);
         p.first_ms = p.first_ms.min(t_ms);
         p.last_ms = p.last_ms.max(t_ms);
         let t = p.threads.entry(tid).or_insert_with(|| ThreadData {

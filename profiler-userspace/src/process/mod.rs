@@ -142,6 +142,22 @@ impl Process {
                 elf,
             });
         }
+        // The vDSO has no file; it is the same image as this process's own.
+        if let Some(m) = mappings.iter().find(|m| m.path == "[vdso]") {
+            if let Some(elf) = crate::stack::elf::vdso() {
+                let bias = elf
+                    .offset_to_svma(0)
+                    .map(|svma| m.start.wrapping_sub(svma))
+                    .unwrap_or(m.start);
+                modules.push(Module {
+                    start: m.start,
+                    end: m.end,
+                    bias,
+                    path: Arc::from("[vdso]"),
+                    elf: Some(elf),
+                });
+            }
+        }
         modules.sort_by_key(|m| m.start);
         for m in &self.modules {
             self.unwinder.remove_module(m.start);
