@@ -43,7 +43,7 @@ struct Cli {
     #[arg(short, long, default_value = "profile.json")]
     output: PathBuf,
     /// Bytes of user stack copied per sample for DWARF unwinding (4096-32768).
-    #[arg(long, default_value_t = 16384, value_parser = clap::value_parser!(u64).range(4096..=32768))]
+    #[arg(long, default_value_t = 32768, value_parser = clap::value_parser!(u64).range(4096..=32768))]
     stack_size: u64,
     /// Ring buffer size in MiB.
     #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=1024))]

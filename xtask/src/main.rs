@@ -1,4 +1,4 @@
-//! Developer tasks: `cargo xtask setup | build-ebpf | build | run -- ARGS | test`.
+//! Developer tasks: `cargo xtask setup | build-ebpf | build | run -- ARGS | test | bench`.
 //!
 //! Every task first runs `setup`, which is idempotent and fast when nothing is missing: Debian's
 //! BPF-capable Rust toolchain, bpf-linker, and the Firefox Profiler CLI (with Node 24) that the
@@ -10,6 +10,8 @@ use std::process::Command;
 use anyhow::{bail, Context, Result};
 
 include!("ebpf_build.rs");
+
+mod bench;
 
 const APT_PACKAGES: [&str; 4] = ["rustc-web", "cargo-web", "rust-web-src", "llvm-22-dev"];
 const BPF_LINKER_VERSION: &str = "0.13.0";
@@ -154,9 +156,15 @@ fn main() -> Result<()> {
                 .arg("--test-threads=1")
                 .args(rest))?;
         }
+        "bench" => {
+            setup_toolchain()?;
+            let tools = setup_tools()?;
+            let bin = build_release()?;
+            bench::bench(&bin, &tools)?;
+        }
         _ => {
             eprintln!(
-                "usage: cargo xtask <setup | build-ebpf | build | run -- ARGS | test [FILTER]>"
+                "usage: cargo xtask <setup | build-ebpf | build | run -- ARGS | test [FILTER] | bench>"
             );
             std::process::exit(2);
         }
