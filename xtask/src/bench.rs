@@ -178,38 +178,41 @@ pub fn bench(tachyon: &Path, tools: &Path) -> Result<()> {
         let iters = "400";
         let base = best(|| timed(Command::new(&py).arg(&script).arg(iters)))?;
         let out = dir.join(format!("tachyon-{v}.json"));
+        let spy_out = dir.join(format!("pyspy-{v}.txt"));
+        // A profiler command line followed by the workload.
+        let profiled = |profiler: &Path, args: &[&str], out: &Path| {
+            let mut c = Command::new(profiler);
+            c.args(args)
+                .arg(out)
+                .arg("--")
+                .arg(&py)
+                .arg(&script)
+                .arg(iters);
+            c
+        };
         // Counts are kept from the fastest run, the one whose time is reported.
         let mut last_profile = (0, 0);
         let mut fastest = f64::MAX;
         let tach = best(|| {
-            let t = timed(
-                Command::new(tachyon)
-                    .args(["-m", "cpu", "-r", "1000", "-q", "-o"])
-                    .arg(&out)
-                    .arg("--")
-                    .arg(&py)
-                    .arg(&script)
-                    .arg(iters),
-            )?;
+            let t = timed(&mut profiled(
+                tachyon,
+                &["-m", "cpu", "-r", "1000", "-q", "-o"],
+                &out,
+            ))?;
             if t < fastest {
                 fastest = t;
                 last_profile = merged(&out)?;
             }
             Ok(t)
         })?;
-        let spy_out = dir.join(format!("pyspy-{v}.txt"));
         let mut spy_samples = 0;
         let mut fastest = f64::MAX;
         let spy = best(|| {
-            let t = timed(
-                Command::new(&py_spy)
-                    .args(["record", "-r", "1000", "-f", "raw", "-o"])
-                    .arg(&spy_out)
-                    .arg("--")
-                    .arg(&py)
-                    .arg(&script)
-                    .arg(iters),
-            )?;
+            let t = timed(&mut profiled(
+                &py_spy,
+                &["record", "-r", "1000", "-f", "raw", "-o"],
+                &spy_out,
+            ))?;
             if t < fastest {
                 fastest = t;
                 spy_samples = collapsed_total(&spy_out);
@@ -217,15 +220,11 @@ pub fn bench(tachyon: &Path, tools: &Path) -> Result<()> {
             Ok(t)
         })?;
         let spy_native = best(|| {
-            timed(
-                Command::new(&py_spy)
-                    .args(["record", "-r", "1000", "--native", "-f", "raw", "-o"])
-                    .arg(&spy_out)
-                    .arg("--")
-                    .arg(&py)
-                    .arg(&script)
-                    .arg(iters),
-            )
+            timed(&mut profiled(
+                &py_spy,
+                &["record", "-r", "1000", "--native", "-f", "raw", "-o"],
+                &spy_out,
+            ))
         })?;
         let (all, good) = last_profile;
         let merged_pct = 100.0 * good as f64 / all.max(1) as f64;
