@@ -40,7 +40,6 @@ impl SchedState {
     /// The thread left the CPU at `t`. `capture` is the stack and state of that moment; without
     /// one, `reuse` says which earlier stack applies, if any.
     /// `start` is when the thread was first known to run (the profile start or its creation).
-    #[allow(clippy::too_many_arguments)]
     pub fn switch_out(
         &mut self,
         samples: &mut Vec<Sample>,

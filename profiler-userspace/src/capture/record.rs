@@ -31,7 +31,6 @@ pub enum Reuse {
 pub enum EventKind {
     /// Left the CPU without a capture; `reuse` says which earlier stack applies.
     SwitchOut {
-        state: u64,
         reuse: Reuse,
     },
     SwitchIn,
@@ -73,7 +72,6 @@ impl Record {
             unsafe { std::ptr::read_unaligned(bytes.as_ptr() as *const EventRecord) };
         let kind = match kind {
             RECORD_SWITCH_OUT_BRIEF => EventKind::SwitchOut {
-                state: e.arg0,
                 reuse: match e.arg1 {
                     REUSE_OFF_CPU => Reuse::LastOffCpu,
                     REUSE_LATEST => Reuse::Latest,
@@ -322,7 +320,6 @@ mod tests {
         assert_eq!(
             ev.kind,
             EventKind::SwitchOut {
-                state: 1,
                 reuse: Reuse::LastOffCpu
             }
         );
