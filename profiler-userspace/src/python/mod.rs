@@ -167,16 +167,7 @@ impl PyProcess {
             if interp == 0 {
                 return Err(NotPython::NotReady);
             }
-            let gil = if let Some(off) = layout.gil_in_runtime {
-                Some((runtime + off, runtime + off + 8))
-            } else if let Some(off) = layout.interp_gil_ptr {
-                remote
-                    .u64(interp + off)
-                    .filter(|&g| g != 0)
-                    .map(|g| (g + 8, g + 16))
-            } else {
-                None
-            };
+            let gil = gil_words(&layout, runtime, interp, |a| remote.u64(a))?;
             let gc = layout
                 .gc_collecting_runtime
                 .map(|o| runtime + o)
@@ -347,6 +338,28 @@ impl PyProcess {
 }
 
 /// (host tid, tid in the process's own pid namespace) of every thread.
+/// The addresses of the GIL's `last_holder` and `locked` words. From 3.12 the interpreter points
+/// to its GIL, and that pointer is set a little after the interpreter is linked into the runtime:
+/// a process caught in between is not ready yet (taking it then would leave it without GIL state
+/// for the whole run).
+fn gil_words(
+    layout: &Layout,
+    runtime: u64,
+    interp: u64,
+    read_u64: impl Fn(u64) -> Option<u64>,
+) -> Result<Option<(u64, u64)>, NotPython> {
+    if let Some(off) = layout.gil_in_runtime {
+        return Ok(Some((runtime + off, runtime + off + 8)));
+    }
+    let Some(off) = layout.interp_gil_ptr else {
+        return Ok(None);
+    };
+    match read_u64(interp + off) {
+        Some(g) if g != 0 => Ok(Some((g + 8, g + 16))),
+        _ => Err(NotPython::NotReady),
+    }
+}
+
 fn task_ids(pid: u32) -> Vec<(u32, u32)> {
     let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
         return Vec::new();
@@ -627,6 +640,26 @@ mod tests {
             "a.py"
         );
         assert_eq!(script_label(&c(&["python3"]), "p"), "p");
+    }
+
+    #[test]
+    fn gil_of_an_interpreter_still_starting_is_not_ready() {
+        let l312 = layout::builtin(12).unwrap();
+        let off = l312.interp_gil_ptr.unwrap();
+        let interp = 0x7000_0000;
+        let unset = gil_words(&l312, 0x1000, interp, |_| Some(0));
+        assert!(matches!(unset, Err(NotPython::NotReady)));
+        let unreadable = gil_words(&l312, 0x1000, interp, |_| None);
+        assert!(matches!(unreadable, Err(NotPython::NotReady)));
+        let set = gil_words(&l312, 0x1000, interp, |a| {
+            (a == interp + off).then_some(0x5000)
+        });
+        assert_eq!(set.ok().flatten(), Some((0x5008, 0x5010)));
+        // Up to 3.11 the GIL lives in the runtime: nothing to wait for.
+        let l311 = layout::builtin(11).unwrap();
+        let g = l311.gil_in_runtime.unwrap();
+        let r = gil_words(&l311, 0x1000, interp, |_| None);
+        assert_eq!(r.ok().flatten(), Some((0x1000 + g, 0x1000 + g + 8)));
     }
 
     #[test]
