@@ -19,11 +19,35 @@ use aggregate::Mode;
 use capture::record::Record;
 use capture::{Capture, CaptureError, CaptureOptions};
 use collect::{monotonic_ns, Collector};
+use output::{Format, RunInfo};
 
-/// Sample every CPU and write where processes spend their time, as a Firefox Profiler profile.
+/// Sample every CPU and write where processes spend their time: Python, native and kernel
+/// frames, GIL and CPU state, as a Firefox Profiler profile or any other format.
 #[derive(Parser, Debug)]
-#[command(name = "tachyon-bpf", version, about)]
+#[command(
+    name = "tachyon-bpf",
+    version,
+    about,
+    args_conflicts_with_subcommands = true
+)]
 struct Cli {
+    #[command(subcommand)]
+    cmd: Option<Cmd>,
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+#[derive(clap::Subcommand, Debug)]
+enum Cmd {
+    /// Profile as the main command does, and store the run in one file (-o, default
+    /// profile.tbpf) that `convert` writes in any format later.
+    Record(RunArgs),
+    /// Write a recording in other formats: no root needed, its processes may be gone.
+    Convert(ConvertArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct RunArgs {
     /// Profile every process on the host.
     #[arg(long, conflicts_with_all = ["pid", "all_pythons"])]
     all: bool,
@@ -39,9 +63,17 @@ struct Cli {
     /// Stop after this many seconds (default: until Ctrl-C or the command exits).
     #[arg(short, long, value_name = "SECS")]
     duration: Option<f64>,
-    /// Where to write the Firefox Profiler profile.
-    #[arg(short, long, default_value = "profile.json")]
-    output: PathBuf,
+    /// Output file (default profile.json, or profile.<ext> for another format); with several
+    /// formats, the base name each format adds its extension to.
+    #[arg(short, long)]
+    output: Option<PathBuf>,
+    /// Output formats, comma-separated: gecko (Firefox Profiler), collapsed (folded stacks),
+    /// jsonl (CPython sampler JSONL), pprof, flamegraph (SVG).
+    #[arg(short, long, value_enum, value_delimiter = ',')]
+    format: Vec<Format>,
+    /// Serve the profile to profiler.firefox.com from 127.0.0.1 and print its link (until Ctrl-C).
+    #[arg(long)]
+    open: bool,
     /// Bytes of user stack copied per sample for DWARF unwinding (4096-32768).
     #[arg(long, default_value_t = 32768, value_parser = clap::value_parser!(u64).range(4096..=32768))]
     stack_size: u64,
@@ -66,6 +98,27 @@ struct Cli {
     command: Vec<String>,
 }
 
+#[derive(clap::Args, Debug)]
+struct ConvertArgs {
+    /// A recording made by `tachyon-bpf record`.
+    input: PathBuf,
+    /// Output formats, comma-separated (default gecko).
+    #[arg(short, long, value_enum, value_delimiter = ',')]
+    format: Vec<Format>,
+    /// Output file, or with several formats the base name (default: the recording's name).
+    #[arg(short, long)]
+    output: Option<PathBuf>,
+    /// Count another mode than the recording's (from a wall or all recording).
+    #[arg(short, long, value_enum)]
+    mode: Option<Mode>,
+    /// Serve the Gecko profile to profiler.firefox.com from 127.0.0.1 (until Ctrl-C).
+    #[arg(long)]
+    open: bool,
+    /// Nothing on stderr but errors.
+    #[arg(short, long)]
+    quiet: bool,
+}
+
 /// Errors a user can hit, each with its exit code (documented in the README).
 #[derive(Debug, thiserror::Error)]
 enum AppError {
@@ -80,6 +133,8 @@ enum AppError {
     #[error("{0}")]
     Usage(String),
     #[error("{0}")]
+    Input(String),
+    #[error("{0}")]
     Other(String),
 }
 
@@ -92,6 +147,7 @@ impl AppError {
             AppError::Kernel(_) => 4,
             AppError::Target(_) => 5,
             AppError::Output(_) => 6,
+            AppError::Input(_) => 7,
         }
     }
 }
@@ -168,7 +224,14 @@ fn main() {
         .enable_all()
         .build()
         .expect("tokio runtime");
-    match rt.block_on(run(cli)) {
+    let result = rt.block_on(async {
+        match cli.cmd {
+            None => run(cli.run, false).await,
+            Some(Cmd::Record(args)) => run(args, true).await,
+            Some(Cmd::Convert(args)) => convert(args).await,
+        }
+    });
+    match result {
         Ok(code) => std::process::exit(code),
         Err(e) => {
             eprintln!("tachyon-bpf: error: {e}");
@@ -285,7 +348,20 @@ fn launch(command: &[String]) -> Result<Launched, AppError> {
     })
 }
 
-async fn run(cli: Cli) -> Result<i32, AppError> {
+/// Where a run writes: its formats, or with `record` the recording.
+fn run_outputs(cli: &RunArgs, record: bool) -> Result<Vec<(Format, PathBuf)>, AppError> {
+    if record {
+        if !cli.format.is_empty() || cli.open {
+            return Err(AppError::Usage(
+                "record writes a recording: give --format and --open to convert".into(),
+            ));
+        }
+        return Ok(Vec::new());
+    }
+    Ok(output::output_paths(cli.output.as_deref(), &cli.format))
+}
+
+async fn run(cli: RunArgs, record: bool) -> Result<i32, AppError> {
     if !cli.all && !cli.all_pythons && cli.pid.is_empty() && cli.command.is_empty() {
         return Err(AppError::Usage(
             "nothing to profile: give --all, --all-pythons, --pid PID or -- COMMAND".into(),
@@ -307,8 +383,20 @@ async fn run(cli: Cli) -> Result<i32, AppError> {
             return Err(AppError::Target(format!("no process with pid {pid}")));
         }
     }
-    output::check_writable(&cli.output)
-        .map_err(|e| AppError::Output(format!("cannot write {}: {e}", cli.output.display())))?;
+    let outputs = run_outputs(&cli, record)?;
+    let record_path = cli
+        .output
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("profile.tbpf"));
+    let written: Vec<PathBuf> = if record {
+        vec![record_path.clone()]
+    } else {
+        outputs.iter().map(|(_, p)| p.clone()).collect()
+    };
+    for path in &written {
+        output::check_writable(path)
+            .map_err(|e| AppError::Output(format!("cannot write {}: {e}", path.display())))?;
+    }
 
     let mut capture = Capture::load(&CaptureOptions {
         all: cli.all,
@@ -425,7 +513,7 @@ async fn run(cli: Cli) -> Result<i32, AppError> {
         }
     }
     // A second Ctrl-C while the profile is written exits at once.
-    tokio::spawn(async move {
+    let impatient = tokio::spawn(async move {
         if sigint.recv().await.is_some() {
             eprintln!("tachyon-bpf: interrupted again, exiting without writing");
             std::process::exit(130);
@@ -439,7 +527,8 @@ async fn run(cli: Cli) -> Result<i32, AppError> {
     let (stats, lost_per_cpu) = capture.stats();
     let lost = stats[profiler_common::STAT_LOST as usize];
 
-    let run = output::gecko::RunInfo {
+    let run = RunInfo {
+        run_id: uuid::Uuid::new_v4().simple().to_string(),
         start_epoch_ms,
         interval_ms,
         duration_ms: elapsed.as_secs_f64() * 1000.0,
@@ -447,12 +536,18 @@ async fn run(cli: Cli) -> Result<i32, AppError> {
         rate_hz: cli.rate,
         command: std::env::args().collect::<Vec<_>>().join(" "),
         lost,
+        cpus: capture.cpus.len() as u32,
     };
-    let json = output::gecko::to_json(&collector.profile, &run);
-    let bytes = serde_json::to_vec(&json).map_err(|e| AppError::Other(e.to_string()))?;
-    output::write_atomic(&cli.output, &bytes)
-        .map_err(|e| AppError::Output(format!("cannot write {}: {e}", cli.output.display())))?;
-
+    if record {
+        let bytes =
+            output::recording::to_bytes(&collector.profile, &run).map_err(AppError::Other)?;
+        output::write_atomic(&record_path, &bytes).map_err(|e| {
+            AppError::Output(format!("cannot write {}: {e}", record_path.display()))
+        })?;
+    } else {
+        output::write_outputs(&collector.profile, &run, &outputs).map_err(AppError::Output)?;
+    }
+    impatient.abort();
     if !cli.quiet {
         let c = &collector.profile.counters;
         let secs = elapsed.as_secs_f64().max(1e-9);
@@ -480,15 +575,76 @@ async fn run(cli: Cli) -> Result<i32, AppError> {
                 c.py_samples, c.py_merged, c.py_merge_mismatch, c.py_thread_miss, c.py_read_failed, c.py_truncated
             );
         }
-        eprintln!(
-            "tachyon-bpf: wrote {} (open it at https://profiler.firefox.com/)",
-            cli.output.display()
-        );
+        report_written(&written);
     }
     if let Some(code) = child_status {
         if code != 0 && !cli.quiet {
             eprintln!("tachyon-bpf: the command exited with status {code}");
         }
+    }
+    if cli.open {
+        open_in_browser(&collector.profile, &run).await?;
+    }
+    Ok(0)
+}
+
+fn report_written(paths: &[PathBuf]) {
+    for p in paths {
+        let hint = match p.extension().and_then(|e| e.to_str()) {
+            Some("json") => " (open it at https://profiler.firefox.com/, or with --open)",
+            Some("tbpf") => " (tachyon-bpf convert it to any format)",
+            _ => "",
+        };
+        eprintln!("tachyon-bpf: wrote {}{hint}", p.display());
+    }
+}
+
+/// Serves the Gecko profile to profiler.firefox.com until Ctrl-C or SIGTERM.
+async fn open_in_browser(p: &aggregate::Profile, run: &RunInfo) -> Result<(), AppError> {
+    let bytes = Format::Gecko.render(p, run).map_err(AppError::Other)?;
+    let served = output::serve::start(bytes).map_err(AppError::Output)?;
+    println!("{}", served.link);
+    eprintln!(
+        "tachyon-bpf: serving the profile to profiler.firefox.com from 127.0.0.1; Ctrl-C stops"
+    );
+    output::serve::try_browser(&served.link);
+    let mut sigint = signal(SignalKind::interrupt()).map_err(|e| AppError::Other(e.to_string()))?;
+    let mut sigterm =
+        signal(SignalKind::terminate()).map_err(|e| AppError::Other(e.to_string()))?;
+    tokio::select! {
+        _ = sigint.recv() => {}
+        _ = sigterm.recv() => {}
+    }
+    drop(served);
+    Ok(())
+}
+
+async fn convert(args: ConvertArgs) -> Result<i32, AppError> {
+    let (mut profile, mut run) = output::recording::load(&args.input).map_err(AppError::Input)?;
+    if let Some(mode) = args.mode {
+        output::recording::select_mode(&mut profile, &mut run, mode).map_err(AppError::Usage)?;
+    }
+    let base = args.output.clone().unwrap_or_else(|| {
+        let s = args.input.to_string_lossy();
+        PathBuf::from(s.strip_suffix(".tbpf").unwrap_or(&s).to_string())
+    });
+    let outputs = if args.output.is_none() && args.format.len() <= 1 {
+        // One format, no -o: the recording's name with the format's extension.
+        let f = args.format.first().copied().unwrap_or(Format::Gecko);
+        vec![(
+            f,
+            PathBuf::from(format!("{}.{}", base.display(), f.extension())),
+        )]
+    } else {
+        output::output_paths(Some(&base), &args.format)
+    };
+    output::write_outputs(&profile, &run, &outputs).map_err(AppError::Output)?;
+    if !args.quiet {
+        let paths: Vec<PathBuf> = outputs.into_iter().map(|(_, p)| p).collect();
+        report_written(&paths);
+    }
+    if args.open {
+        open_in_browser(&profile, &run).await?;
     }
     Ok(0)
 }

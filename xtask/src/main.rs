@@ -13,7 +13,14 @@ include!("ebpf_build.rs");
 
 mod bench;
 
-const APT_PACKAGES: [&str; 4] = ["rustc-web", "cargo-web", "rust-web-src", "llvm-22-dev"];
+// golang-go: `go tool pprof`, the consumer the pprof tests read profiles back with.
+const APT_PACKAGES: [&str; 5] = [
+    "rustc-web",
+    "cargo-web",
+    "rust-web-src",
+    "llvm-22-dev",
+    "golang-go",
+];
 const BPF_LINKER_VERSION: &str = "0.13.0";
 const NODE_PACKAGES: [&str; 2] = ["node@24", "@firefox-devtools/profiler-cli@0.10.0"];
 

@@ -7,8 +7,10 @@ pub mod timeline;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
+use serde::{Deserialize, Serialize};
+
 /// Profile categories, in the order the Gecko writer lists them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum Category {
     Other = 0,
     Python = 1,
@@ -40,13 +42,13 @@ pub type FuncId = usize;
 pub type FrameId = usize;
 pub type StackId = usize;
 
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Lib {
     pub name: Arc<str>,
     pub path: Arc<str>,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Func {
     pub name: Arc<str>,
     /// Python: the source file; native: none (the library says where it is).
@@ -59,7 +61,7 @@ pub struct Func {
     pub is_python: bool,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Frame {
     pub func: FuncId,
     /// Python: the line executing; none for native frames.
@@ -84,7 +86,8 @@ pub mod state {
 }
 
 /// What a profile counts (`--mode`), with the semantics of CPython's sampler.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Mode {
     /// On- and off-CPU time of every thread.
     Wall,
@@ -125,7 +128,7 @@ impl Mode {
     }
 }
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
 pub struct Sample {
     /// Milliseconds since the profile start.
     pub time_ms: f64,
@@ -141,7 +144,45 @@ pub struct Sample {
     pub cpu_delta_us: f64,
 }
 
-#[derive(Clone, Debug)]
+/// Every marker name the profiler writes (markers name themselves with these statics).
+pub const MARKER_NAMES: [&str; 8] = [
+    "Has GIL",
+    "No GIL",
+    "Waiting for GIL",
+    "Python Code",
+    "Native Code",
+    "GC Collecting",
+    "On CPU",
+    "Off CPU",
+];
+
+/// A marker as stored in a recording.
+#[derive(Deserialize)]
+struct StoredMarker {
+    name: String,
+    category: Category,
+    start_ms: f64,
+    end_ms: f64,
+}
+
+impl<'de> Deserialize<'de> for Marker {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Marker, D::Error> {
+        let m = StoredMarker::deserialize(d)?;
+        let name = MARKER_NAMES
+            .iter()
+            .find(|n| **n == m.name)
+            .copied()
+            .ok_or_else(|| serde::de::Error::custom(format!("unknown marker {:?}", m.name)))?;
+        Ok(Marker {
+            name,
+            category: m.category,
+            start_ms: m.start_ms,
+            end_ms: m.end_ms,
+        })
+    }
+}
+
+#[derive(Clone, Debug, Serialize)]
 pub struct Marker {
     pub name: &'static str,
     pub category: Category,
@@ -149,7 +190,7 @@ pub struct Marker {
     pub end_ms: f64,
 }
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ThreadData {
     pub tid: u32,
     pub name: String,
@@ -161,10 +202,12 @@ pub struct ThreadData {
     pub start_ms: Option<f64>,
     /// Exited during the run.
     pub end_ms: Option<f64>,
+    /// Scheduler bookkeeping while collecting (its results are in the samples and markers).
+    #[serde(skip)]
     pub sched: timeline::SchedState,
 }
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ProcessData {
     pub pid: u32,
     pub name: String,
@@ -183,7 +226,8 @@ pub struct ProcessData {
 }
 
 /// Counters shown in the summary and stored in the profile's metadata.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Counters {
     pub samples: u64,
     pub bad_records: u64,
@@ -198,21 +242,28 @@ pub struct Counters {
     pub py_truncated: u64,
 }
 
+/// Serialized as a recording: the index maps are rebuilt on load (`reindex`).
+#[derive(Serialize, Deserialize)]
 pub struct Profile {
     pub libs: Vec<Lib>,
+    #[serde(skip)]
     lib_ids: HashMap<Arc<str>, LibId>,
     pub funcs: Vec<Func>,
+    #[serde(skip)]
     func_ids: HashMap<Func, FuncId>,
     pub frames: Vec<Frame>,
+    #[serde(skip)]
     frame_ids: HashMap<Frame, FrameId>,
     /// (frame, prefix)
     pub stacks: Vec<(FrameId, Option<StackId>)>,
+    #[serde(skip)]
     stack_ids: HashMap<(FrameId, Option<StackId>), StackId>,
     /// Live processes by pid.
     pub processes: BTreeMap<u32, ProcessData>,
     /// Processes that ended by exec or whose pid was reused during the run.
     pub retired: Vec<ProcessData>,
     /// Creation times of tasks not yet seen, by (pid, tid).
+    #[serde(skip)]
     births: HashMap<(u32, u32), f64>,
     pub counters: Counters,
     pub mode: Mode,
@@ -241,6 +292,63 @@ impl Profile {
             interval_ms,
             end_ms: 0.0,
         }
+    }
+
+    /// Rebuilds the interning maps of a profile read back from a recording, and checks that
+    /// every index in it is in range (a recording is input like any other).
+    pub fn reindex(&mut self) -> Result<(), String> {
+        let bad = |what: &str, i: usize| format!("{what} {i} refers out of range");
+        for (i, f) in self.funcs.iter().enumerate() {
+            if f.lib.is_some_and(|l| l >= self.libs.len()) {
+                return Err(bad("function", i));
+            }
+        }
+        for (i, f) in self.frames.iter().enumerate() {
+            if f.func >= self.funcs.len() {
+                return Err(bad("frame", i));
+            }
+        }
+        for (i, &(f, prefix)) in self.stacks.iter().enumerate() {
+            // Prefixes come first, so every walk to the root ends.
+            if f >= self.frames.len() || prefix.is_some_and(|p| p >= i) {
+                return Err(bad("stack", i));
+            }
+        }
+        for p in self.all_processes() {
+            for t in p.threads.values() {
+                if t.samples
+                    .iter()
+                    .any(|s| s.stack.is_some_and(|st| st >= self.stacks.len()))
+                {
+                    return Err(format!("a sample of thread {} refers out of range", t.tid));
+                }
+            }
+        }
+        if !self.interval_ms.is_finite() || self.interval_ms <= 0.0 {
+            return Err("the sampling interval is not positive".into());
+        }
+        self.lib_ids = self
+            .libs
+            .iter()
+            .enumerate()
+            .map(|(i, l)| (l.path.clone(), i))
+            .collect();
+        self.func_ids = self.funcs.iter().cloned().zip(0..).collect();
+        self.frame_ids = self.frames.iter().cloned().zip(0..).collect();
+        self.stack_ids = self.stacks.iter().copied().zip(0..).collect();
+        Ok(())
+    }
+
+    /// Frames of a stack, root first.
+    pub fn stack_root_first(&self, stack: StackId) -> Vec<FrameId> {
+        let mut out = Vec::new();
+        let mut s = Some(stack);
+        while let Some(i) = s {
+            out.push(self.stacks[i].0);
+            s = self.stacks[i].1;
+        }
+        out.reverse();
+        out
     }
 
     /// Every process of the run, live and retired.

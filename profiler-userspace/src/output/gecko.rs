@@ -7,22 +7,12 @@ use std::collections::HashMap;
 
 use serde_json::{json, Value};
 
+use super::RunInfo;
 use crate::aggregate::{Category, FrameId, FuncId, ProcessData, Profile, StackId, ThreadData};
 
 const PREPROCESSED_VERSION: u32 = 57;
 const GECKO_VERSION: u32 = 32;
 const RESOURCE_LIBRARY: u32 = 1;
-
-/// What the run was, for `meta`.
-pub struct RunInfo {
-    pub start_epoch_ms: f64,
-    pub interval_ms: f64,
-    pub duration_ms: f64,
-    pub mode: String,
-    pub rate_hz: u64,
-    pub command: String,
-    pub lost: u64,
-}
 
 #[derive(Default)]
 struct Strings {
@@ -374,8 +364,8 @@ pub fn to_json(p: &Profile, run: &RunInfo) -> Value {
             "version": GECKO_VERSION,
             "preprocessedProfileVersion": PREPROCESSED_VERSION,
             "appBuildID": "",
-            "physicalCPUs": num_cpus(),
-            "logicalCPUs": num_cpus(),
+            "physicalCPUs": run.cpus,
+            "logicalCPUs": run.cpus,
             "CPUName": "",
             "product": "tachyon-bpf",
             "symbolicated": true,
@@ -384,6 +374,7 @@ pub fn to_json(p: &Profile, run: &RunInfo) -> Value {
             "arguments": run.command,
             "extensions": {"id": [], "name": [], "baseURL": [], "length": 0},
             "tachyon": {
+                "runId": run.run_id,
                 "mode": run.mode,
                 "rateHz": run.rate_hz,
                 "durationMs": run.duration_ms,
@@ -406,10 +397,4 @@ pub fn to_json(p: &Profile, run: &RunInfo) -> Value {
         "counters": [],
         "shared": {"stringArray": strings.list},
     })
-}
-
-fn num_cpus() -> usize {
-    std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1)
 }

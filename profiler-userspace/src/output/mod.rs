@@ -1,10 +1,186 @@
-//! Output writers, one per format, all written from the aggregated profile.
+//! Output writers, one per format, all written from the aggregated profile: the live run and
+//! `convert` (from a recording) call the same `render`.
 
+pub mod collapsed;
 pub mod gecko;
+pub mod jsonl;
+pub mod pprof;
+pub mod recording;
+pub mod serve;
 
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::aggregate::{Category, FrameId, ProcessData, Profile, StackId, ThreadData};
+
+/// What the run was: stored in recordings and written into each format's metadata.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct RunInfo {
+    /// Unique id of the run (uuid4, hex).
+    pub run_id: String,
+    pub start_epoch_ms: f64,
+    pub interval_ms: f64,
+    pub duration_ms: f64,
+    pub mode: String,
+    pub rate_hz: u64,
+    pub command: String,
+    pub lost: u64,
+    /// CPUs of the host the run was on.
+    pub cpus: u32,
+}
+
+/// The output formats.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum)]
+pub enum Format {
+    /// Firefox Profiler (processed profile JSON).
+    Gecko,
+    /// Folded stacks (`frame;frame;frame count`), for inferno, speedscope, flamegraph.pl.
+    Collapsed,
+    /// CPython sampler's JSON Lines, schema version 0.
+    Jsonl,
+    /// Gzipped pprof profile.proto, for `go tool pprof` and continuous-profiling backends.
+    Pprof,
+    /// A self-contained interactive SVG flame graph.
+    Flamegraph,
+}
+
+impl Format {
+    pub fn extension(self) -> &'static str {
+        match self {
+            Format::Gecko => "json",
+            Format::Collapsed => "folded",
+            Format::Jsonl => "jsonl",
+            Format::Pprof => "pb.gz",
+            Format::Flamegraph => "svg",
+        }
+    }
+
+    pub fn render(self, p: &Profile, run: &RunInfo) -> Result<Vec<u8>, String> {
+        match self {
+            Format::Gecko => serde_json::to_vec(&gecko::to_json(p, run)).map_err(|e| e.to_string()),
+            Format::Collapsed => Ok(collapsed::to_text(p).into_bytes()),
+            Format::Jsonl => Ok(jsonl::to_text(p, run).into_bytes()),
+            Format::Pprof => pprof::to_bytes(p, run),
+            Format::Flamegraph => collapsed::flamegraph(p, run),
+        }
+    }
+}
+
+/// Where each format goes. One format: `output` as given (default `profile.<ext>`). Several:
+/// `output` is a base name; a known extension on it is dropped and each format adds its own.
+pub fn output_paths(output: Option<&Path>, formats: &[Format]) -> Vec<(Format, PathBuf)> {
+    let mut formats = formats.to_vec();
+    formats.sort();
+    formats.dedup();
+    if formats.is_empty() {
+        formats.push(Format::Gecko);
+    }
+    if let ([f], Some(o)) = (formats.as_slice(), output) {
+        return vec![(*f, o.to_path_buf())];
+    }
+    let base = output
+        .map(|o| {
+            let s = o.to_string_lossy();
+            let known = [
+                ".json", ".folded", ".jsonl", ".pb.gz", ".svg", ".tbpf", ".txt", ".pprof",
+            ];
+            known
+                .iter()
+                .find_map(|e| s.strip_suffix(e))
+                .unwrap_or(&s)
+                .to_string()
+        })
+        .unwrap_or_else(|| "profile".to_string());
+    formats
+        .into_iter()
+        .map(|f| (f, PathBuf::from(format!("{base}.{}", f.extension()))))
+        .collect()
+}
+
+/// Renders every format and writes each file atomically.
+pub fn write_outputs(
+    p: &Profile,
+    run: &RunInfo,
+    outputs: &[(Format, PathBuf)],
+) -> Result<(), String> {
+    for (format, path) in outputs {
+        let bytes = format.render(p, run)?;
+        write_atomic(path, &bytes).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// A thread's counted samples summed per stack: what the stack-aggregating formats write.
+pub struct StackTotal<'a> {
+    pub process: &'a ProcessData,
+    pub thread: &'a ThreadData,
+    pub stack: StackId,
+    /// Milliseconds of the profile's mode this stack stands for.
+    pub ms: f64,
+}
+
+/// Every thread's in-mode samples with a stack, summed per stack, in a stable order (processes
+/// as listed, threads by tid, stacks by id).
+pub fn stack_totals(p: &Profile) -> Vec<StackTotal<'_>> {
+    let mut out = Vec::new();
+    for proc_ in p.all_processes() {
+        for t in proc_.threads.values() {
+            let mut per: BTreeMap<StackId, f64> = BTreeMap::new();
+            for s in t.samples.iter().filter(|s| s.in_mode) {
+                if let Some(st) = s.stack {
+                    *per.entry(st).or_default() += s.weight_ms;
+                }
+            }
+            out.extend(per.into_iter().map(|(stack, ms)| StackTotal {
+                process: proc_,
+                thread: t,
+                stack,
+                ms,
+            }));
+        }
+    }
+    out
+}
+
+/// A time in sampling periods, as the integer sample count the counting formats use.
+pub fn periods(ms: f64, interval_ms: f64) -> u64 {
+    (ms / interval_ms).round().max(0.0) as u64
+}
+
+/// How a process is named as a root frame: its label and pid (`pid.N` for an earlier program
+/// of the same pid).
+pub fn process_label(p: &ProcessData) -> String {
+    if p.generation > 0 {
+        format!("{} [pid {}.{}]", p.name, p.pid, p.generation)
+    } else {
+        format!("{} [pid {}]", p.name, p.pid)
+    }
+}
+
+pub fn thread_label(t: &ThreadData) -> String {
+    format!("{} [tid {}]", t.name, t.tid)
+}
+
+/// One frame as text, in the conventions of folded stacks: Python frames as CPython's sampler
+/// writes them (`file.py:function:line`), kernel frames with the `_[k]` suffix flame graph tools
+/// colour, native frames by symbol.
+pub fn frame_label(p: &Profile, frame: FrameId) -> String {
+    let fr = &p.frames[frame];
+    let func = &p.funcs[fr.func];
+    match (&func.file, fr.category) {
+        (Some(file), _) if func.is_python => {
+            let base = file.rsplit('/').next().unwrap_or(file);
+            let line = fr.line.or(func.line).unwrap_or(0);
+            format!("{base}:{}:{line}", func.name)
+        }
+        (_, Category::Kernel) => format!("{}_[k]", func.name),
+        _ => func.name.to_string(),
+    }
+}
 
 /// Writes `bytes` to `path` atomically: a temporary file in the same directory, synced, then
 /// renamed over the target. The file is created 0600 (profiles name every user's code paths).
@@ -52,4 +228,278 @@ pub fn check_writable(path: &Path) -> std::io::Result<()> {
         .mode(0o600)
         .open(&probe)?;
     std::fs::remove_file(&probe)
+}
+
+#[cfg(test)]
+pub(crate) mod fixture {
+    use std::sync::Arc;
+
+    use super::RunInfo;
+    use crate::aggregate::{state, Category, Frame, Func, Mode, Profile, Sample};
+
+    /// A small fixed profile: one Python process (two threads: Python over libpython over the
+    /// kernel, and an off-CPU wait), one native process, and a sample outside the mode.
+    pub fn profile(mode: Mode) -> (Profile, RunInfo) {
+        let mut p = Profile::new(mode, 1.0);
+        let libpy = p.lib(&Arc::from("/usr/lib/libpython3.12.so.1.0"));
+        let kernel = p.lib(&Arc::from("[kernel.kallsyms]"));
+        let app = p.lib(&Arc::from("/usr/bin/app"));
+        let frame = |p: &mut Profile, name: &str, py: Option<(&str, u32, u32)>, lib, cat| {
+            let func = p.func(Func {
+                name: Arc::from(name),
+                file: py.map(|(f, _, _)| Arc::from(f)),
+                line: py.map(|(_, first, _)| first),
+                lib,
+                category: cat,
+                is_python: py.is_some(),
+            });
+            p.frame(Frame {
+                func,
+                line: py.map(|(_, _, l)| l),
+                address: if py.is_some() {
+                    None
+                } else {
+                    Some(0x1000 + func as u64 * 16)
+                },
+                symbol_address: if py.is_some() {
+                    None
+                } else {
+                    Some(0x1000 + func as u64 * 16)
+                },
+                category: cat,
+            })
+        };
+        let start = frame(&mut p, "_start", None, Some(libpy), Category::User);
+        let main_py = frame(
+            &mut p,
+            "main",
+            Some(("/srv/app.py", 10, 12)),
+            None,
+            Category::Python,
+        );
+        let work = frame(
+            &mut p,
+            "work",
+            Some(("/srv/app.py", 20, 22)),
+            None,
+            Category::Python,
+        );
+        let work2 = frame(
+            &mut p,
+            "work",
+            Some(("/srv/app.py", 20, 23)),
+            None,
+            Category::Python,
+        );
+        let sleep = frame(&mut p, "time_sleep", None, Some(libpy), Category::Native);
+        let sched = frame(&mut p, "schedule", None, Some(kernel), Category::Kernel);
+        let amain = frame(&mut p, "main", None, Some(app), Category::User);
+        let crunch = frame(&mut p, "crunch;loop", None, Some(app), Category::User);
+        let s_work = p.stack(&[start, main_py, work]);
+        let s_work2 = p.stack(&[start, main_py, work2]);
+        let s_sleep = p.stack(&[start, main_py, sleep, sched]);
+        let s_crunch = p.stack(&[amain, crunch]);
+        let on = state::ON_CPU | state::PYTHON | state::HAS_GIL;
+        let add = |p: &mut Profile, pid, pname: &str, tid, tname: &str, t: f64, stack, st, w| {
+            let th = p.thread_mut(pid, pname, tid, tname, t);
+            th.samples.push(Sample {
+                time_ms: t,
+                stack,
+                state: st,
+                weight_ms: w,
+                in_mode: mode.keeps(st),
+                cpu_delta_us: 0.0,
+            });
+        };
+        let py = "app.py (Python 3.12.1)";
+        for i in 0..6 {
+            add(&mut p, 100, py, 100, "python3", i as f64, s_work, on, 1.0);
+        }
+        for i in 6..9 {
+            add(&mut p, 100, py, 100, "python3", i as f64, s_work2, on, 1.0);
+        }
+        add(
+            &mut p,
+            100,
+            py,
+            100,
+            "python3",
+            9.0,
+            s_sleep,
+            state::PYTHON,
+            4.0,
+        );
+        add(
+            &mut p,
+            100,
+            py,
+            101,
+            "worker",
+            2.0,
+            s_sleep,
+            state::PYTHON,
+            10.0,
+        );
+        for i in 0..5 {
+            add(
+                &mut p,
+                200,
+                "app",
+                200,
+                "app",
+                i as f64,
+                s_crunch,
+                state::ON_CPU,
+                1.0,
+            );
+        }
+        p.finish(13.0);
+        let run = RunInfo {
+            run_id: "0123456789abcdef0123456789abcdef".into(),
+            start_epoch_ms: 1_700_000_000_000.0,
+            interval_ms: 1.0,
+            duration_ms: 13.0,
+            mode: mode.name().into(),
+            rate_hz: 1000,
+            command: "tachyon-bpf --all".into(),
+            lost: 0,
+            cpus: 2,
+        };
+        (p, run)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::aggregate::Mode;
+
+    fn render(f: Format, mode: Mode) -> String {
+        let (p, run) = fixture::profile(mode);
+        // Through a recording and back, as `convert` does.
+        let bytes = recording::to_bytes(&p, &run).unwrap();
+        let dir = std::env::temp_dir().join(format!("tbpf-snap-{}-{f:?}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("r.tbpf");
+        write_atomic(&path, &bytes).unwrap();
+        let (p2, run2) = recording::load(&path).unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        let out = f.render(&p2, &run2).unwrap();
+        assert!(
+            out == f.render(&p, &run).unwrap(),
+            "{f:?} differs after a recording"
+        );
+        match f {
+            Format::Pprof => {
+                use prost::Message;
+                let mut raw = Vec::new();
+                std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&out[..]), &mut raw)
+                    .unwrap();
+                format!("{:#?}", pprof::PProfile::decode(&raw[..]).unwrap())
+            }
+            Format::Gecko => {
+                let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+                serde_json::to_string_pretty(&v).unwrap()
+            }
+            _ => String::from_utf8(out).unwrap(),
+        }
+    }
+
+    #[test]
+    fn snapshot_collapsed() {
+        insta::assert_snapshot!(render(Format::Collapsed, Mode::Wall));
+    }
+
+    #[test]
+    fn snapshot_jsonl() {
+        insta::assert_snapshot!(render(Format::Jsonl, Mode::Wall));
+    }
+
+    #[test]
+    fn snapshot_pprof() {
+        insta::assert_snapshot!(render(Format::Pprof, Mode::Wall));
+    }
+
+    #[test]
+    fn snapshot_gecko() {
+        insta::assert_snapshot!(render(Format::Gecko, Mode::Wall));
+    }
+
+    #[test]
+    fn snapshot_flamegraph() {
+        let svg = render(Format::Flamegraph, Mode::Wall);
+        assert!(svg.starts_with("<?xml") && svg.contains("<script"));
+        // The frames and their counts, as the SVG's titles give them.
+        let titles: Vec<&str> = svg
+            .split("<title>")
+            .skip(1)
+            .filter_map(|t| t.split("</title>").next())
+            .collect();
+        insta::assert_snapshot!(titles.join("\n"));
+    }
+
+    #[test]
+    fn cpu_mode_drops_off_cpu_time() {
+        let text = render(Format::Collapsed, Mode::Cpu);
+        assert!(!text.contains("schedule"), "{text}");
+        assert!(text.contains("app.py:work:22 6"), "{text}");
+    }
+
+    #[test]
+    fn a_wall_recording_converts_to_cpu_mode() {
+        let (mut p, mut run) = fixture::profile(Mode::Wall);
+        recording::select_mode(&mut p, &mut run, Mode::Cpu).unwrap();
+        let (q, qrun) = fixture::profile(Mode::Cpu);
+        assert_eq!(
+            Format::Collapsed.render(&p, &run).unwrap(),
+            Format::Collapsed.render(&q, &qrun).unwrap()
+        );
+        let (mut c, mut crun) = fixture::profile(Mode::Cpu);
+        assert!(recording::select_mode(&mut c, &mut crun, Mode::Wall).is_err());
+    }
+
+    #[test]
+    fn output_names() {
+        let one = output_paths(Some(Path::new("x.svg")), &[Format::Flamegraph]);
+        assert_eq!(one, vec![(Format::Flamegraph, PathBuf::from("x.svg"))]);
+        let many = output_paths(
+            Some(Path::new("out/run.json")),
+            &[Format::Pprof, Format::Gecko],
+        );
+        assert_eq!(
+            many,
+            vec![
+                (Format::Gecko, PathBuf::from("out/run.json")),
+                (Format::Pprof, PathBuf::from("out/run.pb.gz"))
+            ]
+        );
+        assert_eq!(
+            output_paths(None, &[]),
+            vec![(Format::Gecko, PathBuf::from("profile.json"))]
+        );
+    }
+
+    #[test]
+    fn damaged_recordings_are_refused() {
+        let dir = std::env::temp_dir().join(format!("tbpf-bad-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let plain = dir.join("plain.tbpf");
+        std::fs::write(&plain, b"{\"format\":1}").unwrap();
+        let e = recording::load(&plain).err().unwrap();
+        assert!(e.contains("not a tachyon-bpf recording"), "{e}");
+        // A stack whose prefix points forward (a cycle) is refused before any writer walks it.
+        let (mut p, run) = fixture::profile(Mode::Wall);
+        p.stacks[0].1 = Some(p.stacks.len() - 1);
+        let cyc = dir.join("cycle.tbpf");
+        std::fs::write(&cyc, recording::to_bytes(&p, &run).unwrap()).unwrap();
+        let e = recording::load(&cyc).err().unwrap();
+        assert!(e.contains("damaged"), "{e}");
+        let cut = dir.join("cut.tbpf");
+        let (p, run) = fixture::profile(Mode::Wall);
+        let b = recording::to_bytes(&p, &run).unwrap();
+        std::fs::write(&cut, &b[..b.len() / 2]).unwrap();
+        let e = recording::load(&cut).err().unwrap();
+        assert!(e.contains("damaged"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
