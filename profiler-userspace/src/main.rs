@@ -362,6 +362,7 @@ fn run_outputs(cli: &RunArgs, record: bool) -> Result<Vec<(Format, PathBuf)>, Ap
 }
 
 async fn run(cli: RunArgs, record: bool) -> Result<i32, AppError> {
+    let outputs = run_outputs(&cli, record)?;
     if !cli.all && !cli.all_pythons && cli.pid.is_empty() && cli.command.is_empty() {
         return Err(AppError::Usage(
             "nothing to profile: give --all, --all-pythons, --pid PID or -- COMMAND".into(),
@@ -383,7 +384,6 @@ async fn run(cli: RunArgs, record: bool) -> Result<i32, AppError> {
             return Err(AppError::Target(format!("no process with pid {pid}")));
         }
     }
-    let outputs = run_outputs(&cli, record)?;
     let record_path = cli
         .output
         .clone()

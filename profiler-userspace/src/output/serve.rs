@@ -75,8 +75,10 @@ pub fn start(profile: Vec<u8>) -> Result<Served, String> {
             }
             r
         } else if *req.method() == tiny_http::Method::Get {
+            // Sized, not chunked: the profiler shows download progress from Content-Length.
             let mut r = tiny_http::Response::from_data(profile.clone())
                 .with_header(header("Content-Type", "application/json"))
+                .with_chunked_threshold(usize::MAX)
                 .boxed();
             for h in cors.clone() {
                 r.add_header(h);
