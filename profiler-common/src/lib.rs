@@ -72,6 +72,9 @@ pub const SAMPLE_PY_TRUNCATED: u32 = 1 << 5;
 pub const SAMPLE_PY_READ_FAILED: u32 = 1 << 6;
 /// The Python thread has an exception being raised or handled.
 pub const SAMPLE_PY_EXCEPTION: u32 = 1 << 7;
+/// A frame's `previous` pointed back at the frame itself: the walk stopped there (a corrupt or
+/// hostile interpreter; longer cycles end at [`MAX_PY_FRAMES`] as truncated).
+pub const SAMPLE_PY_CYCLE: u32 = 1 << 8;
 
 /// Frame layout families (see `PyProcConfig::layout`).
 pub const PY_LAYOUT_FRAMEOBJECT: u32 = 1; // 3.8-3.10: PyFrameObject chain, f_lasti

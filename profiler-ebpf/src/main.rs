@@ -597,7 +597,13 @@ extern "C" fn walk_step(index: u64, ctx: *mut c_void) -> i64 {
         };
     }
     w.n = i as u64 + 1;
-    w.frame = frame_u64(fbuf, pc.frame_previous);
+    let previous = frame_u64(fbuf, pc.frame_previous);
+    if previous == w.frame {
+        w.flags |= SAMPLE_PY_CYCLE;
+        w.frame = 0;
+        return 1;
+    }
+    w.frame = previous;
     0
 }
 

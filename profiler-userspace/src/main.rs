@@ -574,6 +574,13 @@ async fn run(cli: RunArgs, record: bool) -> Result<i32, AppError> {
                 "tachyon-bpf: python: {} samples, {} merged, {} merge mismatches, {} thread misses, {} read failures, {} truncated",
                 c.py_samples, c.py_merged, c.py_merge_mismatch, c.py_thread_miss, c.py_read_failed, c.py_truncated
             );
+            let bad = c.py_unresolved_frames + c.py_cycles + c.py_bad_line_tables;
+            if bad > 0 {
+                eprintln!(
+                    "tachyon-bpf: python: unreadable target data: {} unresolved code objects, {} looping frame chains, {} corrupt line tables",
+                    c.py_unresolved_frames, c.py_cycles, c.py_bad_line_tables
+                );
+            }
         }
         report_written(&written);
     }
@@ -655,7 +662,7 @@ struct Scope {
     all_pythons: bool,
     explicit: Vec<u32>,
     /// Processes that exec'd during an --all-pythons run, looked at on every tick for a while.
-    pending: Vec<u32>,
+    pending: Vec<(u32, Instant)>,
 }
 
 fn list_pids() -> Vec<u32> {
@@ -677,14 +684,16 @@ fn python_tick(
     refresh_threads: bool,
 ) {
     let me = std::process::id();
-    // Exec'd processes stay pending until found or known not to be Python (or gone).
-    scope.pending.retain(|&pid| {
+    // Exec'd processes stay pending until found, known not to be Python, gone, or two seconds
+    // old (the periodic scan looks at them from then on).
+    scope.pending.retain(|&(pid, since)| {
         !collector.python.procs.contains_key(&pid)
-            && !collector.python.known_not_python(pid)
+            && !collector.python.finally_not_python(pid)
+            && since.elapsed() < Duration::from_secs(2)
             && std::path::Path::new(&format!("/proc/{pid}")).exists()
     });
     let mut candidates: Vec<u32> = scope.explicit.clone();
-    candidates.extend(scope.pending.iter().copied());
+    candidates.extend(scope.pending.iter().map(|p| p.0));
     if scan && (scope.all || scope.all_pythons) {
         candidates.extend(list_pids().into_iter().filter(|&p| p != me));
     }
@@ -702,7 +711,14 @@ fn python_tick(
             .entry(pid)
             .or_insert_with(|| process::Process::new(pid, ""));
         proc.reload_maps(elves);
-        if let Some(cfg) = collector.python.try_add(proc) {
+        // Just exec'd (or launched): its libraries may still be loading.
+        let young = scope
+            .pending
+            .iter()
+            .any(|&(p, since)| p == pid && since.elapsed() < Duration::from_secs(1))
+            || (scope.explicit.contains(&pid)
+                && python::process_age(pid).is_some_and(|a| a < Duration::from_secs(1)));
+        if let Some(cfg) = collector.python.try_add(proc, young) {
             if let Err(e) = capture.set_py_proc(pid, &cfg) {
                 log::warn!("pid {pid}: {e}");
             }
@@ -766,7 +782,7 @@ fn follow_lifetimes(
         collector.python.forget(pid);
         if scope.all_pythons && !scope.explicit.contains(&pid) {
             // Looked at on every tick until its runtime shows up (or it proves not Python).
-            scope.pending.push(pid);
+            scope.pending.push((pid, Instant::now()));
         }
     }
     for pid in std::mem::take(&mut collector.children) {

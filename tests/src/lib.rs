@@ -418,3 +418,50 @@ impl CallPaths {
             .sum()
     }
 }
+
+/// How many BPF programs the kernel holds now (all users), by walking program ids.
+pub fn bpf_program_count() -> usize {
+    const BPF_PROG_GET_NEXT_ID: libc::c_long = 11;
+    #[repr(C)]
+    struct NextId {
+        start_id: u32,
+        next_id: u32,
+        open_flags: u32,
+    }
+    let mut n = 0;
+    let mut id = 0u32;
+    loop {
+        let mut attr = NextId {
+            start_id: id,
+            next_id: 0,
+            open_flags: 0,
+        };
+        // SAFETY: the bpf syscall reads and writes the attribute struct of the size given.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                BPF_PROG_GET_NEXT_ID,
+                &mut attr as *mut NextId,
+                std::mem::size_of::<NextId>(),
+            )
+        };
+        if r != 0 {
+            return n;
+        }
+        n += 1;
+        id = attr.next_id;
+    }
+}
+
+/// Waits up to `timeout` for the kernel's program count to drop back to `baseline` (programs are
+/// freed once their last reference, a file descriptor or a link, goes).
+pub fn bpf_programs_back_to(baseline: usize, timeout: Duration) -> usize {
+    let t0 = Instant::now();
+    loop {
+        let n = bpf_program_count();
+        if n <= baseline || t0.elapsed() > timeout {
+            return n;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

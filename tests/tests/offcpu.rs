@@ -61,7 +61,7 @@ def main():
         s = time.perf_counter()
         nap()
         slept += time.perf_counter() - s
-    print(slept / (time.perf_counter() - t0))
+    print(slept, time.perf_counter() - t0)
 
 main()
 "#;
@@ -72,10 +72,17 @@ fn wall_mode_shows_sleep_and_cpu_mode_does_not() {
     let dir = scratch("offcpu_sleep");
     let py = python("3.12.1");
     let (wall, out) = profile_script(&dir, "sleeper", &py, SLEEPER, &["-m", "wall"]);
-    let measured: f64 = out
-        .trim()
-        .parse()
-        .expect("the script prints its sleep share");
+    let (slept, elapsed) = match out
+        .split_whitespace()
+        .map(|x| {
+            x.parse::<f64>()
+                .expect("the script prints its sleep and run times")
+        })
+        .collect::<Vec<_>>()[..]
+    {
+        [a, b] => (a * 1000.0, b * 1000.0),
+        _ => panic!("the script prints two times: {out}"),
+    };
     let v = Viewer::load(&wall).unwrap();
     let (_, c) = thread_with(&v, "nap");
     // Python frame, the C function, down to the kernel's sleep.
@@ -83,11 +90,18 @@ fn wall_mode_shows_sleep_and_cpu_mode_does_not() {
         let py = n.iter().position(|f| f == "nap");
         let k = n.iter().position(|f| f == "do_nanosleep");
         matches!((py, k), (Some(a), Some(b)) if a < b && n[a..b].iter().any(|f| f == "time_sleep"))
-    });
-    let share = sleeping as f64 / c.total as f64;
+    }) as f64;
+    // Wall mode weighs each sleep by exactly how long it lasted.
     assert!(
-        (share - measured).abs() <= 0.05,
-        "wall mode: time.sleep is {share:.3} of the thread's time, the script measured {measured:.3}"
+        (sleeping - slept).abs() <= 0.03 * slept,
+        "wall mode: {sleeping:.0} ms in time.sleep, the script slept {slept:.0} ms \
+         (thread total {} ms, script run {elapsed:.0} ms)",
+        c.total
+    );
+    assert!(
+        c.total as f64 >= 0.98 * elapsed,
+        "the thread's wall time {} covers the script's {elapsed:.0} ms",
+        c.total
     );
     assert!(
         c.count(|n| n.iter().any(|f| f == "burn")) as f64 / c.total as f64 > 0.25,

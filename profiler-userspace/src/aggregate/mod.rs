@@ -240,6 +240,10 @@ pub struct Counters {
     pub py_thread_miss: u64,
     pub py_read_failed: u64,
     pub py_truncated: u64,
+    /// Samples whose frame chain looped back on itself (a corrupt interpreter).
+    pub py_cycles: u64,
+    /// Python frames whose line table was corrupt (shown at the function's first line).
+    pub py_bad_line_tables: u64,
 }
 
 /// Serialized as a recording: the index maps are rebuilt on load (`reindex`).

@@ -348,6 +348,25 @@ pub fn to_json(p: &Profile, run: &RunInfo) -> Value {
         })
         .collect();
     let c = &p.counters;
+    let tachyon = json!({
+        "runId": run.run_id,
+        "mode": run.mode,
+        "rateHz": run.rate_hz,
+        "durationMs": run.duration_ms,
+        "samples": c.samples,
+        "lost": run.lost,
+        "nativeTruncated": c.native_truncated,
+        "badRecords": c.bad_records,
+        "pythonSamples": c.py_samples,
+        "pythonMerged": c.py_merged,
+        "pythonMergeMismatch": c.py_merge_mismatch,
+        "pythonThreadMiss": c.py_thread_miss,
+        "pythonReadFailed": c.py_read_failed,
+        "pythonTruncated": c.py_truncated,
+        "pythonUnresolvedFrames": c.py_unresolved_frames,
+        "pythonCycles": c.py_cycles,
+        "pythonBadLineTables": c.py_bad_line_tables,
+    });
     json!({
         "meta": {
             "interval": run.interval_ms,
@@ -373,23 +392,7 @@ pub fn to_json(p: &Profile, run: &RunInfo) -> Value {
             "importedFrom": "tachyon-bpf",
             "arguments": run.command,
             "extensions": {"id": [], "name": [], "baseURL": [], "length": 0},
-            "tachyon": {
-                "runId": run.run_id,
-                "mode": run.mode,
-                "rateHz": run.rate_hz,
-                "durationMs": run.duration_ms,
-                "samples": c.samples,
-                "lost": run.lost,
-                "nativeTruncated": c.native_truncated,
-                "badRecords": c.bad_records,
-                "pythonSamples": c.py_samples,
-                "pythonMerged": c.py_merged,
-                "pythonMergeMismatch": c.py_merge_mismatch,
-                "pythonThreadMiss": c.py_thread_miss,
-                "pythonReadFailed": c.py_read_failed,
-                "pythonTruncated": c.py_truncated,
-                "pythonUnresolvedFrames": c.py_unresolved_frames,
-            },
+            "tachyon": tachyon,
         },
         "libs": libs,
         "threads": threads,

@@ -131,20 +131,34 @@ pub fn read_code(
 }
 
 /// The line of instruction `instr` (as the BPF program reports it for this version).
+#[cfg(test)]
 pub fn line_for(minor: u32, code: &CodeInfo, instr: i32) -> u32 {
+    line_lookup(minor, code, instr).0
+}
+
+/// The line of instruction `instr`, and whether the line table was corrupt (it ended before
+/// covering the instruction, or did not decode): then the function's first line is given.
+pub fn line_lookup(minor: u32, code: &CodeInfo, instr: i32) -> (u32, bool) {
     let first = code.firstlineno as i64;
-    let line = match minor {
-        0..=9 => lnotab_line(&code.linetable, first, instr.max(0) as u64),
+    let found = match minor {
+        0..=9 => Ok(lnotab_line(&code.linetable, first, instr.max(0) as u64)),
         10 => linetable310_line(&code.linetable, first, 2 * instr.max(0) as u64),
         _ => {
-            if instr < 0 {
-                Some(first)
+            if instr < 0 || code.linetable.is_empty() {
+                Ok(Some(first))
             } else {
                 location_table_line(&code.linetable, first, instr as u64)
             }
         }
     };
-    line.filter(|&l| l > 0).unwrap_or(first).max(0) as u32
+    let corrupt = found.is_err();
+    let line = found
+        .ok()
+        .flatten()
+        .filter(|&l| l > 0)
+        .unwrap_or(first)
+        .max(0) as u32;
+    (line, corrupt)
 }
 
 /// <= 3.9 `co_lnotab`: (byte increment, signed line increment) pairs; `addr` in bytes.
@@ -162,7 +176,8 @@ fn lnotab_line(t: &[u8], first: i64, addr: u64) -> Option<i64> {
 }
 
 /// 3.10 `co_linetable`: (start delta, signed line delta; -128 = none) pairs; `addr` in bytes.
-fn linetable310_line(t: &[u8], first: i64, addr: u64) -> Option<i64> {
+/// `Ok(None)`: the instruction has no line; `Err`: the table ends before it.
+fn linetable310_line(t: &[u8], first: i64, addr: u64) -> Result<Option<i64>, ()> {
     let mut line = first;
     let mut start = 0u64;
     for pair in t.chunks_exact(2) {
@@ -172,11 +187,11 @@ fn linetable310_line(t: &[u8], first: i64, addr: u64) -> Option<i64> {
             line += delta as i64;
         }
         if addr >= start && addr < end {
-            return (delta != -128).then_some(line);
+            return Ok((delta != -128).then_some(line));
         }
         start = end;
     }
-    None
+    Err(())
 }
 
 fn varint(t: &[u8], i: &mut usize) -> Option<u64> {
@@ -205,15 +220,16 @@ fn svarint(t: &[u8], i: &mut usize) -> Option<i64> {
     })
 }
 
-/// 3.11+ location table; `addrq` in code units.
-fn location_table_line(t: &[u8], first: i64, addrq: u64) -> Option<i64> {
+/// 3.11+ location table; `addrq` in code units. `Ok(None)`: the instruction has no location;
+/// `Err`: the table does not decode, or ends before the instruction.
+fn location_table_line(t: &[u8], first: i64, addrq: u64) -> Result<Option<i64>, ()> {
     let mut i = 0;
     let mut line = first;
     let mut start = 0u64;
     while i < t.len() {
         let b = t[i];
         if b & 0x80 == 0 {
-            return None; // not at an entry start: corrupt table
+            return Err(()); // not at an entry start: corrupt table
         }
         i += 1;
         let code = (b >> 3) & 15;
@@ -221,14 +237,14 @@ fn location_table_line(t: &[u8], first: i64, addrq: u64) -> Option<i64> {
         let this_line = match code {
             15 => None,
             14 => {
-                line += svarint(t, &mut i)?;
-                varint(t, &mut i)?;
-                varint(t, &mut i)?;
-                varint(t, &mut i)?;
+                line += svarint(t, &mut i).ok_or(())?;
+                varint(t, &mut i).ok_or(())?;
+                varint(t, &mut i).ok_or(())?;
+                varint(t, &mut i).ok_or(())?;
                 Some(line)
             }
             13 => {
-                line += svarint(t, &mut i)?;
+                line += svarint(t, &mut i).ok_or(())?;
                 Some(line)
             }
             10..=12 => {
@@ -242,11 +258,11 @@ fn location_table_line(t: &[u8], first: i64, addrq: u64) -> Option<i64> {
             }
         };
         if addrq >= start && addrq < start + len {
-            return this_line;
+            return Ok(this_line);
         }
         start += len;
     }
-    None
+    Err(())
 }
 
 #[cfg(test)]

@@ -11,7 +11,8 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use profiler_common::{
-    PyProcConfig, SAMPLE_PY_MISS, SAMPLE_PY_READ_FAILED, SAMPLE_PY_THREAD, SAMPLE_PY_TRUNCATED,
+    PyProcConfig, SAMPLE_PY_CYCLE, SAMPLE_PY_MISS, SAMPLE_PY_READ_FAILED, SAMPLE_PY_THREAD,
+    SAMPLE_PY_TRUNCATED,
 };
 
 use crate::aggregate::{state, Category, Counters, Frame, FrameId, Func, FuncId, Profile};
@@ -324,7 +325,10 @@ impl PyProcess {
                 is_python: true,
             })
         });
-        let line = code::line_for(self.layout.minor, c, instr);
+        let (line, corrupt) = code::line_lookup(self.layout.minor, c, instr);
+        if corrupt {
+            profile.counters.py_bad_line_tables += 1;
+        }
         *self.frames.entry((func, line)).or_insert_with(|| {
             profile.frame(Frame {
                 func,
@@ -337,7 +341,6 @@ impl PyProcess {
     }
 }
 
-/// (host tid, tid in the process's own pid namespace) of every thread.
 /// The addresses of the GIL's `last_holder` and `locked` words. From 3.12 the interpreter points
 /// to its GIL, and that pointer is set a little after the interpreter is linked into the runtime:
 /// a process caught in between is not ready yet (taking it then would leave it without GIL state
@@ -360,6 +363,7 @@ fn gil_words(
     }
 }
 
+/// (host tid, tid in the process's own pid namespace) of every thread.
 fn task_ids(pid: u32) -> Vec<(u32, u32)> {
     let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
         return Vec::new();
@@ -397,6 +401,21 @@ pub fn start_time(pid: u32) -> Option<u64> {
     after.split_whitespace().nth(19)?.parse().ok()
 }
 
+/// How long ago the process started (or exec'd), from its start time and the uptime.
+pub fn process_age(pid: u32) -> Option<std::time::Duration> {
+    let start_ticks = start_time(pid)?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    let uptime: f64 = std::fs::read_to_string("/proc/uptime")
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()?;
+    let age = uptime - start_ticks as f64 / hz.max(1) as f64;
+    Some(std::time::Duration::from_secs_f64(age.max(0.0)))
+}
+
 fn process_key(pid: u32) -> (u32, u64, String) {
     let exe = std::fs::read_link(format!("/proc/{pid}/exe"))
         .map(|p| p.to_string_lossy().into_owned())
@@ -411,6 +430,13 @@ impl PythonRegistry {
             Some((n, at)) => *n >= NO_RUNTIME_ATTEMPTS || at.elapsed() < NO_RUNTIME_RETRY,
             None => false,
         }
+    }
+
+    /// Known for good not to be Python (as the process is now): no more attempts.
+    pub fn finally_not_python(&self, pid: u32) -> bool {
+        self.not_python
+            .get(&process_key(pid))
+            .is_some_and(|(n, _)| *n >= NO_RUNTIME_ATTEMPTS)
     }
 
     fn not_python_again(&mut self, key: (u32, u64, String), final_: bool) {
@@ -447,7 +473,8 @@ impl PythonRegistry {
 
     /// Tries to set up `proc` as a Python process. Returns the BPF config to install when it is
     /// newly found.
-    pub fn try_add(&mut self, proc: &Process) -> Option<PyProcConfig> {
+    /// `young`: the process exec'd moments ago, so a missing runtime may just not be loaded yet.
+    pub fn try_add(&mut self, proc: &Process, young: bool) -> Option<PyProcConfig> {
         if self.procs.contains_key(&proc.pid) {
             return None;
         }
@@ -464,6 +491,11 @@ impl PythonRegistry {
             }
             Err(NotPython::NotReady) => {
                 log::debug!("pid {}: Python runtime not initialised yet", proc.pid);
+                None
+            }
+            Err(NotPython::NoRuntime) if young => {
+                // Just exec'd: the dynamic loader may not have mapped libpython yet.
+                log::debug!("pid {}: no Python runtime yet (young process)", proc.pid);
                 None
             }
             Err(NotPython::NoRuntime) => {
@@ -510,6 +542,9 @@ impl PythonRegistry {
         }
         if s.flags & SAMPLE_PY_TRUNCATED != 0 {
             c.py_truncated += 1;
+        }
+        if s.flags & SAMPLE_PY_CYCLE != 0 {
+            c.py_cycles += 1;
         }
         let mut st = state::PYTHON;
         let has_gil = s.py_gil_locked != 0 && s.py_gil_holder == s.py_tstate && s.py_tstate != 0;

@@ -1,0 +1,448 @@
+//! Reliability: a target that corrupts its own interpreter while profiled, process churn under
+//! --all-pythons, overload at the highest rate, and every way of stopping (SIGINT, SIGTERM, a
+//! second SIGINT, SIGKILL) keeping the profile whole and releasing the BPF programs.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use tachyon_bpf_tests::*;
+
+/// Corrupts its own interpreter through ctypes (CPython 3.12 layouts) and repairs it after
+/// each phase, so the target survives: a frame whose `previous` points to itself, a code object
+/// whose name claims 2**40 characters, a line table cut to one byte.
+const HOSTILE: &str = r#"
+import ctypes, sys, time
+
+def spin(secs):
+    t0 = time.perf_counter()
+    x = 0
+    while time.perf_counter() - t0 < secs:
+        x += 1
+    return x
+
+def normal_work(secs):
+    t0 = time.perf_counter()
+    x = 0
+    while time.perf_counter() - t0 < secs:
+        x += 1
+    return x
+
+def caller_interp_frame():
+    f = sys._getframe(1)
+    # PyFrameObject: ob_refcnt, ob_type, f_back, f_frame
+    return ctypes.c_void_p.from_address(id(f) + 24).value
+
+def looping_chain(secs):
+    addr = caller_interp_frame()
+    previous = ctypes.c_void_p.from_address(addr + 8)  # _PyInterpreterFrame.previous
+    saved = previous.value
+    previous.value = addr
+    t0 = time.perf_counter()
+    x = 0
+    while time.perf_counter() - t0 < secs:
+        x += 1
+    previous.value = saved
+    return x
+
+def with_code(fn, **changes):
+    return type(fn)(fn.__code__.replace(**changes), fn.__globals__, fn.__name__)
+
+def main():
+    normal_work(0.7)
+    looping_chain(0.7)
+    huge = with_code(spin, co_name="".join(["huge", "_name"]), co_qualname="".join(["huge", "_q"]))
+    n1 = ctypes.c_ssize_t.from_address(id(huge.__code__.co_name) + 16)
+    n2 = ctypes.c_ssize_t.from_address(id(huge.__code__.co_qualname) + 16)
+    saved = (n1.value, n2.value)
+    n1.value = n2.value = 1 << 40
+    huge(0.7)
+    n1.value, n2.value = saved
+    table = bytes(bytearray(spin.__code__.co_linetable))
+    cut = with_code(spin, co_linetable=table, co_qualname="cut_table")
+    size = ctypes.c_ssize_t.from_address(id(cut.__code__.co_linetable) + 16)
+    saved = size.value
+    size.value = 1
+    cut(0.7)
+    size.value = saved
+    normal_work(0.7)
+    print("survived")
+
+main()
+"#;
+
+#[test]
+fn a_target_corrupting_its_interpreter() {
+    require_root();
+    let dir = scratch("hostile");
+    let script = dir.join("hostile.py");
+    std::fs::write(&script, HOSTILE).unwrap();
+    let out = dir.join("hostile.json");
+    let o = run_profiler(
+        &[
+            "-o",
+            out.to_str().unwrap(),
+            "--",
+            python("3.12.1").to_str().unwrap(),
+            script.to_str().unwrap(),
+        ],
+        Duration::from_secs(60),
+    );
+    let err = stderr_of(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("survived"),
+        "the target ran to its end"
+    );
+    assert!(
+        err.contains("unreadable target data"),
+        "the summary counts it: {err}"
+    );
+    let p: Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+    let t = &p["meta"]["tachyon"];
+    let n = |k: &str| t[k].as_u64().unwrap_or(0);
+    // Each phase lasts 0.7 s at 1 kHz: most of its samples are counted as what they were.
+    assert!(n("pythonCycles") >= 400, "looping chains counted: {t}");
+    assert!(
+        n("pythonUnresolvedFrames") >= 400,
+        "unreadable names counted: {t}"
+    );
+    assert!(
+        n("pythonBadLineTables") >= 400,
+        "cut line tables counted: {t}"
+    );
+
+    // The rest of the profile is right.
+    let v = Viewer::load(&out).unwrap();
+    let (_, c) = v
+        .processes()
+        .unwrap()
+        .into_iter()
+        .flat_map(|p| p.threads)
+        .map(|t| {
+            let c = v.call_paths(&t.handle).unwrap();
+            (t, c)
+        })
+        .max_by_key(|(_, c)| c.total)
+        .unwrap();
+    let normal = c.with_sequence(&["main", "normal_work"]);
+    assert!(
+        (1200..=1600).contains(&normal),
+        "normal_work under main for 1.4 s: {normal}"
+    );
+    let looping = c.count(|n| n.iter().any(|f| f == "looping_chain"));
+    assert!(
+        looping >= 500,
+        "the looping frame itself is shown: {looping}"
+    );
+    let cut = c.count(|n| {
+        n.last().is_some_and(|f| f == "cut_table") || n.iter().any(|f| f == "cut_table")
+    });
+    assert!(
+        cut >= 500,
+        "the function with a cut line table is named: {cut}"
+    );
+}
+
+/// A busy Python process for the stop tests, and the profiler on it (`scope`: what to profile
+/// instead of its pid).
+fn start_on_busy(dir: &Path, name: &str, scope: &[&str]) -> (Child, Child, std::path::PathBuf) {
+    let script = dir.join("busy.py");
+    std::fs::write(
+        &script,
+        "import time\ndef busy_loop():\n    while True:\n        sum(range(1000))\nbusy_loop()\n",
+    )
+    .unwrap();
+    let target = Command::new(python("3.11.7"))
+        .arg(&script)
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let out = dir.join(format!("{name}.json"));
+    let pid = target.id().to_string();
+    let mut args = if scope.is_empty() {
+        vec!["-p", pid.as_str()]
+    } else {
+        scope.to_vec()
+    };
+    args.extend(["-q", "-o", out.to_str().unwrap()]);
+    let prof = Command::new(profiler_bin())
+        .args(&args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    (target, prof, out)
+}
+
+fn signal(child: &Child, sig: i32) {
+    // SAFETY: signalling a child process of this test.
+    unsafe { libc::kill(child.id() as i32, sig) };
+}
+
+/// Whatever exists under the output name is a complete profile.
+fn whole_or_absent(out: &Path) -> Option<Value> {
+    let bytes = std::fs::read(out).ok()?;
+    Some(serde_json::from_slice(&bytes).expect("a file under the output name is complete"))
+}
+
+#[test]
+fn sigint_and_sigterm_write_the_whole_profile() {
+    require_root();
+    let dir = scratch("stop_signals");
+    let baseline = bpf_program_count();
+    for (name, sig) in [("int", libc::SIGINT), ("term", libc::SIGTERM)] {
+        let (mut target, mut prof, out) = start_on_busy(&dir, name, &[]);
+        std::thread::sleep(Duration::from_secs(2));
+        assert!(
+            bpf_program_count() > baseline,
+            "the profiler's programs are loaded"
+        );
+        signal(&prof, sig);
+        wait_timeout(&mut prof, Duration::from_secs(20));
+        let st = prof.wait().unwrap();
+        let _ = target.kill();
+        let _ = target.wait();
+        assert_eq!(st.code(), Some(0), "{name}: a clean stop");
+        let p = whole_or_absent(&out).expect("the profile is written");
+        assert!(p["meta"]["tachyon"]["samples"].as_u64().unwrap() > 1000);
+        let v = Viewer::load(&out).unwrap();
+        let t = v
+            .processes()
+            .unwrap()
+            .into_iter()
+            .flat_map(|p| p.threads)
+            .next()
+            .unwrap();
+        let c = v.call_paths(&t.handle).unwrap();
+        assert!(c.with_sequence(&["busy_loop"]) as f64 > 0.8 * c.total as f64);
+        let left = bpf_programs_back_to(baseline, Duration::from_secs(5));
+        assert_eq!(left, baseline, "{name}: every BPF program released");
+    }
+}
+
+#[test]
+fn a_second_sigint_and_sigkill_never_leave_a_partial_file() {
+    require_root();
+    let dir = scratch("stop_hard");
+    let baseline = bpf_program_count();
+    // A second Ctrl-C right after the first: out at once (130), or done (0), never stuck.
+    for delay_ms in [0u64, 20, 100] {
+        let name = format!("twice{delay_ms}");
+        let (mut target, mut prof, out) = start_on_busy(&dir, &name, &["--all"]);
+        std::thread::sleep(Duration::from_secs(2));
+        signal(&prof, libc::SIGINT);
+        std::thread::sleep(Duration::from_millis(delay_ms));
+        signal(&prof, libc::SIGINT);
+        let t0 = Instant::now();
+        wait_timeout(&mut prof, Duration::from_secs(20));
+        let st = prof.wait().unwrap();
+        let _ = target.kill();
+        let _ = target.wait();
+        assert!(
+            matches!(st.code(), Some(0) | Some(130)),
+            "second SIGINT: {st:?}"
+        );
+        if st.code() == Some(130) {
+            assert!(t0.elapsed() < Duration::from_secs(2), "exits at once");
+        }
+        whole_or_absent(&out);
+    }
+    // SIGKILL at points through the stop and the write: nothing partial under the final name.
+    for delay_ms in [0u64, 30, 80, 150, 300] {
+        let name = format!("kill{delay_ms}");
+        let (mut target, mut prof, out) = start_on_busy(&dir, &name, &["--all"]);
+        std::thread::sleep(Duration::from_secs(2));
+        signal(&prof, libc::SIGINT);
+        std::thread::sleep(Duration::from_millis(delay_ms));
+        signal(&prof, libc::SIGKILL);
+        let _ = prof.wait();
+        let _ = target.kill();
+        let _ = target.wait();
+        whole_or_absent(&out);
+    }
+    let left = bpf_programs_back_to(baseline, Duration::from_secs(5));
+    assert_eq!(left, baseline, "every BPF program released after kills");
+}
+
+/// Each churn child: its own script and function, alive `ms` milliseconds, half busy, half asleep.
+fn churn_script(i: usize) -> String {
+    format!(
+        "import sys, time\n\
+         def fn_{i}(secs):\n    \
+             t0 = time.monotonic()\n    \
+             while time.monotonic() - t0 < secs:\n        \
+                 t1 = time.monotonic()\n        \
+                 while time.monotonic() - t1 < 0.005: pass\n        \
+                 time.sleep(0.005)\n\
+         fn_{i}(float(sys.argv[1]))\n"
+    )
+}
+
+#[test]
+fn churn_of_short_lived_interpreters() {
+    require_root();
+    let dir = scratch("churn");
+    const N: usize = 300;
+    for i in 0..N {
+        std::fs::write(dir.join(format!("churn_{i}.py")), churn_script(i)).unwrap();
+    }
+    let out = dir.join("churn.json");
+    let folded = dir.join("churn.folded");
+    let mut prof = Command::new(profiler_bin())
+        .args(["--all-pythons", "-d", "20", "-f", "gecko,collapsed", "-o"])
+        .arg(dir.join("churn"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    let py = python("3.12.1");
+    // 300 interpreters over about 16 s, each 50-200 ms, at most a few at a time.
+    let mut running: Vec<(usize, Child, Instant, Duration)> = Vec::new();
+    let mut lived: HashMap<u32, (usize, Duration)> = HashMap::new();
+    for i in 0..N {
+        let secs = 0.05 + 0.15 * ((i * 37) % 100) as f64 / 100.0;
+        let c = Command::new(&py)
+            .arg(dir.join(format!("churn_{i}.py")))
+            .arg(format!("{secs}"))
+            .spawn()
+            .unwrap();
+        running.push((i, c, Instant::now(), Duration::ZERO));
+        std::thread::sleep(Duration::from_millis(52));
+        running.retain_mut(|(i, c, t0, _)| match c.try_wait().unwrap() {
+            Some(_) => {
+                lived.insert(c.id(), (*i, t0.elapsed()));
+                false
+            }
+            None => true,
+        });
+    }
+    for (i, mut c, t0, _) in running {
+        c.wait().unwrap();
+        lived.insert(c.id(), (i, t0.elapsed()));
+    }
+    wait_timeout(&mut prof, Duration::from_secs(60));
+    let o = prof.wait_with_output().unwrap();
+    assert!(o.status.success(), "{}", stderr_of(&o));
+    assert!(out.exists());
+    let text = std::fs::read_to_string(&folded).unwrap();
+    // Per pid: the churn functions seen in its stacks.
+    let mut seen: HashMap<u32, HashMap<usize, u64>> = HashMap::new();
+    for line in text.lines() {
+        let (stack, n) = line.rsplit_once(' ').unwrap();
+        let n: u64 = n.parse().unwrap();
+        let root = stack.split(';').next().unwrap();
+        let Some(pid) = root
+            .rsplit_once("[pid ")
+            .and_then(|(_, r)| r.trim_end_matches(']').parse::<u32>().ok())
+        else {
+            continue;
+        };
+        for f in stack.split(';') {
+            if let Some(rest) = f.split(":fn_").nth(1) {
+                let j: usize = rest.split(':').next().unwrap().parse().unwrap();
+                *seen.entry(pid).or_default().entry(j).or_default() += n;
+            }
+        }
+    }
+    let mut missing = Vec::new();
+    for (pid, (i, life)) in &lived {
+        let funcs = seen.get(pid);
+        if let Some(f) = funcs {
+            let others: Vec<&usize> = f.keys().filter(|j| *j != i).collect();
+            assert!(
+                others.is_empty(),
+                "pid {pid} ran churn_{i}.py but shows fn_{others:?}"
+            );
+        }
+        if *life >= Duration::from_millis(100) && !funcs.is_some_and(|f| f.contains_key(i)) {
+            missing.push((*pid, *i, *life));
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "interpreters that lived 100 ms or more without their function: {missing:?}"
+    );
+    assert!(
+        seen.len() >= N / 2,
+        "most interpreters were profiled with their functions: {}",
+        seen.len()
+    );
+}
+
+#[test]
+fn overload_at_the_highest_rate() {
+    require_root();
+    let dir = scratch("overload");
+    let script = dir.join("threads.py");
+    std::fs::write(
+        &script,
+        "import threading, time\n\
+         def hot():\n    t0 = time.monotonic()\n    while time.monotonic() - t0 < 6: pass\n\
+         ts = [threading.Thread(target=hot) for _ in range(8)]\n\
+         [t.start() for t in ts]\n[t.join() for t in ts]\n",
+    )
+    .unwrap();
+    let procs: Vec<Child> = (0..8)
+        .map(|_| Command::new(python("3.12.1")).arg(&script).spawn().unwrap())
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let out = dir.join("overload.json");
+    let o = run_profiler(
+        &[
+            "--all-pythons",
+            "-r",
+            "100000",
+            "-d",
+            "4",
+            "--ring-mb",
+            "1",
+            "-o",
+            out.to_str().unwrap(),
+        ],
+        Duration::from_secs(120),
+    );
+    for mut p in procs {
+        let _ = p.wait();
+    }
+    let err = stderr_of(&o);
+    assert!(o.status.success(), "{err}");
+    // The summary reports the loss, per CPU.
+    let lost_line = err
+        .lines()
+        .find(|l| l.contains(" lost "))
+        .unwrap_or_else(|| panic!("a summary with the loss: {err}"));
+    assert!(lost_line.contains("cpu0 "), "loss per CPU: {lost_line}");
+    let p: Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+    let lost = p["meta"]["tachyon"]["lost"].as_u64().unwrap();
+    let samples = p["meta"]["tachyon"]["samples"].as_u64().unwrap();
+    assert!(samples > 0);
+    eprintln!("overload: {samples} samples kept, {lost} lost");
+    let v = Viewer::load(&out).unwrap();
+    let threads: Vec<ThreadInfo> = v
+        .processes()
+        .unwrap()
+        .into_iter()
+        .filter(|p| p.name.contains("threads.py"))
+        .flat_map(|p| p.threads)
+        .collect();
+    assert!(
+        threads.len() >= 64,
+        "64 busy threads in the profile: {}",
+        threads.len()
+    );
+    // Whatever was kept is whole: Python frames under the busy threads' native stacks.
+    let (mut hot, mut total) = (0, 0);
+    for t in threads.iter().step_by(8) {
+        let c = v.call_paths(&t.handle).unwrap();
+        hot += c.with_sequence(&["hot"]);
+        total += c.total;
+    }
+    assert!(
+        hot as f64 > 0.5 * total as f64,
+        "Python frames under load: {hot} of {total}"
+    );
+}
