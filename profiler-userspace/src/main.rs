@@ -482,6 +482,8 @@ async fn run(cli: RunArgs, record: bool) -> Result<i32, AppError> {
     // runtime exists), thread maps every 100 ms, a scan of every process every 240 ms.
     let mut tick = tokio::time::interval(Duration::from_millis(20));
     let mut ticks: u64 = 0;
+    // The live status line: on a terminal only, never with --quiet.
+    let status = !cli.quiet && std::io::IsTerminal::is_terminal(&std::io::stderr());
     loop {
         tokio::select! {
             _ = tick.tick() => {
@@ -496,6 +498,17 @@ async fn run(cli: RunArgs, record: bool) -> Result<i32, AppError> {
                     ticks.is_multiple_of(12),
                     ticks.is_multiple_of(5),
                 );
+                if status && ticks.is_multiple_of(12) {
+                    let lost = capture.stats().0[profiler_common::STAT_LOST as usize];
+                    let line = output::summary::status_line(
+                        &collector.profile,
+                        started.elapsed().as_secs_f64(),
+                        lost,
+                        capture.cpus.len(),
+                        cli.rate,
+                    );
+                    eprint!("\r\x1b[2K{line}");
+                }
             }
             guard = ring.readable_mut() => {
                 let mut guard = guard.map_err(|e| AppError::Other(format!("ring buffer: {e}")))?;
@@ -519,6 +532,9 @@ async fn run(cli: RunArgs, record: bool) -> Result<i32, AppError> {
             std::process::exit(130);
         }
     });
+    if status {
+        eprint!("\r\x1b[2K");
+    }
     capture.detach();
     let elapsed = started.elapsed();
     let end_ns = monotonic_ns();
@@ -581,6 +597,9 @@ async fn run(cli: RunArgs, record: bool) -> Result<i32, AppError> {
                     c.py_unresolved_frames, c.py_cycles, c.py_bad_line_tables
                 );
             }
+        }
+        for l in output::summary::lines(&collector.profile, 5) {
+            eprintln!("tachyon-bpf: {l}");
         }
         report_written(&written);
     }

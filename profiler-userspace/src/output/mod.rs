@@ -7,6 +7,7 @@ pub mod jsonl;
 pub mod pprof;
 pub mod recording;
 pub mod serve;
+pub mod summary;
 
 use std::collections::BTreeMap;
 use std::io::Write;
