@@ -384,6 +384,29 @@ impl Collector {
         self.procs.remove(&pid);
     }
 
+    /// Ends the current profile of a continuous run at `now_ns` and starts the next one there;
+    /// returns the finished profile. Caches of the old profile's ids are dropped; symbol and code
+    /// caches stay.
+    pub fn rotate(&mut self, now_ns: u64) -> Profile {
+        let end = self.time_ms(now_ns);
+        let mut next = self.profile.successor(end);
+        self.profile.finish(end);
+        self.kernel_lib = next.lib(&Arc::from(KERNEL_LIB));
+        self.native_frames.clear();
+        self.kernel_frames.clear();
+        self.python.new_profile();
+        self.start_ns = now_ns;
+        std::mem::replace(&mut self.profile, next)
+    }
+
+    /// Drops what is kept about processes that are gone (long runs see many come and go).
+    /// Called right after a drain, so no record of theirs is still waiting.
+    pub fn sweep(&mut self) {
+        let alive = |pid: u32| std::path::Path::new(&format!("/proc/{pid}")).exists();
+        self.procs.retain(|&pid, _| alive(pid));
+        self.python.sweep(alive);
+    }
+
     /// Ends the run at `end_ns`: closes every timeline, sorts samples, builds markers.
     pub fn finish(&mut self, end_ns: u64) {
         let end = self.time_ms(end_ns);

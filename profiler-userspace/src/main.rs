@@ -57,9 +57,9 @@ struct RunArgs {
     /// Profile this process, all its threads (repeatable).
     #[arg(short, long = "pid", value_name = "PID")]
     pid: Vec<u32>,
-    /// Samples per second on each CPU.
-    #[arg(short, long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..=100_000))]
-    rate: u64,
+    /// Samples per second on each CPU [default: 1000, or 49 with --continuous].
+    #[arg(short, long, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    rate: Option<u64>,
     /// Stop after this many seconds (default: until Ctrl-C or the command exits).
     #[arg(short, long, value_name = "SECS")]
     duration: Option<f64>,
@@ -74,6 +74,25 @@ struct RunArgs {
     /// Serve the profile to profiler.firefox.com from 127.0.0.1 and print its link (until Ctrl-C).
     #[arg(long)]
     open: bool,
+    /// Profile until stopped, writing one profile per --rotate interval into --output-dir.
+    #[arg(long, requires = "output_dir", conflicts_with_all = ["output", "open", "command"])]
+    continuous: bool,
+    /// With --continuous: the length of each profile (e.g. 60s, 5m).
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "60s", requires = "continuous")]
+    rotate: Duration,
+    /// With --continuous: the directory the interval profiles go to (created if missing).
+    #[arg(long, value_name = "DIR")]
+    output_dir: Option<PathBuf>,
+    /// With --continuous: keep only the newest N intervals' files.
+    #[arg(long, value_name = "N", requires = "continuous", value_parser = clap::value_parser!(u64).range(1..))]
+    keep: Option<u64>,
+    /// With --continuous: send each interval's pprof to this Pyroscope-compatible server
+    /// (POST URL/ingest?name=...&from=...&until=...&format=pprof), retrying with back-off.
+    #[arg(long, value_name = "URL", requires = "continuous")]
+    push: Option<String>,
+    /// The application name pushed (default tachyon-bpf.MODE{host=HOSTNAME}).
+    #[arg(long, value_name = "NAME", requires = "push")]
+    push_name: Option<String>,
     /// Bytes of user stack copied per sample for DWARF unwinding (4096-32768).
     #[arg(long, default_value_t = 32768, value_parser = clap::value_parser!(u64).range(4096..=32768))]
     stack_size: u64,
@@ -351,11 +370,19 @@ fn launch(command: &[String]) -> Result<Launched, AppError> {
 /// Where a run writes: its formats, or with `record` the recording.
 fn run_outputs(cli: &RunArgs, record: bool) -> Result<Vec<(Format, PathBuf)>, AppError> {
     if record {
+        if cli.continuous {
+            return Err(AppError::Usage(
+                "record writes one recording: --continuous is for the main command".into(),
+            ));
+        }
         if !cli.format.is_empty() || cli.open {
             return Err(AppError::Usage(
                 "record writes a recording: give --format and --open to convert".into(),
             ));
         }
+        return Ok(Vec::new());
+    }
+    if cli.continuous {
         return Ok(Vec::new());
     }
     Ok(output::output_paths(cli.output.as_deref(), &cli.format))
@@ -379,6 +406,7 @@ async fn run(cli: RunArgs, record: bool) -> Result<i32, AppError> {
         ));
     }
     check_environment()?;
+    let rate = cli.rate.unwrap_or(if cli.continuous { 49 } else { 1000 });
     for &pid in &cli.pid {
         if pid == 0 || !std::path::Path::new(&format!("/proc/{pid}")).exists() {
             return Err(AppError::Target(format!("no process with pid {pid}")));
@@ -390,6 +418,10 @@ async fn run(cli: RunArgs, record: bool) -> Result<i32, AppError> {
         .unwrap_or_else(|| PathBuf::from("profile.tbpf"));
     let written: Vec<PathBuf> = if record {
         vec![record_path.clone()]
+    } else if let (true, Some(dir)) = (cli.continuous, &cli.output_dir) {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| AppError::Output(format!("cannot create {}: {e}", dir.display())))?;
+        vec![dir.join(".tachyon-bpf-probe")]
     } else {
         outputs.iter().map(|(_, p)| p.clone()).collect()
     };
@@ -409,7 +441,7 @@ async fn run(cli: RunArgs, record: bool) -> Result<i32, AppError> {
         },
         follow_children: cli.subprocesses,
         exec_all: cli.all_pythons,
-        rate_hz: cli.rate,
+        rate_hz: rate,
     })?;
     capture.attach_lifetimes()?;
     let mut launched = if cli.command.is_empty() {
@@ -428,7 +460,7 @@ async fn run(cli: RunArgs, record: bool) -> Result<i32, AppError> {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs_f64() * 1000.0)
         .unwrap_or(0.0);
-    let interval_ms = 1000.0 / cli.rate as f64;
+    let interval_ms = 1000.0 / rate as f64;
     let mut collector = Collector::new(
         start_ns,
         python::PythonRegistry::new(cli.show_internal),
@@ -451,7 +483,7 @@ async fn run(cli: RunArgs, record: bool) -> Result<i32, AppError> {
     // AsyncFd holds it.
     let mut ring = unsafe { AsyncFd::register_with_interest(ring, tokio::io::Interest::READABLE) }
         .map_err(|e| AppError::Other(format!("ring buffer: {e}")))?;
-    capture.attach(cli.rate)?;
+    capture.attach(rate)?;
     let started = Instant::now();
 
     // Let the launched command run now that sampling is on.
@@ -484,8 +516,45 @@ async fn run(cli: RunArgs, record: bool) -> Result<i32, AppError> {
     let mut ticks: u64 = 0;
     // The live status line: on a terminal only, never with --quiet.
     let status = !cli.quiet && std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let mut continuous = match (&cli.output_dir, cli.continuous) {
+        (Some(dir), true) => Some(Continuous {
+            dir: dir.clone(),
+            formats: cli.format.clone(),
+            keep: cli.keep.map(|k| k as usize),
+            pusher: cli.push.as_deref().map(|url| {
+                let name = cli.push_name.clone().unwrap_or_else(|| {
+                    format!(
+                        "tachyon-bpf.{}{{host={}}}",
+                        cli.mode.name(),
+                        output::continuous::hostname()
+                    )
+                });
+                output::continuous::Pusher::start(url, name)
+            }),
+            start_epoch_ms,
+            started: Instant::now(),
+            lost_before: 0,
+            intervals: 0,
+            samples: 0,
+            rate,
+            cpus: capture.cpus.len() as u32,
+            mode: cli.mode,
+        }),
+        _ => None,
+    };
+    let mut rotate_timer =
+        tokio::time::interval_at(tokio::time::Instant::now() + cli.rotate, cli.rotate);
     loop {
         tokio::select! {
+            _ = rotate_timer.tick(), if continuous.is_some() => {
+                drain(ring.get_mut(), &mut collector);
+                let now_ns = monotonic_ns();
+                let finished = collector.rotate(now_ns);
+                let lost = capture.stats().0[profiler_common::STAT_LOST as usize];
+                if let Some(c) = continuous.as_mut() {
+                    c.end_interval(&finished, lost, cli.quiet);
+                }
+            }
             _ = tick.tick() => {
                 ticks += 1;
                 // Records do not wake the reader until the buffer fills up a good part: poll.
@@ -498,6 +567,9 @@ async fn run(cli: RunArgs, record: bool) -> Result<i32, AppError> {
                     ticks.is_multiple_of(12),
                     ticks.is_multiple_of(5),
                 );
+                if ticks.is_multiple_of(250) {
+                    collector.sweep();
+                }
                 if status && ticks.is_multiple_of(12) {
                     let lost = capture.stats().0[profiler_common::STAT_LOST as usize];
                     let line = output::summary::status_line(
@@ -505,7 +577,7 @@ async fn run(cli: RunArgs, record: bool) -> Result<i32, AppError> {
                         started.elapsed().as_secs_f64(),
                         lost,
                         capture.cpus.len(),
-                        cli.rate,
+                        rate,
                     );
                     eprint!("\r\x1b[2K{line}");
                 }
@@ -549,12 +621,15 @@ async fn run(cli: RunArgs, record: bool) -> Result<i32, AppError> {
         interval_ms,
         duration_ms: elapsed.as_secs_f64() * 1000.0,
         mode: cli.mode.name().into(),
-        rate_hz: cli.rate,
+        rate_hz: rate,
         command: std::env::args().collect::<Vec<_>>().join(" "),
         lost,
         cpus: capture.cpus.len() as u32,
     };
-    if record {
+    if let Some(c) = continuous.as_mut() {
+        // The last, partial interval is written too: nothing collected is lost.
+        c.end_interval(&collector.profile, lost, cli.quiet);
+    } else if record {
         let bytes =
             output::recording::to_bytes(&collector.profile, &run).map_err(AppError::Other)?;
         output::write_atomic(&record_path, &bytes).map_err(|e| {
@@ -576,7 +651,7 @@ async fn run(cli: RunArgs, record: bool) -> Result<i32, AppError> {
              truncated {}, bad records {}, {} processes, {} threads",
             c.samples,
             c.samples as f64 / secs,
-            cli.rate,
+            rate,
             capture.cpus.len(),
             lost,
             lost_str.join(", "),
@@ -598,10 +673,34 @@ async fn run(cli: RunArgs, record: bool) -> Result<i32, AppError> {
                 );
             }
         }
-        for l in output::summary::lines(&collector.profile, 5) {
-            eprintln!("tachyon-bpf: {l}");
+        if continuous.is_none() {
+            for l in output::summary::lines(&collector.profile, 5) {
+                eprintln!("tachyon-bpf: {l}");
+            }
         }
-        report_written(&written);
+        if let Some(c) = &continuous {
+            eprintln!(
+                "tachyon-bpf: {} interval profiles in {} ({} samples)",
+                c.intervals,
+                c.dir.display(),
+                c.samples
+            );
+        } else {
+            report_written(&written);
+        }
+    }
+    if let Some(p) = continuous.and_then(|c| c.pusher) {
+        let stats = p.stats.clone();
+        p.finish(Duration::from_secs(5));
+        if !cli.quiet {
+            use std::sync::atomic::Ordering::Relaxed;
+            eprintln!(
+                "tachyon-bpf: pushed {} intervals, {} failed, {} dropped (endpoint too slow)",
+                stats.sent.load(Relaxed),
+                stats.failed.load(Relaxed),
+                stats.dropped.load(Relaxed)
+            );
+        }
     }
     if let Some(code) = child_status {
         if code != 0 && !cli.quiet {
@@ -612,6 +711,73 @@ async fn run(cli: RunArgs, record: bool) -> Result<i32, AppError> {
         open_in_browser(&collector.profile, &run).await?;
     }
     Ok(0)
+}
+
+/// A continuous run: where intervals go and what has been written.
+struct Continuous {
+    dir: PathBuf,
+    formats: Vec<Format>,
+    keep: Option<usize>,
+    pusher: Option<output::continuous::Pusher>,
+    /// When the current interval started.
+    start_epoch_ms: f64,
+    started: Instant,
+    /// Samples lost before the current interval (the kernel counts from the start).
+    lost_before: u64,
+    intervals: u64,
+    /// Samples of every interval.
+    samples: u64,
+    rate: u64,
+    cpus: u32,
+    mode: Mode,
+}
+
+impl Continuous {
+    /// Writes a finished interval (and queues its push), then starts the next one. A failed
+    /// write is reported and profiling goes on.
+    fn end_interval(&mut self, p: &aggregate::Profile, lost_total: u64, quiet: bool) {
+        if p.counters.samples == 0 {
+            // Nothing sampled (an idle host, or the sliver of an interval at the end).
+            self.start_epoch_ms = output::continuous::epoch_ms();
+            self.started = Instant::now();
+            self.lost_before = lost_total;
+            return;
+        }
+        let run = RunInfo {
+            run_id: uuid::Uuid::new_v4().simple().to_string(),
+            start_epoch_ms: self.start_epoch_ms,
+            interval_ms: 1000.0 / self.rate as f64,
+            duration_ms: self.started.elapsed().as_secs_f64() * 1000.0,
+            mode: self.mode.name().into(),
+            rate_hz: self.rate,
+            command: std::env::args().collect::<Vec<_>>().join(" "),
+            lost: lost_total.saturating_sub(self.lost_before),
+            cpus: self.cpus,
+        };
+        match output::continuous::write_interval(&self.dir, p, &run, &self.formats, self.keep) {
+            Ok(_) => {
+                self.intervals += 1;
+                self.samples += p.counters.samples;
+            }
+            Err(e) => eprintln!("tachyon-bpf: {e}"),
+        }
+        if let Some(pusher) = &self.pusher {
+            match Format::Pprof.render(p, &run) {
+                Ok(bytes) => pusher.push(
+                    bytes,
+                    run.start_epoch_ms,
+                    run.start_epoch_ms + run.duration_ms,
+                ),
+                Err(e) => eprintln!("tachyon-bpf: pprof for {}: {e}", pusher.name()),
+            }
+        }
+        if !quiet {
+            log::info!("interval written: {} samples", p.counters.samples);
+        }
+        self.start_epoch_ms = output::continuous::epoch_ms();
+        self.started = Instant::now();
+        self.lost_before = lost_total;
+    }
 }
 
 fn report_written(paths: &[PathBuf]) {

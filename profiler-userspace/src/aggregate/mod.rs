@@ -552,6 +552,72 @@ impl Profile {
         }
     }
 
+    /// Copies a stack of `from` into this profile.
+    pub fn import_stack(&mut self, from: &Profile, stack: StackId) -> Option<StackId> {
+        let frames: Vec<FrameId> = from
+            .stack_root_first(stack)
+            .into_iter()
+            .map(|f| {
+                let fr = &from.frames[f];
+                let mut func = from.funcs[fr.func].clone();
+                func.lib = func.lib.map(|l| self.lib(&from.libs[l].path));
+                let func = self.func(func);
+                self.frame(Frame { func, ..fr.clone() })
+            })
+            .collect();
+        self.stack(&frames)
+    }
+
+    /// The next profile of a continuous run, starting at `end_ms` of this one (its 0): the
+    /// processes and threads alive now, each with its scheduler state (on CPU, or off CPU in the
+    /// stack it left with). Call before `finish`.
+    pub fn successor(&self, end_ms: f64) -> Profile {
+        let mut next = Profile::new(self.mode, self.interval_ms);
+        for p in self.processes.values().filter(|p| p.end_ms.is_none()) {
+            let mut threads = BTreeMap::new();
+            for t in p.threads.values().filter(|t| t.end_ms.is_none()) {
+                let (sched, first) = t
+                    .sched
+                    .continuation(&t.samples, |s| s.and_then(|s| next.import_stack(self, s)));
+                threads.insert(
+                    t.tid,
+                    ThreadData {
+                        tid: t.tid,
+                        name: t.name.clone(),
+                        samples: first.into_iter().collect(),
+                        markers: Vec::new(),
+                        first_ms: 0.0,
+                        last_ms: 0.0,
+                        start_ms: None,
+                        end_ms: None,
+                        sched,
+                    },
+                );
+            }
+            next.processes.insert(
+                p.pid,
+                ProcessData {
+                    pid: p.pid,
+                    name: p.name.clone(),
+                    python: p.python.clone(),
+                    threads,
+                    first_ms: 0.0,
+                    last_ms: 0.0,
+                    start_ms: None,
+                    end_ms: None,
+                    generation: 0,
+                },
+            );
+        }
+        // Tasks born but not seen yet are born at the start of the next profile at the latest.
+        next.births = self
+            .births
+            .iter()
+            .map(|(&k, &t)| (k, (t - end_ms).max(0.0)))
+            .collect();
+        next
+    }
+
     /// Ends the run at `end_ms`: closes open intervals, sorts samples, computes CPU deltas and
     /// builds the state markers.
     pub fn finish(&mut self, end_ms: f64) {
@@ -584,6 +650,61 @@ impl Profile {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_wait_across_a_rotation_continues_in_the_next_profile() {
+        use crate::capture::record::Reuse;
+        let mut p = Profile::new(Mode::Wall, 1.0);
+        let func = p.func(Func {
+            name: Arc::from("poll"),
+            file: Some(Arc::from("/srv/app.py")),
+            line: Some(3),
+            lib: None,
+            category: Category::Python,
+            is_python: true,
+        });
+        let f = p.frame(Frame {
+            func,
+            line: Some(4),
+            address: None,
+            symbol_address: None,
+            category: Category::Python,
+        });
+        let stack = p.stack(&[f]);
+        let t = p.thread_mut(7, "app", 7, "app", 1.0);
+        let st = state::PYTHON;
+        t.sched.switch_in(&mut t.samples, 1.0);
+        t.sched.switch_out(
+            &mut t.samples,
+            2.0,
+            0.0,
+            Some((stack, st)),
+            Reuse::Nothing,
+            Mode::Wall,
+        );
+        // The thread is asleep when the interval ends at 10 ms.
+        let mut next = p.successor(10.0);
+        p.finish(10.0);
+        let old = &p.processes[&7].threads[&7];
+        assert_eq!(old.samples.last().unwrap().weight_ms, 8.0);
+        let nt = next
+            .processes
+            .get_mut(&7)
+            .unwrap()
+            .threads
+            .get_mut(&7)
+            .unwrap();
+        assert_eq!(nt.samples.len(), 1);
+        nt.sched.switch_in(&mut nt.samples, 5.0);
+        let first = nt.samples[0];
+        assert_eq!((first.time_ms, first.weight_ms), (0.0, 5.0));
+        let frames = next.stack_frames(first.stack);
+        assert_eq!(
+            next.funcs[next.frames[frames[0]].func].name.as_ref(),
+            "poll"
+        );
+        assert_eq!(next.frames[frames[0]].line, Some(4));
+    }
 
     #[test]
     fn stacks_share_prefixes() {

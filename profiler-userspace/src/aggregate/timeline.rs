@@ -107,6 +107,37 @@ impl SchedState {
         }
     }
 
+    /// What a thread carries into the next profile of a continuous run (which starts at 0): on
+    /// CPU still, or off CPU with the capture of its switch-out, returned as the new profile's
+    /// first sample. `import` moves stacks into the new profile.
+    pub fn continuation(
+        &self,
+        samples: &[Sample],
+        mut import: impl FnMut(Option<StackId>) -> Option<StackId>,
+    ) -> (SchedState, Option<Sample>) {
+        let mut next = SchedState {
+            seen: self.seen,
+            on_since: self.on_since.map(|_| 0.0),
+            ..Default::default()
+        };
+        next.last_off = self.last_off.map(|(s, st)| (import(s), st));
+        next.latest = self.latest.map(|(s, st)| (import(s), st));
+        let pending = self
+            .pending_off
+            .and_then(|i| samples.get(i))
+            .map(|s| Sample {
+                time_ms: 0.0,
+                stack: import(s.stack),
+                weight_ms: 0.0,
+                cpu_delta_us: 0.0,
+                ..*s
+            });
+        if pending.is_some() {
+            next.pending_off = Some(0);
+        }
+        (next, pending)
+    }
+
     /// The run ended at `end` (or the thread at its exit): open intervals close there.
     pub fn finish(&mut self, samples: &mut [Sample], start: f64, end: f64) {
         self.close_pending(samples, end);

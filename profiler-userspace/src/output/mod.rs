@@ -2,6 +2,7 @@
 //! `convert` (from a recording) call the same `render`.
 
 pub mod collapsed;
+pub mod continuous;
 pub mod gecko;
 pub mod jsonl;
 pub mod pprof;

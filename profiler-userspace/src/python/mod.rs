@@ -520,6 +520,20 @@ impl PythonRegistry {
         }
     }
 
+    /// Forgets the not-Python verdicts of processes that are gone.
+    pub fn sweep(&mut self, alive: impl Fn(u32) -> bool) {
+        self.not_python.retain(|k, _| alive(k.0));
+        self.reported.retain(|&pid| alive(pid));
+    }
+
+    /// A new profile started (continuous runs): function and frame ids of the old one are void.
+    pub fn new_profile(&mut self) {
+        for p in self.procs.values_mut() {
+            p.funcs.clear();
+            p.frames.clear();
+        }
+    }
+
     pub fn forget(&mut self, pid: u32) {
         self.procs.remove(&pid);
     }

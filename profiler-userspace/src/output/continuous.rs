@@ -1,0 +1,257 @@
+//! Continuous profiling: one profile per interval in a directory (each file atomic, oldest
+//! intervals removed beyond `--keep`), and pushing each interval's pprof to a Pyroscope-style
+//! ingest endpoint from a worker thread that retries with back-off and never blocks sampling.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use super::{write_outputs, Format, RunInfo};
+use crate::aggregate::Profile;
+
+const PREFIX: &str = "tachyon-";
+
+/// The file stem of an interval that started at `start_epoch_ms`: `tachyon-20261122T162000Z`.
+pub fn stem(start_epoch_ms: f64) -> String {
+    let t = UNIX_EPOCH + Duration::from_millis(start_epoch_ms.max(0.0) as u64);
+    let s = humantime::format_rfc3339_seconds(t).to_string();
+    format!("{PREFIX}{}", s.replace(['-', ':'], ""))
+}
+
+/// Writes an interval's formats into `dir`, then removes the oldest intervals beyond `keep`.
+pub fn write_interval(
+    dir: &Path,
+    p: &Profile,
+    run: &RunInfo,
+    formats: &[Format],
+    keep: Option<usize>,
+) -> Result<Vec<PathBuf>, String> {
+    let base = dir.join(stem(run.start_epoch_ms));
+    let mut formats = formats.to_vec();
+    if formats.is_empty() {
+        formats.push(Format::Gecko);
+    }
+    formats.sort();
+    formats.dedup();
+    let outputs: Vec<(Format, PathBuf)> = formats
+        .iter()
+        .map(|f| {
+            (
+                *f,
+                PathBuf::from(format!("{}.{}", base.display(), f.extension())),
+            )
+        })
+        .collect();
+    // Room first, so the directory never holds more than `keep` intervals.
+    if let Some(keep) = keep {
+        prune(dir, keep.saturating_sub(1));
+    }
+    write_outputs(p, run, &outputs)?;
+    Ok(outputs.into_iter().map(|(_, p)| p).collect())
+}
+
+/// Removes every file of the oldest intervals so that `keep` remain.
+fn prune(dir: &Path, keep: usize) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let mut files: Vec<(String, PathBuf)> = entries
+        .filter_map(|e| {
+            let e = e.ok()?;
+            let name = e.file_name().to_string_lossy().into_owned();
+            let stem = name.strip_prefix(PREFIX)?.split('.').next()?.to_string();
+            Some((stem, e.path()))
+        })
+        .collect();
+    let mut stems: Vec<String> = files.iter().map(|(s, _)| s.clone()).collect();
+    stems.sort();
+    stems.dedup();
+    if stems.len() <= keep {
+        return;
+    }
+    let old: Vec<String> = stems[..stems.len() - keep].to_vec();
+    files.retain(|(s, _)| old.contains(s));
+    for (_, path) in files {
+        let _ = std::fs::remove_file(path);
+    }
+}
+
+/// Counts of the push worker, shown in the summary.
+#[derive(Default)]
+pub struct PushStats {
+    pub sent: AtomicU64,
+    pub failed: AtomicU64,
+    pub dropped: AtomicU64,
+}
+
+struct Upload {
+    body: Vec<u8>,
+    from_s: u64,
+    until_s: u64,
+}
+
+/// Sends interval profiles to `{url}/ingest` from its own thread.
+pub struct Pusher {
+    tx: Option<SyncSender<Upload>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    pub stats: Arc<PushStats>,
+    name: String,
+}
+
+/// Percent-encodes a query value.
+fn query_value(s: &str) -> String {
+    let mut out = String::new();
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+impl Pusher {
+    /// `url`: the ingest server's base URL; `name`: the application name (Pyroscope's
+    /// `name=app{tag=value}`).
+    pub fn start(url: &str, name: String) -> Pusher {
+        // A few intervals may queue while the endpoint is slow; beyond that the newest wait
+        // for nobody: they are dropped (and counted), sampling goes on.
+        let (tx, rx) = sync_channel::<Upload>(4);
+        let stats = Arc::new(PushStats::default());
+        let st = stats.clone();
+        let endpoint = format!("{}/ingest", url.trim_end_matches('/'));
+        let app = name.clone();
+        let thread = std::thread::spawn(move || push_loop(rx, &endpoint, &app, &st));
+        Pusher {
+            tx: Some(tx),
+            thread: Some(thread),
+            stats,
+            name,
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Queues an interval's pprof; never waits.
+    pub fn push(&self, body: Vec<u8>, from_ms: f64, until_ms: f64) {
+        let u = Upload {
+            body,
+            from_s: (from_ms / 1000.0) as u64,
+            until_s: (until_ms / 1000.0).ceil() as u64,
+        };
+        if let Some(tx) = &self.tx {
+            match tx.try_send(u) {
+                Ok(()) => {}
+                Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
+                    self.stats.dropped.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+
+    /// Lets queued uploads go out for at most `grace`, then gives up on them.
+    pub fn finish(mut self, grace: Duration) {
+        drop(self.tx.take());
+        if let Some(t) = self.thread.take() {
+            let t0 = std::time::Instant::now();
+            while !t.is_finished() && t0.elapsed() < grace {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            if t.is_finished() {
+                let _ = t.join();
+            }
+        }
+    }
+}
+
+fn push_loop(rx: Receiver<Upload>, endpoint: &str, name: &str, stats: &PushStats) {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .timeout_global(Some(Duration::from_secs(15)))
+        .http_status_as_error(true)
+        .build()
+        .into();
+    while let Ok(u) = rx.recv() {
+        let url = format!(
+            "{endpoint}?name={}&from={}&until={}&format=pprof&spyName=tachyon-bpf&sampleRate=100",
+            query_value(name),
+            u.from_s,
+            u.until_s
+        );
+        let mut delay = Duration::from_millis(500);
+        let mut ok = false;
+        for attempt in 0..4 {
+            match agent
+                .post(&url)
+                .header("Content-Type", "application/octet-stream")
+                .send(&u.body[..])
+            {
+                Ok(_) => {
+                    ok = true;
+                    break;
+                }
+                Err(e) => {
+                    log::warn!("push to {endpoint} failed (attempt {}): {e}", attempt + 1);
+                    std::thread::sleep(delay);
+                    delay *= 2;
+                }
+            }
+        }
+        let counter = if ok { &stats.sent } else { &stats.failed };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// This host's name, for the default application name.
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "localhost".into())
+}
+
+/// Milliseconds since the epoch, now.
+pub fn epoch_ms() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64() * 1000.0)
+        .unwrap_or(0.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stems_sort_by_time_and_pruning_keeps_the_newest() {
+        assert_eq!(stem(1_795_000_000_000.0), "tachyon-20261118T110640Z");
+        let dir = std::env::temp_dir().join(format!("tbpf-prune-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for s in ["20260101T000000Z", "20260101T000002Z", "20260101T000004Z"] {
+            for ext in ["pb.gz", "folded"] {
+                std::fs::write(dir.join(format!("{PREFIX}{s}.{ext}")), b"x").unwrap();
+            }
+        }
+        std::fs::write(dir.join("other.txt"), b"x").unwrap();
+        prune(&dir, 2);
+        let mut left: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(
+            left,
+            vec![
+                "other.txt",
+                "tachyon-20260101T000002Z.folded",
+                "tachyon-20260101T000002Z.pb.gz",
+                "tachyon-20260101T000004Z.folded",
+                "tachyon-20260101T000004Z.pb.gz"
+            ]
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
