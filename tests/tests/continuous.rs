@@ -222,8 +222,11 @@ fn kill_9_leaves_only_complete_interval_files() {
     }
 }
 
+/// The requests an ingest server received: (target, body).
+type Received = Arc<Mutex<Vec<(String, Vec<u8>)>>>;
+
 /// A minimal HTTP server recording each request's target and body, answering after `delay`.
-fn ingest_server(delay: Duration) -> (u16, Arc<Mutex<Vec<(String, Vec<u8>)>>>) {
+fn ingest_server(delay: Duration) -> (u16, Received) {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = l.local_addr().unwrap().port();
     let got = Arc::new(Mutex::new(Vec::new()));
