@@ -74,6 +74,9 @@ struct RunArgs {
     /// Serve the profile to profiler.firefox.com from 127.0.0.1 and print its link (until Ctrl-C).
     #[arg(long)]
     open: bool,
+    /// Permissions of the files written, in octal (profiles name every user's code paths).
+    #[arg(long, value_name = "OCTAL", default_value = "600", value_parser = parse_mode)]
+    output_mode: u32,
     /// Profile until stopped, writing one profile per --rotate interval into --output-dir.
     #[arg(long, requires = "output_dir", conflicts_with_all = ["output", "open", "command"])]
     continuous: bool,
@@ -133,9 +136,19 @@ struct ConvertArgs {
     /// Serve the Gecko profile to profiler.firefox.com from 127.0.0.1 (until Ctrl-C).
     #[arg(long)]
     open: bool,
+    /// Permissions of the files written, in octal.
+    #[arg(long, value_name = "OCTAL", default_value = "600", value_parser = parse_mode)]
+    output_mode: u32,
     /// Nothing on stderr but errors.
     #[arg(short, long)]
     quiet: bool,
+}
+
+fn parse_mode(s: &str) -> Result<u32, String> {
+    u32::from_str_radix(s, 8)
+        .ok()
+        .filter(|m| *m <= 0o777)
+        .ok_or_else(|| format!("{s:?} is not an octal file mode such as 600 or 640"))
 }
 
 /// Errors a user can hit, each with its exit code (documented in the README).
@@ -175,7 +188,7 @@ impl From<CaptureError> for AppError {
     fn from(e: CaptureError) -> Self {
         match e {
             CaptureError::Load(ref m) if m.contains("Operation not permitted") => AppError::Permission(format!(
-                "{e}: needs root, or CAP_BPF, CAP_PERFMON and CAP_SYS_PTRACE"
+                "{e}: needs root, or CAP_BPF, CAP_PERFMON, CAP_SYS_PTRACE, CAP_DAC_READ_SEARCH and CAP_SYSLOG"
             )),
             CaptureError::Load(_) | CaptureError::Attach { .. } => AppError::Kernel(format!(
                 "{e} (needs a kernel with BTF, BPF ring buffers and perf_event BPF programs, 5.15 or newer)"
@@ -197,27 +210,35 @@ fn cap_eff() -> u64 {
         .unwrap_or(0)
 }
 
+const CAP_DAC_READ_SEARCH: u32 = 2;
 const CAP_SYS_PTRACE: u32 = 19;
 const CAP_SYS_ADMIN: u32 = 21;
+const CAP_SYSLOG: u32 = 34;
 const CAP_PERFMON: u32 = 38;
 const CAP_BPF: u32 = 39;
+
+/// The capabilities tachyon-bpf needs instead of root, and what each is for (README: "Least
+/// privilege"). CAP_SYS_ADMIN stands in for CAP_BPF and CAP_PERFMON, as the kernel allows.
+const NEEDED: [(u32, &str, bool); 5] = [
+    (CAP_BPF, "CAP_BPF", true),
+    (CAP_PERFMON, "CAP_PERFMON", true),
+    (CAP_SYS_PTRACE, "CAP_SYS_PTRACE", false),
+    (CAP_DAC_READ_SEARCH, "CAP_DAC_READ_SEARCH", false),
+    (CAP_SYSLOG, "CAP_SYSLOG", false),
+];
 
 fn check_environment() -> Result<(), AppError> {
     let caps = cap_eff();
     let has = |c: u32| caps & (1u64 << c) != 0;
-    let mut missing = Vec::new();
-    if !has(CAP_BPF) && !has(CAP_SYS_ADMIN) {
-        missing.push("CAP_BPF");
-    }
-    if !has(CAP_PERFMON) && !has(CAP_SYS_ADMIN) {
-        missing.push("CAP_PERFMON");
-    }
-    if !has(CAP_SYS_PTRACE) {
-        missing.push("CAP_SYS_PTRACE");
-    }
+    let missing: Vec<&str> = NEEDED
+        .iter()
+        .filter(|(c, _, admin_ok)| !has(*c) && !(*admin_ok && has(CAP_SYS_ADMIN)))
+        .map(|(_, name, _)| *name)
+        .collect();
     if !missing.is_empty() {
         return Err(AppError::Permission(format!(
-            "tachyon-bpf needs root (or {}): run it with sudo",
+            "tachyon-bpf needs root, or the capabilities CAP_BPF, CAP_PERFMON, CAP_SYS_PTRACE, \
+             CAP_DAC_READ_SEARCH and CAP_SYSLOG; missing: {}",
             missing.join(", ")
         )));
     }
@@ -389,6 +410,7 @@ fn run_outputs(cli: &RunArgs, record: bool) -> Result<Vec<(Format, PathBuf)>, Ap
 }
 
 async fn run(cli: RunArgs, record: bool) -> Result<i32, AppError> {
+    output::set_file_mode(cli.output_mode);
     let outputs = run_outputs(&cli, record)?;
     if !cli.all && !cli.all_pythons && cli.pid.is_empty() && cli.command.is_empty() {
         return Err(AppError::Usage(
@@ -812,6 +834,7 @@ async fn open_in_browser(p: &aggregate::Profile, run: &RunInfo) -> Result<(), Ap
 }
 
 async fn convert(args: ConvertArgs) -> Result<i32, AppError> {
+    output::set_file_mode(args.output_mode);
     let (mut profile, mut run) = output::recording::load(&args.input).map_err(AppError::Input)?;
     if let Some(mode) = args.mode {
         output::recording::select_mode(&mut profile, &mut run, mode).map_err(AppError::Usage)?;

@@ -184,8 +184,16 @@ pub fn frame_label(p: &Profile, frame: FrameId) -> String {
     }
 }
 
+static FILE_MODE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0o600);
+
+/// The permissions of every file written from now on (`--output-mode`; default 0600).
+pub fn set_file_mode(mode: u32) {
+    FILE_MODE.store(mode & 0o777, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// Writes `bytes` to `path` atomically: a temporary file in the same directory, synced, then
-/// renamed over the target. The file is created 0600 (profiles name every user's code paths).
+/// renamed over the target. The file gets the `--output-mode` permissions (0600 by default:
+/// profiles name every user's code paths), whatever the umask.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
@@ -204,6 +212,8 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
             .mode(0o600)
             .open(&tmp)?;
         f.write_all(bytes)?;
+        let mode = FILE_MODE.load(std::sync::atomic::Ordering::Relaxed);
+        f.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(mode))?;
         f.sync_all()?;
         std::fs::rename(&tmp, path)
     })();

@@ -1,0 +1,134 @@
+//! Least privilege: an unprivileged user holding exactly the documented capabilities profiles
+//! another user's (root's) Python process fully: native frames from binaries it cannot read by
+//! path, Python frames, named kernel frames. Without any one of them, the error names it.
+//! Files are 0600 unless --output-mode says otherwise.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::{Child, Command, Output};
+use std::time::Duration;
+
+use tachyon_bpf_tests::*;
+
+const CAPS: [&str; 5] = [
+    "cap_bpf",
+    "cap_perfmon",
+    "cap_sys_ptrace",
+    "cap_dac_read_search",
+    "cap_syslog",
+];
+
+/// Runs `tachyon-bpf args` as user nobody with exactly `caps` (ambient, so they survive exec).
+fn as_nobody_with(caps: &[&str], args: &[String]) -> Output {
+    let list = caps.join(",");
+    let cmd = std::iter::once(profiler_bin().display().to_string())
+        .chain(args.iter().cloned())
+        .collect::<Vec<_>>()
+        .join(" ");
+    let mut child = Command::new("capsh")
+        .arg(format!(
+            "--caps={list}+eip cap_setpcap,cap_setuid,cap_setgid+ep"
+        ))
+        .args(["--keep=1", "--user=nobody"])
+        .arg(format!("--addamb={list}"))
+        .args(["--", "-c", &cmd])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("capsh (libcap2-bin)");
+    wait_timeout(&mut child, Duration::from_secs(60));
+    child.wait_with_output().unwrap()
+}
+
+struct Target(Child);
+
+impl Drop for Target {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn root_target(dir: &Path) -> Target {
+    let script = dir.join("root_app.py");
+    std::fs::write(
+        &script,
+        "import os, time\ndef root_busy():\n    t0 = time.monotonic()\n    while time.monotonic() - t0 < 30:\n        sum(range(2000))\n        os.stat('/')\nroot_busy()\n",
+    )
+    .unwrap();
+    let py = python("3.12.1");
+    // The interpreter lives under /root, which nobody may not even list.
+    assert_eq!(
+        std::fs::metadata("/root").unwrap().permissions().mode() & 0o005,
+        0,
+        "/root is closed to other users on these machines"
+    );
+    assert!(py.starts_with("/root"));
+    Target(Command::new(py).arg(&script).spawn().unwrap())
+}
+
+#[test]
+fn the_documented_capabilities_are_enough_and_each_is_needed() {
+    require_root();
+    let dir = scratch("privilege");
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let target = root_target(&dir);
+    std::thread::sleep(Duration::from_millis(300));
+    let pid = target.0.id().to_string();
+    let out = dir.join("p.folded");
+    let args = |extra: &[&str]| -> Vec<String> {
+        let mut a: Vec<String> = ["-p", &pid, "-d", "2", "-f", "collapsed", "-o"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        a.push(out.display().to_string());
+        a.extend(extra.iter().map(|s| s.to_string()));
+        a
+    };
+    let o = as_nobody_with(&CAPS, &args(&[]));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "with the five capabilities: {err}");
+    let text = std::fs::read_to_string(&out).unwrap();
+    let total: u64 = text
+        .lines()
+        .map(|l| l.rsplit_once(' ').unwrap().1.parse::<u64>().unwrap())
+        .sum();
+    let count = |f: &dyn Fn(&str) -> bool| -> u64 {
+        text.lines()
+            .filter(|l| f(l))
+            .map(|l| l.rsplit_once(' ').unwrap().1.parse::<u64>().unwrap())
+            .sum()
+    };
+    assert!(total > 1500, "2 s of a busy thread: {total}");
+    let py = count(&|l| l.contains("root_app.py:root_busy:"));
+    assert!(
+        py as f64 > 0.9 * total as f64,
+        "Python frames: {py} of {total}"
+    );
+    let rooted = count(&|l| l.contains(";_start;") && l.contains("Py_BytesMain"));
+    assert!(
+        rooted as f64 > 0.9 * total as f64,
+        "native frames from root's binaries: {rooted} of {total}"
+    );
+    let kernel = count(&|l| l.contains("_[k]"));
+    let unnamed = count(&|l| l.contains(";0xffff"));
+    assert!(kernel > 0, "os.stat reaches the kernel");
+    assert_eq!(unnamed, 0, "kernel frames are named");
+    let mode = std::fs::metadata(&out).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "private by default");
+
+    let o = as_nobody_with(&CAPS, &args(&["--output-mode", "640"]));
+    assert!(o.status.success());
+    let mode = std::fs::metadata(&out).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o640, "--output-mode");
+
+    for drop in CAPS {
+        let fewer: Vec<&str> = CAPS.iter().copied().filter(|c| *c != drop).collect();
+        let o = as_nobody_with(&fewer, &args(&[]));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(3), "without {drop}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+        let named = format!("missing: {}", drop.to_uppercase());
+        assert!(err.contains(&named), "without {drop}: {err}");
+    }
+}
