@@ -232,7 +232,7 @@ fn check_environment() -> Result<(), AppError> {
     let has = |c: u32| caps & (1u64 << c) != 0;
     let missing: Vec<&str> = NEEDED
         .iter()
-        .filter(|(c, _, admin_ok)| !has(*c) && !(*admin_ok && has(CAP_SYS_ADMIN)))
+        .filter(|(c, _, admin_ok)| !(has(*c) || (*admin_ok && has(CAP_SYS_ADMIN))))
         .map(|(_, name, _)| *name)
         .collect();
     if !missing.is_empty() {
