@@ -7,6 +7,7 @@ mod output;
 mod process;
 mod python;
 mod stack;
+mod top;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -44,6 +45,8 @@ enum Cmd {
     Record(RunArgs),
     /// Write a recording in other formats: no root needed, its processes may be gone.
     Convert(ConvertArgs),
+    /// A live table of the hottest functions (last 10 s), with GIL waits; q quits.
+    Top(RunArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -266,8 +269,9 @@ fn main() {
         .expect("tokio runtime");
     let result = rt.block_on(async {
         match cli.cmd {
-            None => run(cli.run, false).await,
-            Some(Cmd::Record(args)) => run(args, true).await,
+            None => run(cli.run, Sink::Files).await,
+            Some(Cmd::Record(args)) => run(args, Sink::Recording).await,
+            Some(Cmd::Top(args)) => run(args, Sink::Top).await,
             Some(Cmd::Convert(args)) => convert(args).await,
         }
     });
@@ -388,8 +392,31 @@ fn launch(command: &[String]) -> Result<Launched, AppError> {
     })
 }
 
+/// Where a run's samples go.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Sink {
+    /// The chosen formats (or continuous intervals).
+    Files,
+    /// One recording (`record`).
+    Recording,
+    /// The live table (`top`): nothing is written.
+    Top,
+}
+
 /// Where a run writes: its formats, or with `record` the recording.
-fn run_outputs(cli: &RunArgs, record: bool) -> Result<Vec<(Format, PathBuf)>, AppError> {
+fn run_outputs(cli: &RunArgs, sink: Sink) -> Result<Vec<(Format, PathBuf)>, AppError> {
+    if sink == Sink::Top {
+        if cli.continuous || cli.open || !cli.format.is_empty() || cli.output.is_some() {
+            return Err(AppError::Usage(
+                "top shows a live table: --continuous, --open, --format and -o do not apply".into(),
+            ));
+        }
+        if !std::io::IsTerminal::is_terminal(&std::io::stdout()) {
+            return Err(AppError::Usage("top needs a terminal".into()));
+        }
+        return Ok(Vec::new());
+    }
+    let record = sink == Sink::Recording;
     if record {
         if cli.continuous {
             return Err(AppError::Usage(
@@ -409,9 +436,10 @@ fn run_outputs(cli: &RunArgs, record: bool) -> Result<Vec<(Format, PathBuf)>, Ap
     Ok(output::output_paths(cli.output.as_deref(), &cli.format))
 }
 
-async fn run(cli: RunArgs, record: bool) -> Result<i32, AppError> {
+async fn run(cli: RunArgs, sink: Sink) -> Result<i32, AppError> {
     output::set_file_mode(cli.output_mode);
-    let outputs = run_outputs(&cli, record)?;
+    let outputs = run_outputs(&cli, sink)?;
+    let record = sink == Sink::Recording;
     if !cli.all && !cli.all_pythons && cli.pid.is_empty() && cli.command.is_empty() {
         return Err(AppError::Usage(
             "nothing to profile: give --all, --all-pythons, --pid PID or -- COMMAND".into(),
@@ -438,7 +466,9 @@ async fn run(cli: RunArgs, record: bool) -> Result<i32, AppError> {
         .output
         .clone()
         .unwrap_or_else(|| PathBuf::from("profile.tbpf"));
-    let written: Vec<PathBuf> = if record {
+    let written: Vec<PathBuf> = if sink == Sink::Top {
+        Vec::new()
+    } else if record {
         vec![record_path.clone()]
     } else if let (true, Some(dir)) = (cli.continuous, &cli.output_dir) {
         std::fs::create_dir_all(dir)
@@ -537,7 +567,8 @@ async fn run(cli: RunArgs, record: bool) -> Result<i32, AppError> {
     let mut tick = tokio::time::interval(Duration::from_millis(20));
     let mut ticks: u64 = 0;
     // The live status line: on a terminal only, never with --quiet.
-    let status = !cli.quiet && std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let status =
+        !cli.quiet && sink != Sink::Top && std::io::IsTerminal::is_terminal(&std::io::stderr());
     let mut continuous = match (&cli.output_dir, cli.continuous) {
         (Some(dir), true) => Some(Continuous {
             dir: dir.clone(),
@@ -566,8 +597,50 @@ async fn run(cli: RunArgs, record: bool) -> Result<i32, AppError> {
     };
     let mut rotate_timer =
         tokio::time::interval_at(tokio::time::Instant::now() + cli.rotate, cli.rotate);
+    // `top`: the live table, refreshed every second from that second's samples.
+    let mut live = if sink == Sink::Top {
+        let screen = top::Screen::enter().map_err(|e| AppError::Other(format!("terminal: {e}")))?;
+        Some((screen, top::View::new(), top::keys()))
+    } else {
+        None
+    };
+    let mut refresh = tokio::time::interval_at(
+        tokio::time::Instant::now() + Duration::from_millis(500),
+        Duration::from_secs(1),
+    );
     loop {
         tokio::select! {
+            _ = refresh.tick(), if live.is_some() => {
+                drain(ring.get_mut(), &mut collector);
+                let finished = collector.rotate(monotonic_ns());
+                let lost = capture.stats().0[profiler_common::STAT_LOST as usize];
+                if let Some((screen, view, _)) = live.as_mut() {
+                    let line = format!(
+                        "tachyon-bpf top: {:.0} s, {} samples in the last second, lost {lost}, \
+                         {} processes, {} threads",
+                        started.elapsed().as_secs_f64(),
+                        finished.counters.samples,
+                        finished.all_processes().count(),
+                        finished.thread_count(),
+                    );
+                    view.add(&finished, line);
+                    let _ = view.draw(&mut screen.term);
+                }
+            }
+            Some((code, mods)) = async {
+                match live.as_mut() {
+                    Some((_, _, keys)) => keys.recv().await,
+                    None => std::future::pending().await,
+                }
+            } => {
+                if let Some((screen, view, _)) = live.as_mut() {
+                    view.key(code, mods);
+                    if view.quit {
+                        break;
+                    }
+                    let _ = view.draw(&mut screen.term);
+                }
+            }
             _ = rotate_timer.tick(), if continuous.is_some() => {
                 drain(ring.get_mut(), &mut collector);
                 let now_ns = monotonic_ns();
@@ -628,6 +701,11 @@ async fn run(cli: RunArgs, record: bool) -> Result<i32, AppError> {
     });
     if status {
         eprint!("\r\x1b[2K");
+    }
+    if live.take().is_some() {
+        // The terminal is restored; nothing is written.
+        capture.detach();
+        return Ok(0);
     }
     capture.detach();
     let elapsed = started.elapsed();
