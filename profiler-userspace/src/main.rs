@@ -1,13 +1,6 @@
 //! tachyon-bpf: a system-wide eBPF sampling profiler for Python (and everything else) on Linux.
 
-mod aggregate;
-mod capture;
-mod collect;
-mod output;
-mod process;
-mod python;
-mod stack;
-mod top;
+use tachyon_bpf::{aggregate, capture, collect, output, process, python, top};
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};

@@ -115,6 +115,63 @@ fn build_release() -> Result<PathBuf> {
     Ok(workspace().join("target/release/tachyon-bpf"))
 }
 
+/// The fuzz targets under `fuzz/` (one per decoder of untrusted input).
+const FUZZ_TARGETS: [&str; 6] = [
+    "records",
+    "btf",
+    "line_tables",
+    "code_objects",
+    "debug_offsets",
+    "recordings",
+];
+
+/// Runs every fuzz target for `secs` seconds with cargo-fuzz (libFuzzer, AddressSanitizer) on
+/// the nightly toolchain, installing what is missing; fails on the first crash.
+fn fuzz(secs: u64) -> Result<()> {
+    let nightly = output_of(Command::new("rustup").args(["toolchain", "list"]));
+    if !nightly.contains("nightly") {
+        run(Command::new("rustup").args([
+            "toolchain",
+            "install",
+            "nightly",
+            "--profile",
+            "minimal",
+        ]))?;
+    }
+    if !quiet_ok(Command::new("cargo").args(["fuzz", "--version"])) {
+        eprintln!("xtask: installing cargo-fuzz");
+        run(Command::new("cargo").args(["install", "--locked", "cargo-fuzz"]))?;
+    }
+    let dir = workspace().join("fuzz");
+    let mut report = Vec::new();
+    for t in FUZZ_TARGETS {
+        std::fs::create_dir_all(dir.join("corpus").join(t))?;
+        let out = Command::new("cargo")
+            .current_dir(&dir)
+            .args(["+nightly", "fuzz", "run", t, "--"])
+            .arg(format!("-max_total_time={secs}"))
+            .args(["-rss_limit_mb=4096", "-print_final_stats=1"])
+            .output()?;
+        let log = String::from_utf8_lossy(&out.stderr).into_owned();
+        let runs = log
+            .lines()
+            .find_map(|l| l.strip_prefix("stat::number_of_executed_units:"))
+            .map(|n| n.trim().to_string())
+            .unwrap_or_else(|| "?".into());
+        if !out.status.success() {
+            eprintln!("{log}");
+            bail!("fuzz target {t} failed (artifacts under fuzz/artifacts/{t})");
+        }
+        eprintln!("xtask: fuzz {t}: {runs} inputs in {secs} s, no failure");
+        report.push(format!("| {t} | {secs} | {runs} |"));
+    }
+    println!(
+        "| target | seconds | inputs |\n|---|---|---|\n{}",
+        report.join("\n")
+    );
+    Ok(())
+}
+
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let task = args.first().map(String::as_str).unwrap_or("help");
@@ -163,6 +220,11 @@ fn main() -> Result<()> {
                 .arg("--test-threads=1")
                 .args(rest))?;
         }
+        "fuzz" => {
+            setup_toolchain()?;
+            let secs: u64 = rest.first().and_then(|s| s.parse().ok()).unwrap_or(60);
+            fuzz(secs)?;
+        }
         "bench" => {
             setup_toolchain()?;
             let tools = setup_tools()?;
@@ -171,7 +233,7 @@ fn main() -> Result<()> {
         }
         _ => {
             eprintln!(
-                "usage: cargo xtask <setup | build-ebpf | build | run -- ARGS | test [FILTER] | bench>"
+                "usage: cargo xtask <setup | build-ebpf | build | run -- ARGS | test [FILTER] | bench | fuzz [SECONDS]>"
             );
             std::process::exit(2);
         }

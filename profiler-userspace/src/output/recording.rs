@@ -64,22 +64,27 @@ pub fn load(path: &Path) -> Result<(Profile, RunInfo), String> {
     flate2::read::GzDecoder::new(BufReader::new(f))
         .read_to_end(&mut text)
         .map_err(|e| format!("{what} is damaged: {e}"))?;
-    let h: Header = serde_json::from_slice(&text)
-        .map_err(|_| format!("{what} is not a tachyon-bpf recording"))?;
+    from_json(&text).map_err(|e| format!("{what} {e}"))
+}
+
+/// A recording's decompressed JSON, checked (the fuzz targets feed this directly).
+pub fn from_json(text: &[u8]) -> Result<(Profile, RunInfo), String> {
+    let h: Header =
+        serde_json::from_slice(text).map_err(|_| "is not a tachyon-bpf recording".to_string())?;
     if h.format != FORMAT {
-        return Err(format!("{what} is not a tachyon-bpf recording"));
+        return Err("is not a tachyon-bpf recording".into());
     }
     if h.version != VERSION {
         return Err(format!(
-            "{what} is a version {} recording; this tachyon-bpf reads version {VERSION}",
+            "is a version {} recording; this tachyon-bpf reads version {VERSION}",
             h.version
         ));
     }
     let mut rec: Recording =
-        serde_json::from_slice(&text).map_err(|e| format!("{what} is damaged: {e}"))?;
+        serde_json::from_slice(text).map_err(|e| format!("is damaged: {e}"))?;
     rec.profile
         .reindex()
-        .map_err(|e| format!("{what} is damaged: {e}"))?;
+        .map_err(|e| format!("is damaged: {e}"))?;
     Ok((rec.profile, rec.run))
 }
 

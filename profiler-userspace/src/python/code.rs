@@ -151,6 +151,11 @@ pub fn line_lookup(minor: u32, code: &CodeInfo, instr: i32) -> (u32, bool) {
             }
         }
     };
+    // A line beyond any source file's length is a corrupt table too.
+    let found = found.and_then(|l| match l {
+        Some(l) if l > i32::MAX as i64 => Err(()),
+        other => Ok(other),
+    });
     let corrupt = found.is_err();
     let line = found
         .ok()
@@ -237,14 +242,14 @@ fn location_table_line(t: &[u8], first: i64, addrq: u64) -> Result<Option<i64>, 
         let this_line = match code {
             15 => None,
             14 => {
-                line += svarint(t, &mut i).ok_or(())?;
+                line = line.checked_add(svarint(t, &mut i).ok_or(())?).ok_or(())?;
                 varint(t, &mut i).ok_or(())?;
                 varint(t, &mut i).ok_or(())?;
                 varint(t, &mut i).ok_or(())?;
                 Some(line)
             }
             13 => {
-                line += svarint(t, &mut i).ok_or(())?;
+                line = line.checked_add(svarint(t, &mut i).ok_or(())?).ok_or(())?;
                 Some(line)
             }
             10..=12 => {
@@ -268,6 +273,25 @@ fn location_table_line(t: &[u8], first: i64, addrq: u64) -> Result<Option<i64>, 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn location_table_line_deltas_that_overflow_are_corrupt() {
+        // Two "long form" entries (code 14) whose line deltas add past i64::MAX.
+        let mut t = Vec::new();
+        for _ in 0..5 {
+            t.push(0x80 | (14 << 3));
+            // svarint of about 2^61, positive.
+            t.extend([
+                0x7e, 0x7f, 0x7f, 0x7f, 0x7f, 0x7f, 0x7f, 0x7f, 0x7f, 0x7f, 0x03,
+            ]);
+            t.extend([0, 0, 0]);
+        }
+        let c = code(1, t.clone());
+        assert_eq!(line_lookup(12, &c, 4), (1, true));
+        // One such delta: no overflow, but no real line either.
+        let c = code(1, t[..15].to_vec());
+        assert_eq!(line_lookup(12, &c, 0), (1, true));
+    }
 
     fn code(first: u32, table: Vec<u8>) -> CodeInfo {
         CodeInfo {

@@ -1,0 +1,25 @@
+//! Code objects and str objects read from a target: the fuzz input is laid out in this
+//! process's memory as the object (its pointers go anywhere), and read back through the same
+//! remote-read path used on real targets. Lengths are bounded and bad reads fail cleanly.
+#![no_main]
+use libfuzzer_sys::fuzz_target;
+use tachyon_bpf::python::code::{header_len, read_code, read_unicode};
+use tachyon_bpf::python::layout;
+use tachyon_bpf::python::remote::Remote;
+
+fuzz_target!(|data: &[u8]| {
+    let me = Remote {
+        pid: std::process::id(),
+    };
+    let mut buf = data.to_vec();
+    buf.resize(buf.len().max(512), 0);
+    let addr = buf.as_ptr() as u64;
+    for minor in [8, 10, 11, 12, 13] {
+        let Some(l) = layout::builtin(minor) else {
+            continue;
+        };
+        let _ = read_unicode(&me, &l, addr);
+        let head = &buf[..header_len(&l).min(buf.len())];
+        let _ = read_code(&me, &l, head, 0);
+    }
+});
