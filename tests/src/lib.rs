@@ -465,3 +465,13 @@ pub fn bpf_programs_back_to(baseline: usize, timeout: Duration) -> usize {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// A child process killed (and reaped) when the test ends, however it ends.
+pub struct KillOnDrop(pub Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}

@@ -7,24 +7,14 @@ use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tachyon_bpf_tests::*;
 
-/// A child process killed when the test ends, however it ends.
-struct Target(Child);
-
-impl Drop for Target {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// A busy interpreter whose one function is `busy_fn`, for `secs` seconds.
-fn busy(dir: &Path, secs: u32) -> Target {
+fn busy(dir: &Path, secs: u32) -> KillOnDrop {
     let script = dir.join("busy.py");
     std::fs::write(
         &script,
@@ -33,7 +23,7 @@ fn busy(dir: &Path, secs: u32) -> Target {
         ),
     )
     .unwrap();
-    Target(Command::new(python("3.12.1")).arg(&script).spawn().unwrap())
+    KillOnDrop(Command::new(python("3.12.1")).arg(&script).spawn().unwrap())
 }
 
 /// The intervals in `dir` by stem, with their files' extensions (files starting with `.` are

@@ -5,7 +5,7 @@
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
-use std::process::{Child, Command, Output};
+use std::process::{Command, Output};
 use std::time::Duration;
 
 use tachyon_bpf_tests::*;
@@ -40,16 +40,7 @@ fn as_nobody_with(caps: &[&str], args: &[String]) -> Output {
     child.wait_with_output().unwrap()
 }
 
-struct Target(Child);
-
-impl Drop for Target {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn root_target(dir: &Path) -> Target {
+fn root_target(dir: &Path) -> KillOnDrop {
     let script = dir.join("root_app.py");
     std::fs::write(
         &script,
@@ -64,7 +55,7 @@ fn root_target(dir: &Path) -> Target {
         "/root is closed to other users on these machines"
     );
     assert!(py.starts_with("/root"));
-    Target(Command::new(py).arg(&script).spawn().unwrap())
+    KillOnDrop(Command::new(py).arg(&script).spawn().unwrap())
 }
 
 #[test]

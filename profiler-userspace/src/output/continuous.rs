@@ -100,19 +100,6 @@ pub struct Pusher {
     name: String,
 }
 
-/// Percent-encodes a query value.
-fn query_value(s: &str) -> String {
-    let mut out = String::new();
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}
-
 impl Pusher {
     /// `url`: the ingest server's base URL; `name`: the application name (Pyroscope's
     /// `name=app{tag=value}`).
@@ -178,7 +165,7 @@ fn push_loop(rx: Receiver<Upload>, endpoint: &str, name: &str, stats: &PushStats
     while let Ok(u) = rx.recv() {
         let url = format!(
             "{endpoint}?name={}&from={}&until={}&format=pprof&spyName=tachyon-bpf&sampleRate=100",
-            query_value(name),
+            super::percent_encode(name),
             u.from_s,
             u.until_s
         );

@@ -148,6 +148,19 @@ pub fn stack_totals(p: &Profile) -> Vec<StackTotal<'_>> {
     out
 }
 
+/// Percent-encodes everything but RFC 3986 unreserved characters (for URL paths and queries).
+pub fn percent_encode(s: &str) -> String {
+    let mut out = String::new();
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
 /// A time in sampling periods, as the integer sample count the counting formats use.
 pub fn periods(ms: f64, interval_ms: f64) -> u64 {
     (ms / interval_ms).round().max(0.0) as u64

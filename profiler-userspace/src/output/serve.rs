@@ -5,19 +5,6 @@ use std::time::Duration;
 
 const ORIGIN: &str = "https://profiler.firefox.com";
 
-/// Percent-encodes everything but unreserved characters (the URL goes inside another URL's path).
-fn encode(s: &str) -> String {
-    let mut out = String::new();
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}
-
 fn header(k: &str, v: &str) -> tiny_http::Header {
     tiny_http::Header::from_bytes(k.as_bytes(), v.as_bytes()).expect("static header")
 }
@@ -50,7 +37,8 @@ pub fn start(profile: Vec<u8>) -> Result<Served, String> {
     let token = uuid::Uuid::new_v4().simple().to_string();
     let path = format!("/{token}/profile.json");
     let url = format!("http://127.0.0.1:{port}{path}");
-    let link = format!("{ORIGIN}/from-url/{}/", encode(&url));
+    // The URL goes inside the profiler's URL path: encoded whole.
+    let link = format!("{ORIGIN}/from-url/{}/", super::percent_encode(&url));
     let server = std::sync::Arc::new(server);
     let srv = server.clone();
     let thread = std::thread::spawn(move || loop {
