@@ -12,6 +12,7 @@ use anyhow::{bail, Context, Result};
 include!("ebpf_build.rs");
 
 mod bench;
+mod soak;
 
 // golang-go: `go tool pprof`, the consumer the pprof tests read profiles back with.
 const APT_PACKAGES: [&str; 5] = [
@@ -220,6 +221,12 @@ fn main() -> Result<()> {
                 .arg("--test-threads=1")
                 .args(rest))?;
         }
+        "soak" => {
+            setup_toolchain()?;
+            let bin = build_release()?;
+            let secs: u64 = rest.first().and_then(|s| s.parse().ok()).unwrap_or(600);
+            soak::soak(&bin, secs)?;
+        }
         "fuzz" => {
             setup_toolchain()?;
             let secs: u64 = rest.first().and_then(|s| s.parse().ok()).unwrap_or(60);
@@ -233,7 +240,7 @@ fn main() -> Result<()> {
         }
         _ => {
             eprintln!(
-                "usage: cargo xtask <setup | build-ebpf | build | run -- ARGS | test [FILTER] | bench | fuzz [SECONDS]>"
+                "usage: cargo xtask <setup | build-ebpf | build | run -- ARGS | test [FILTER] | bench | fuzz [SECONDS] | soak [SECONDS]>"
             );
             std::process::exit(2);
         }

@@ -1,0 +1,111 @@
+//! `cargo xtask soak [SECONDS]`: tachyon-bpf runs as it would on a fleet host, `--all-pythons
+//! --continuous` (60 s intervals, pprof), but at 1 kHz, for a long time (default 600 s), while
+//! Python processes keep starting and exiting (each with functions of its own) beside two that
+//! run throughout. The profiler's resident memory is read every second; the peak must stay under
+//! a fixed bound, and its growth from the first minute to the end is printed (memory should
+//! follow the distinct stacks of an interval, not the run length).
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+
+/// Peak resident memory allowed, MiB.
+const BOUND_MIB: f64 = 150.0;
+
+const DRIVER: &str = r#"
+import subprocess, sys, time
+secs = float(sys.argv[2])
+py = sys.executable
+steady = [subprocess.Popen([py, "-c", "import time\ndef steady_%d():\n  t0 = time.time()\n  while time.time() - t0 < %f: sum(range(500))\nsteady_%d()" % (k, secs, k)]) for k in range(2)]
+t0 = time.time()
+n = 0
+while time.time() - t0 < secs - 2:
+    n += 1
+    src = "import time\ndef churn_%d():\n  t0 = time.time()\n  while time.time() - t0 < 0.3: sum(range(300))\nchurn_%d()" % (n, n)
+    subprocess.Popen([py, "-c", src])
+    time.sleep(0.5)
+for p in steady:
+    p.wait()
+print(n)
+"#;
+
+fn rss_mib(pid: u32) -> Option<f64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kb: f64 = s
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()?;
+    Some(kb / 1024.0)
+}
+
+pub fn soak(bin: &Path, secs: u64) -> Result<()> {
+    let dir = crate::workspace().join("target/soak");
+    std::fs::create_dir_all(&dir)?;
+    let driver = dir.join("driver.py");
+    std::fs::write(&driver, DRIVER)?;
+    let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
+    let py = format!("{home}/.pyenv/versions/3.12.1/bin/python3");
+    let out = dir.join("out");
+    let _ = std::fs::remove_dir_all(&out);
+    let mut prof = Command::new(bin)
+        .args(["--all-pythons", "--continuous", "--rotate", "60s", "--keep", "3"])
+        .stdout(Stdio::null())
+        .args(["-f", "pprof,collapsed", "-r", "1000", "-d"])
+        .arg(secs.to_string())
+        .arg("--output-dir")
+        .arg(&out)
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("starting tachyon-bpf")?;
+    std::thread::sleep(Duration::from_secs(1));
+    let work = Command::new(&py)
+        .arg(&driver)
+        .arg("x")
+        .arg(secs.saturating_sub(2).to_string())
+        .stdout(Stdio::piped())
+        .spawn()
+        .context("starting the workload")?;
+    let t0 = Instant::now();
+    let (mut peak, mut at_minute, mut last) = (0.0f64, None, 0.0);
+    while prof.try_wait()?.is_none() {
+        if let Some(r) = rss_mib(prof.id()) {
+            peak = peak.max(r);
+            last = r;
+            if at_minute.is_none() && t0.elapsed() >= Duration::from_secs(60.min(secs / 2)) {
+                at_minute = Some(r);
+            }
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    let o = prof.wait_with_output()?;
+    let w = work.wait_with_output()?;
+    let churned = String::from_utf8_lossy(&w.stdout).trim().to_string();
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    if !o.status.success() {
+        bail!("tachyon-bpf failed: {err}");
+    }
+    let summary = |key: &str| {
+        err.lines()
+            .find(|l| l.contains(key))
+            .unwrap_or_default()
+            .trim_start_matches("tachyon-bpf: ")
+            .to_string()
+    };
+    println!("soak: {secs} s at 1 kHz, {churned} short-lived interpreters started");
+    println!("soak: {}", summary(" lost "));
+    println!("soak: {}", summary("interval profiles"));
+    println!(
+        "soak: peak RSS {peak:.1} MiB (bound {BOUND_MIB} MiB); {:.1} MiB after the first minute, \
+         {last:.1} MiB at the end of sampling",
+        at_minute.unwrap_or(0.0)
+    );
+    if peak > BOUND_MIB {
+        bail!("peak RSS {peak:.1} MiB is over the {BOUND_MIB} MiB bound");
+    }
+    Ok(())
+}
