@@ -53,7 +53,14 @@ pub fn soak(bin: &Path, secs: u64) -> Result<()> {
     let out = dir.join("out");
     let _ = std::fs::remove_dir_all(&out);
     let mut prof = Command::new(bin)
-        .args(["--all-pythons", "--continuous", "--rotate", "60s", "--keep", "3"])
+        .args([
+            "--all-pythons",
+            "--continuous",
+            "--rotate",
+            "60s",
+            "--keep",
+            "3",
+        ])
         .stdout(Stdio::null())
         .args(["-f", "pprof,collapsed", "-r", "1000", "-d"])
         .arg(secs.to_string())
