@@ -198,6 +198,11 @@ impl Collector {
 
     pub fn handle(&mut self, s: RawSample) {
         let t_ms = self.time_ms(s.time_ns);
+        // How long the sample waited in the ring buffer before being read.
+        let lag_ms = monotonic_ns().saturating_sub(s.time_ns) as f64 / 1e6;
+        let c = &mut self.profile.counters;
+        c.last_lag_ms = lag_ms;
+        c.max_lag_ms = c.max_lag_ms.max(lag_ms);
         let pid = s.pid;
         let elves = &mut self.elves;
         let proc = self

@@ -753,6 +753,13 @@ async fn run(cli: RunArgs, sink: Sink) -> Result<i32, AppError> {
             collector.profile.all_processes().count(),
             collector.profile.thread_count(),
         );
+        if c.max_lag_ms > output::summary::LAG_WARN_MS {
+            eprintln!(
+                "tachyon-bpf: warning: the reader fell behind by up to {:.1} s (samples were \
+                 processed late: a larger --ring-mb or a lower --rate keeps up)",
+                c.max_lag_ms / 1000.0
+            );
+        }
         if c.py_samples > 0 {
             eprintln!(
                 "tachyon-bpf: python: {} samples, {} merged, {} merge mismatches, {} thread misses, {} read failures, {} truncated",

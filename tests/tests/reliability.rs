@@ -417,6 +417,13 @@ fn overload_at_the_highest_rate() {
         .unwrap_or_else(|| panic!("a summary with the loss: {err}"));
     assert!(lost_line.contains("cpu0 "), "loss per CPU: {lost_line}");
     let p: Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+    // A reader that fell behind says so.
+    let lag = p["meta"]["tachyon"]["maxReaderLagMs"].as_f64().unwrap();
+    assert_eq!(
+        lag > 1000.0,
+        err.contains("the reader fell behind by up to"),
+        "lag {lag} ms and the summary: {err}"
+    );
     let lost = p["meta"]["tachyon"]["lost"].as_u64().unwrap();
     let samples = p["meta"]["tachyon"]["samples"].as_u64().unwrap();
     assert!(samples > 0);

@@ -220,6 +220,10 @@ fn main() -> Result<()> {
                 .args(["test", "-p", "tachyon-bpf-tests", "--"])
                 .arg("--test-threads=1")
                 .args(rest))?;
+            // The whole suite ends with the 10-minute memory soak (a filtered run skips it).
+            if rest.is_empty() {
+                soak::soak(&bin, 600)?;
+            }
         }
         "soak" => {
             setup_toolchain()?;

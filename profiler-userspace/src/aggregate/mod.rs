@@ -244,6 +244,10 @@ pub struct Counters {
     pub py_cycles: u64,
     /// Python frames whose line table was corrupt (shown at the function's first line).
     pub py_bad_line_tables: u64,
+    /// The longest and the latest wait of a sample in the ring buffer before it was read (ms):
+    /// how far the reader fell behind.
+    pub max_lag_ms: f64,
+    pub last_lag_ms: f64,
 }
 
 /// Serialized as a recording: the index maps are rebuilt on load (`reindex`).

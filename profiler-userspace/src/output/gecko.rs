@@ -366,6 +366,7 @@ pub fn to_json(p: &Profile, run: &RunInfo) -> Value {
         "pythonUnresolvedFrames": c.py_unresolved_frames,
         "pythonCycles": c.py_cycles,
         "pythonBadLineTables": c.py_bad_line_tables,
+        "maxReaderLagMs": c.max_lag_ms,
     });
     json!({
         "meta": {

@@ -126,16 +126,26 @@ pub fn lines(p: &Profile, top: usize) -> Vec<String> {
     out
 }
 
+/// A reader this far behind the samples is reported (ms).
+pub const LAG_WARN_MS: f64 = 1000.0;
+
 /// The live status line: elapsed time, samples and achieved rate, loss, what was seen.
 pub fn status_line(p: &Profile, elapsed_s: f64, lost: u64, cpus: usize, rate_hz: u64) -> String {
     let n = p.counters.samples;
-    format!(
+    let mut line = format!(
         "tachyon-bpf: {elapsed_s:6.1} s  {n} samples ({:.0}/s, at most {}/s)  lost {lost}  {} processes  {} threads",
         n as f64 / elapsed_s.max(1e-3),
         rate_hz * cpus as u64,
         p.all_processes().count(),
         p.thread_count(),
-    )
+    );
+    if p.counters.last_lag_ms > LAG_WARN_MS {
+        line.push_str(&format!(
+            "  reader behind by {:.1} s",
+            p.counters.last_lag_ms / 1000.0
+        ));
+    }
+    line
 }
 
 #[cfg(test)]
