@@ -48,6 +48,26 @@ fn is_gil_acquire(name: &str) -> bool {
         || name.starts_with("drop_gil.")
 }
 
+/// Makes sure the profile has process `pid`, named by its Python label when it is a Python
+/// process (else by `comm`). Called for every sample and event: allocates only on a (re)name.
+fn ensure_process(profile: &mut Profile, python: &PythonRegistry, pid: u32, comm: &str, t_ms: f64) {
+    match python.labels(pid) {
+        Some((label, version)) => {
+            let p = profile.process_mut(pid, label, t_ms);
+            if p.name != label {
+                p.name = label.to_string();
+                p.python = Some(version.to_string());
+            }
+        }
+        None => {
+            let p = profile.process_mut(pid, comm, t_ms);
+            if p.name.is_empty() && !comm.is_empty() {
+                p.name = comm.to_string();
+            }
+        }
+    }
+}
+
 pub fn monotonic_ns() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
@@ -128,18 +148,20 @@ impl Collector {
         })
     }
 
-    /// Whether a kernel address is in BPF program or tracepoint-dispatch code.
-    fn is_tracing_frame(&self, addr: u64) -> bool {
-        match self.kernel.lookup(addr) {
-            Some((_, name)) => {
-                name.starts_with("bpf_prog_")
-                    || name.starts_with("bpf_trace_run")
-                    || name.starts_with("__bpf_trace_")
-                    || name.starts_with("__traceiter_")
-                    || name.starts_with("bpf_trampoline_")
-            }
-            None => false,
-        }
+    /// Whether a kernel frame is in BPF program or tracepoint-dispatch code (by its symbol, from
+    /// the kernel frame cache: no symbol lookup per sample).
+    fn is_tracing_frame(&mut self, addr: u64) -> bool {
+        let f = self.kernel_frame(addr);
+        let name = &self.profile.funcs[self.profile.frames[f].func].name;
+        [
+            "bpf_prog_",
+            "bpf_trace_run",
+            "__bpf_trace_",
+            "__traceiter_",
+            "bpf_trampoline_",
+        ]
+        .iter()
+        .any(|p| name.starts_with(p))
     }
 
     /// Symbolizes one user frame of `pid`. Returns the frame and the symbol name.
@@ -230,7 +252,6 @@ impl Collector {
                 truncated: false,
             }
         };
-        let proc_name = proc.comm.clone();
         if unwound.truncated {
             self.profile.counters.native_truncated += 1;
         }
@@ -290,12 +311,11 @@ impl Collector {
         if s.flags & profiler_common::SAMPLE_PY_EXCEPTION != 0 {
             st |= state::EXCEPTION;
         }
-        let proc_label = self.process_label(pid, &proc_name, t_ms);
+        let comm = self.procs.get(&pid).map_or("", |p| p.comm.as_str());
+        ensure_process(&mut self.profile, &self.python, pid, comm, t_ms);
         if s.off_cpu {
             let mode = self.profile.mode;
-            let t = self
-                .profile
-                .thread_mut(pid, &proc_label, s.tid, &s.comm, t_ms);
+            let t = self.profile.thread_mut(pid, "", s.tid, &s.comm, t_ms);
             let start = t.start_ms.unwrap_or(0.0);
             t.sched.switch_out(
                 &mut t.samples,
@@ -307,47 +327,25 @@ impl Collector {
             );
         } else {
             self.profile
-                .add_sample(pid, &proc_label, s.tid, &s.comm, t_ms, stack, st);
+                .add_sample(pid, "", s.tid, &s.comm, t_ms, stack, st);
         }
     }
 
     /// The process's name in the profile: the script for Python processes, else its comm.
-    fn process_label(&mut self, pid: u32, comm: &str, t_ms: f64) -> String {
-        match self.python.labels(pid) {
-            Some((label, version)) => {
-                let p = self.profile.process_mut(pid, label, t_ms);
-                if p.name != label {
-                    p.name = label.to_string();
-                    p.python = Some(version.to_string());
-                }
-                label.to_string()
-            }
-            None => match self.profile.processes.get_mut(&pid) {
-                Some(p) => {
-                    if p.name.is_empty() {
-                        p.name = comm.to_string();
-                    }
-                    p.name.clone()
-                }
-                None => comm.to_string(),
-            },
-        }
-    }
-
     /// A scheduler or lifetime event.
     pub fn handle_event(&mut self, e: Event) {
         let t_ms = self.time_ms(e.time_ns);
         match e.kind {
             EventKind::SwitchIn => {
                 // The event's comm is the task switching out, not this one.
-                let label = self.process_label(e.pid, "", t_ms);
-                let t = self.profile.thread_mut(e.pid, &label, e.tid, "", t_ms);
+                ensure_process(&mut self.profile, &self.python, e.pid, "", t_ms);
+                let t = self.profile.thread_mut(e.pid, "", e.tid, "", t_ms);
                 t.sched.switch_in(&mut t.samples, t_ms);
             }
             EventKind::SwitchOut { reuse, .. } => {
-                let label = self.process_label(e.pid, &e.comm, t_ms);
+                ensure_process(&mut self.profile, &self.python, e.pid, &e.comm, t_ms);
                 let mode = self.profile.mode;
-                let t = self.profile.thread_mut(e.pid, &label, e.tid, &e.comm, t_ms);
+                let t = self.profile.thread_mut(e.pid, "", e.tid, &e.comm, t_ms);
                 let start = t.start_ms.unwrap_or(0.0);
                 t.sched
                     .switch_out(&mut t.samples, t_ms, start, None, reuse, mode);

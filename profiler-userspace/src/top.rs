@@ -101,6 +101,7 @@ impl View {
             }
         }
         let mut seen = HashSet::new();
+        let mut labels: HashMap<usize, String> = HashMap::new();
         for st in stack_totals(p) {
             let proc_label = process_label(st.process);
             *iv.process_ms.entry(proc_label.clone()).or_default() += st.ms;
@@ -115,9 +116,10 @@ impl View {
                 if !seen.insert(func) {
                     continue;
                 }
+                let name = labels.entry(func).or_insert_with(|| label(p, func));
                 let c = iv
                     .cells
-                    .entry((proc_label.clone(), label(p, func)))
+                    .entry((proc_label.clone(), name.clone()))
                     .or_default();
                 c.total_ms += st.ms;
                 c.gil_wait_ms += wait;
