@@ -79,6 +79,22 @@ pub fn run_profiler(args: &[&str], timeout: Duration) -> Output {
     child.wait_with_output().unwrap()
 }
 
+/// Profiles `command` into `out` with the `extra` options, and fails the test (with the
+/// profiler's stderr) unless the profiler succeeds. The command's stdout is in the output.
+pub fn profile_command(out: &Path, extra: &[&str], command: &[&str]) -> Output {
+    let mut args = vec!["-o", out.to_str().expect("UTF-8 path")];
+    args.extend_from_slice(extra);
+    args.push("--");
+    args.extend_from_slice(command);
+    let o = run_profiler(&args, Duration::from_secs(90));
+    assert!(
+        o.status.success(),
+        "tachyon-bpf {args:?} failed: {}",
+        stderr_of(&o)
+    );
+    o
+}
+
 /// Waits for `child`, killing it (and failing) after `timeout`.
 pub fn wait_timeout(child: &mut Child, timeout: Duration) {
     let t0 = Instant::now();

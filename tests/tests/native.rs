@@ -51,17 +51,7 @@ fn native_chain_without_frame_pointers() {
     let dir = scratch("native_chain");
     let prog = compile_c(&dir, "chain", CHAIN_C, &["-O2", "-fomit-frame-pointer"]);
     let out = dir.join("chain.json");
-    let o = run_profiler(
-        &[
-            "-o",
-            out.to_str().unwrap(),
-            "--",
-            prog.to_str().unwrap(),
-            "3",
-        ],
-        Duration::from_secs(60),
-    );
-    assert!(o.status.success(), "profiler failed: {}", stderr_of(&o));
+    let o = profile_command(&out, &[], &[prog.to_str().unwrap(), "3"]);
     let v = Viewer::load(&out).unwrap();
     let procs = v.processes().unwrap();
     let p = procs
@@ -120,17 +110,7 @@ fn kernel_frames_above_user_frames() {
     let dir = scratch("kernel_frames");
     let prog = compile_c(&dir, "sysloop", SYSCALL_C, &["-O2", "-fomit-frame-pointer"]);
     let out = dir.join("sys.json");
-    let o = run_profiler(
-        &[
-            "-o",
-            out.to_str().unwrap(),
-            "--",
-            prog.to_str().unwrap(),
-            "2",
-        ],
-        Duration::from_secs(60),
-    );
-    assert!(o.status.success(), "profiler failed: {}", stderr_of(&o));
+    profile_command(&out, &[], &[prog.to_str().unwrap(), "2"]);
     let v = Viewer::load(&out).unwrap();
     let procs = v.processes().unwrap();
     let p = procs

@@ -19,11 +19,7 @@ fn profile_script(
     let file = dir.join(format!("{name}.py"));
     std::fs::write(&file, script).unwrap();
     let out = dir.join(format!("{name}.json"));
-    let mut args = vec!["-o", out.to_str().unwrap()];
-    args.extend_from_slice(extra);
-    args.extend(["--", py.to_str().unwrap(), file.to_str().unwrap()]);
-    let o = run_profiler(&args, Duration::from_secs(90));
-    assert!(o.status.success(), "{}", stderr_of(&o));
+    let o = profile_command(&out, extra, &[py.to_str().unwrap(), file.to_str().unwrap()]);
     (out, String::from_utf8_lossy(&o.stdout).into_owned())
 }
 

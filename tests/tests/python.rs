@@ -254,18 +254,11 @@ fn python_calls_c_calls_python() {
     std::fs::write(&script, CALLBACK).unwrap();
     for (label, py) in interpreters() {
         let out = dir.join(format!("{label}.json"));
-        let o = run_profiler(
-            &[
-                "-o",
-                out.to_str().unwrap(),
-                "--",
-                py.to_str().unwrap(),
-                script.to_str().unwrap(),
-                "2",
-            ],
-            Duration::from_secs(60),
+        profile_command(
+            &out,
+            &[],
+            &[py.to_str().unwrap(), script.to_str().unwrap(), "2"],
         );
-        assert!(o.status.success(), "{label}: {}", stderr_of(&o));
         let v = Viewer::load(&out).unwrap();
         let procs = v.processes().unwrap();
         let t = main_thread(&procs, "callback_app.py");
@@ -386,24 +379,13 @@ fn ground_truth_cpu_split() {
     let dir = scratch("py_split");
     let script = dir.join("split_app.py");
     std::fs::write(&script, SPLIT).unwrap();
-    let py = interpreters()
-        .into_iter()
-        .find(|(l, _)| l == "3.12.1")
-        .unwrap()
-        .1;
+    let py = python("3.12.1");
     let out = dir.join("split.json");
-    let o = run_profiler(
-        &[
-            "-o",
-            out.to_str().unwrap(),
-            "--",
-            py.to_str().unwrap(),
-            script.to_str().unwrap(),
-            "5",
-        ],
-        Duration::from_secs(60),
+    profile_command(
+        &out,
+        &[],
+        &[py.to_str().unwrap(), script.to_str().unwrap(), "5"],
     );
-    assert!(o.status.success(), "{}", stderr_of(&o));
     let v = Viewer::load(&out).unwrap();
     let procs = v.processes().unwrap();
     let t = main_thread(&procs, "split_app.py");
@@ -436,24 +418,13 @@ fn gil_state_of_contending_threads() {
     let script = dir.join("gil_app.py");
     std::fs::write(&script, CONTEND).unwrap();
     for label in ["3.10.13", "3.12.1", "3.13.0"] {
-        let py = interpreters()
-            .into_iter()
-            .find(|(l, _)| l == label)
-            .unwrap()
-            .1;
+        let py = python(label);
         let out = dir.join(format!("{label}.json"));
-        let o = run_profiler(
-            &[
-                "-o",
-                out.to_str().unwrap(),
-                "--",
-                py.to_str().unwrap(),
-                script.to_str().unwrap(),
-                "3",
-            ],
-            Duration::from_secs(60),
+        profile_command(
+            &out,
+            &[],
+            &[py.to_str().unwrap(), script.to_str().unwrap(), "3"],
         );
-        assert!(o.status.success(), "{}", stderr_of(&o));
         let v = Viewer::load(&out).unwrap();
         let procs = v.processes().unwrap();
         let p = procs

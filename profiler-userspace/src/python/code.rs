@@ -361,21 +361,10 @@ mod tests {
         for t in [
             vec![0x7f],
             vec![0xff, 0xff, 0xff],
-            vec![
-                0x80 | (14 << 3),
-                0xff,
-                0xff,
-                0xff,
-                0xff,
-                0xff,
-                0xff,
-                0xff,
-                0xff,
-                0xff,
-                0xff,
-                0xff,
-                0xff,
-            ],
+            // A long-form entry whose varints never end.
+            std::iter::once(0x80 | (14 << 3))
+                .chain([0xff; 12])
+                .collect(),
         ] {
             let c = code(3, t);
             for minor in [8, 10, 11, 13] {
