@@ -718,6 +718,7 @@ async fn run(cli: RunArgs, sink: Sink) -> Result<i32, AppError> {
         command: std::env::args().collect::<Vec<_>>().join(" "),
         lost,
         cpus: capture.cpus.len() as u32,
+        cost: Some(output::Cost::measure(capture.bpf_cost())),
     };
     if let Some(c) = continuous.as_mut() {
         // The last, partial interval is written too: nothing collected is lost.
@@ -753,6 +754,9 @@ async fn run(cli: RunArgs, sink: Sink) -> Result<i32, AppError> {
             collector.profile.all_processes().count(),
             collector.profile.thread_count(),
         );
+        if let Some(cost) = &run.cost {
+            eprintln!("tachyon-bpf: {}", cost.line(c.samples));
+        }
         if c.max_lag_ms > output::summary::LAG_WARN_MS {
             eprintln!(
                 "tachyon-bpf: warning: the reader fell behind by up to {:.1} s (samples were \
@@ -853,6 +857,7 @@ impl Continuous {
             command: std::env::args().collect::<Vec<_>>().join(" "),
             lost: lost_total.saturating_sub(self.lost_before),
             cpus: self.cpus,
+            cost: None,
         };
         match output::continuous::write_interval(&self.dir, p, &run, &self.formats, self.keep) {
             Ok(_) => {

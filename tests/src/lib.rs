@@ -114,8 +114,27 @@ pub fn stderr_of(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
-/// Every CPython the tests run: (label, interpreter path), pyenv 3.8-3.13 and Debian's 3.11.
-/// A missing one fails the test (the machine is not set up as CI's).
+/// The `.tools` directory `cargo xtask` sets up.
+pub fn tools_dir() -> PathBuf {
+    std::env::var_os("TACHYON_TOOLS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace().join(".tools"))
+}
+
+/// Debian's build of `python3.MINOR` that `cargo xtask` unpacks (3.14, and 3.15 which the
+/// profiler does not support yet).
+pub fn debian_python(minor: u32) -> PathBuf {
+    let p = tools_dir().join(format!("debian-python/usr/bin/python3.{minor}"));
+    assert!(
+        p.exists(),
+        "{} is missing: run the tests with `cargo xtask test`",
+        p.display()
+    );
+    p
+}
+
+/// Every CPython the tests run: (label, interpreter path), pyenv 3.8-3.13, Debian's 3.11 and
+/// Debian's (unstable) 3.14. A missing one fails the test (the machine is not set up as CI's).
 pub fn interpreters() -> Vec<(String, PathBuf)> {
     let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
     let mut out = Vec::new();
@@ -127,6 +146,7 @@ pub fn interpreters() -> Vec<(String, PathBuf)> {
     let debian = PathBuf::from("/usr/bin/python3.11");
     assert!(debian.exists(), "Debian's python3.11 is missing");
     out.push(("debian-3.11".into(), debian));
+    out.push(("debian-3.14".into(), debian_python(14)));
     out
 }
 
@@ -163,9 +183,7 @@ impl Viewer {
     }
 
     pub fn load(profile: &Path) -> Result<Viewer> {
-        let tools = std::env::var_os("TACHYON_TOOLS")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| workspace().join(".tools"));
+        let tools = tools_dir();
         if !tools.join("node_modules/.bin/profiler-cli").exists() {
             bail!(
                 "the Firefox Profiler CLI is missing under {}: run the tests with `cargo xtask test`",

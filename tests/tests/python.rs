@@ -214,7 +214,7 @@ fn python_frames_names_lines_and_order_every_version() {
                 cats.iter().any(|c| c.0 == "Python" && c.1 > 0),
                 "{label}: {cats:?}"
             );
-            if minor >= 11 && !label.starts_with("debian") {
+            if minor >= 11 {
                 let merged = paths.count(|n| {
                     n.first().map(|f| f == "_start").unwrap_or(false)
                         && n.windows(4).any(|w| w == chain)
@@ -303,7 +303,8 @@ fn all_pythons_finds_running_and_new_interpreters() {
     let pick = |l: &str| interp.iter().find(|(x, _)| x == l).unwrap().1.clone();
     let mut kids = Vec::new();
     let mut scripts = Vec::new();
-    for (i, label) in ["3.9.18", "3.12.1", "debian-3.11", "3.13.0"]
+    // The last one starts 1 s into the run.
+    for (i, label) in ["3.9.18", "3.12.1", "debian-3.11", "debian-3.14", "3.13.0"]
         .iter()
         .enumerate()
     {
@@ -315,7 +316,8 @@ fn all_pythons_finds_running_and_new_interpreters() {
         std::fs::write(&path, src).unwrap();
         scripts.push((label.to_string(), name, path));
     }
-    for (label, _, path) in &scripts[..3] {
+    let (late, running) = scripts.split_last().unwrap();
+    for (label, _, path) in running {
         kids.push(spawn_py(&pick(label), path, "8"));
     }
     std::thread::sleep(Duration::from_millis(300));
@@ -326,7 +328,7 @@ fn all_pythons_finds_running_and_new_interpreters() {
         .spawn()
         .unwrap();
     std::thread::sleep(Duration::from_secs(1));
-    let (label, _, path) = &scripts[3];
+    let (label, _, path) = late;
     kids.push(spawn_py(&pick(label), path, "6"));
     let o = prof.wait_with_output().unwrap();
     for mut k in kids {
@@ -417,7 +419,7 @@ fn gil_state_of_contending_threads() {
     let dir = scratch("py_gil");
     let script = dir.join("gil_app.py");
     std::fs::write(&script, CONTEND).unwrap();
-    for label in ["3.10.13", "3.12.1", "3.13.0"] {
+    for label in ["3.10.13", "3.12.1", "3.13.0", "debian-3.14"] {
         let py = python(label);
         let out = dir.join(format!("{label}.json"));
         profile_command(

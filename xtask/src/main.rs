@@ -12,15 +12,18 @@ use anyhow::{bail, Context, Result};
 include!("ebpf_build.rs");
 
 mod bench;
+mod pythons;
 mod soak;
 
 // golang-go: `go tool pprof`, the consumer the pprof tests read profiles back with.
-const APT_PACKAGES: [&str; 5] = [
+// patchelf: Debian's python3.14/3.15 run from `.tools` with their own C library (pythons.rs).
+const APT_PACKAGES: [&str; 6] = [
     "rustc-web",
     "cargo-web",
     "rust-web-src",
     "llvm-22-dev",
     "golang-go",
+    "patchelf",
 ];
 const BPF_LINKER_VERSION: &str = "0.13.0";
 const NODE_PACKAGES: [&str; 2] = ["node@24", "@firefox-devtools/profiler-cli@0.10.0"];
@@ -85,7 +88,7 @@ fn setup_toolchain() -> Result<()> {
     Ok(())
 }
 
-/// The Firefox Profiler CLI and Node 24 under `.tools/`.
+/// The Firefox Profiler CLI and Node 24, and Debian's newest interpreters, under `.tools/`.
 fn setup_tools() -> Result<PathBuf> {
     let tools = workspace().join(".tools");
     let cli = tools.join("node_modules/.bin/profiler-cli");
@@ -99,6 +102,7 @@ fn setup_tools() -> Result<PathBuf> {
             .args(["install", "--no-save", "--no-audit", "--no-fund"])
             .args(NODE_PACKAGES))?;
     }
+    pythons::setup(&tools)?;
     Ok(tools)
 }
 

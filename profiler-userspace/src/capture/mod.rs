@@ -64,6 +64,9 @@ pub struct Capture {
     tracepoints: Vec<(&'static str, aya::programs::tp_btf::BtfTracePointLinkId)>,
     offcpu: u32,
     pub cpus: Vec<u32>,
+    /// Holds the kernel's BPF run-time statistics on while it lives (None without
+    /// CAP_SYS_ADMIN): the time the programs take is part of the profiler's cost.
+    stats: Option<std::os::fd::OwnedFd>,
 }
 
 fn map_err<E: std::fmt::Display>(name: &'static str) -> impl Fn(E) -> CaptureError {
@@ -132,7 +135,22 @@ impl Capture {
             tracepoints: Vec::new(),
             offcpu: opts.offcpu,
             cpus,
+            stats: aya::sys::enable_stats(aya::sys::Stats::RunTime).ok(),
         })
+    }
+
+    /// Time spent in this profiler's BPF programs and how many times they ran, when the
+    /// kernel's statistics are on.
+    pub fn bpf_cost(&self) -> Option<(std::time::Duration, u64)> {
+        self.stats.as_ref()?;
+        let mut total = (std::time::Duration::ZERO, 0);
+        for (_, prog) in self.bpf.programs() {
+            if let Ok(info) = prog.info() {
+                total.0 += info.run_time();
+                total.1 += info.run_count();
+            }
+        }
+        Some(total)
     }
 
     /// Starts the lifetime programs (before the target starts, so its threads are seen born).

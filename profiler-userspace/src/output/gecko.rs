@@ -367,6 +367,13 @@ pub fn to_json(p: &Profile, run: &RunInfo) -> Value {
         "pythonCycles": c.py_cycles,
         "pythonBadLineTables": c.py_bad_line_tables,
         "maxReaderLagMs": c.max_lag_ms,
+        "profilerCost": run.cost.map(|k| json!({
+            "userCpuMs": k.user_cpu_ms,
+            "bpfMs": k.bpf_ms,
+            "bpfRuns": k.bpf_runs,
+            "peakRssKiB": k.peak_rss_kib,
+            "cpuUsPerSample": k.us_per_sample(c.samples),
+        })),
     });
     json!({
         "meta": {

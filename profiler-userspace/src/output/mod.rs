@@ -33,6 +33,62 @@ pub struct RunInfo {
     pub lost: u64,
     /// CPUs of the host the run was on.
     pub cpus: u32,
+    /// What the profiler itself cost (absent in recordings made before it was measured).
+    #[serde(default)]
+    pub cost: Option<Cost>,
+}
+
+/// The profiler's own cost over a run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Cost {
+    /// User-space CPU time (user + system) of the profiler, start-up included.
+    pub user_cpu_ms: f64,
+    /// Time spent in the BPF programs, and their runs, when the kernel's run-time statistics
+    /// could be enabled (CAP_SYS_ADMIN).
+    pub bpf_ms: Option<f64>,
+    pub bpf_runs: u64,
+    /// Peak resident memory of the profiler.
+    pub peak_rss_kib: u64,
+}
+
+impl Cost {
+    /// CPU time of the profiler per sample, in µs, everything included.
+    pub fn us_per_sample(&self, samples: u64) -> f64 {
+        (self.user_cpu_ms + self.bpf_ms.unwrap_or(0.0)) * 1000.0 / samples.max(1) as f64
+    }
+
+    /// This process's CPU time and peak RSS so far, with the BPF time given.
+    pub fn measure(bpf: Option<(std::time::Duration, u64)>) -> Cost {
+        let r = nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_SELF).ok();
+        let ms = |t: nix::sys::time::TimeVal| t.tv_sec() as f64 * 1e3 + t.tv_usec() as f64 / 1e3;
+        Cost {
+            user_cpu_ms: r
+                .as_ref()
+                .map(|r| ms(r.user_time()) + ms(r.system_time()))
+                .unwrap_or(0.0),
+            bpf_ms: bpf.map(|(d, _)| d.as_secs_f64() * 1e3),
+            bpf_runs: bpf.map(|(_, n)| n).unwrap_or(0),
+            peak_rss_kib: r.map(|r| r.max_rss() as u64).unwrap_or(0),
+        }
+    }
+
+    /// One line for the summary.
+    pub fn line(&self, samples: u64) -> String {
+        let bpf = match self.bpf_ms {
+            Some(b) => format!(
+                "{:.1} user space, {:.1} BPF",
+                self.user_cpu_ms * 1000.0 / samples.max(1) as f64,
+                b * 1000.0 / samples.max(1) as f64
+            ),
+            None => "BPF time not measured: it needs CAP_SYS_ADMIN".into(),
+        };
+        format!(
+            "profiler cost: {:.1} µs CPU per sample ({bpf}), {:.0} ms CPU in all, peak RSS {:.1} MiB",
+            self.us_per_sample(samples),
+            self.user_cpu_ms + self.bpf_ms.unwrap_or(0.0),
+            self.peak_rss_kib as f64 / 1024.0
+        )
+    }
 }
 
 /// The output formats.
@@ -389,6 +445,7 @@ pub(crate) mod fixture {
             command: "tachyon-bpf --all".into(),
             lost: 0,
             cpus: 2,
+            cost: None,
         };
         (p, run)
     }

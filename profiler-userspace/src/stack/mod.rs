@@ -2,5 +2,6 @@
 //! symbols.
 
 pub mod elf;
+pub mod split;
 pub mod symbols;
 pub mod unwind;

@@ -39,7 +39,22 @@ impl SymbolTable {
                 }
             }
         }
+        let table = SymbolTable::from_entries(syms);
+        let parts = super::split::split_parts(file, &table);
+        if parts.is_empty() {
+            return table;
+        }
+        let mut syms = table.syms;
+        syms.extend(parts);
         SymbolTable::from_entries(syms)
+    }
+
+    /// The start and size of the function named `name`.
+    pub fn find(&self, name: &str) -> Option<(u64, u64)> {
+        self.syms
+            .iter()
+            .find(|s| s.2.as_ref() == name)
+            .map(|s| (s.0, s.1))
     }
 
     pub fn from_entries(mut syms: Vec<(u64, u64, Arc<str>)>) -> SymbolTable {
