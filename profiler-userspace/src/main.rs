@@ -648,11 +648,15 @@ async fn run(cli: RunArgs, sink: Sink) -> Result<i32, AppError> {
                 // Records do not wake the reader until the buffer fills up a good part: poll.
                 drain(ring.get_mut(), &mut collector);
                 follow_lifetimes(&mut collector, &mut capture, &mut scope, cli.subprocesses);
+                // New programs are found through exec events and new processes of Python
+                // programs through fork events (`follow_lifetimes`); the scan of every process
+                // is the safety net, once a second (reading every process's files each time is
+                // most of an idle profiler's own CPU use).
                 python_tick(
                     &mut collector,
                     &mut capture,
                     &mut scope,
-                    ticks.is_multiple_of(12),
+                    ticks.is_multiple_of(50),
                     ticks.is_multiple_of(5),
                 );
                 if ticks.is_multiple_of(250) {
@@ -1054,6 +1058,9 @@ fn python_tick(
     }
 }
 
+/// New processes looked at on every tick at most (a fork storm waits for the periodic scan).
+const MAX_PENDING: usize = 256;
+
 /// Acts on execs and new children the collector saw: a process that exec'd loses its Python
 /// state (the BPF side must not walk the old program's layout) and is looked at again; with
 /// --subprocesses, children become explicit targets.
@@ -1071,7 +1078,10 @@ fn follow_lifetimes(
             capture.remove_py_proc(pid);
         }
         collector.python.forget(pid);
-        if scope.all_pythons && !scope.explicit.contains(&pid) {
+        if (scope.all_pythons || scope.all)
+            && !scope.explicit.contains(&pid)
+            && scope.pending.len() < MAX_PENDING
+        {
             // Looked at on every tick until its runtime shows up (or it proves not Python).
             scope.pending.push((pid, Instant::now()));
         }
@@ -1079,6 +1089,9 @@ fn follow_lifetimes(
     for pid in std::mem::take(&mut collector.children) {
         if subprocesses && !scope.explicit.contains(&pid) {
             scope.explicit.push(pid);
+        } else if (scope.all_pythons || scope.all) && scope.pending.len() < MAX_PENDING {
+            // A forked worker of a Python server is Python without an exec.
+            scope.pending.push((pid, Instant::now()));
         }
     }
 }

@@ -1,4 +1,4 @@
-//! Python processes of every installed CPython (pyenv 3.8-3.13 and Debian's python3.11),
+//! Python processes of every installed CPython (pyenv 3.8-3.13, Debian's python3.11 and 3.14),
 //! profiled for real and read back through the Firefox Profiler CLI.
 
 use std::path::Path;
@@ -461,4 +461,70 @@ fn gil_state_of_contending_threads() {
             );
         }
     }
+}
+
+const NEWER: &str = r#"
+import sys, time
+def newer_work():
+    x = 0
+    for i in range(20000):
+        x += i * i
+    return x
+t0 = time.time()
+while time.time() - t0 < float(sys.argv[1]):
+    newer_work()
+"#;
+
+/// A CPython newer than the profiler knows (Debian's 3.15) is named once, as unsupported, and
+/// still profiled: native stacks from the interpreter's entry down to its eval loop, no Python
+/// frames invented from layouts that may have moved.
+#[test]
+fn newer_python_is_reported_once_and_keeps_native_stacks() {
+    require_root();
+    let dir = scratch("py_newer");
+    let script = dir.join("newer_app.py");
+    std::fs::write(&script, NEWER).unwrap();
+    let py = debian_python(15);
+    let out = dir.join("newer.json");
+    let o = profile_command(
+        &out,
+        &[],
+        &[py.to_str().unwrap(), script.to_str().unwrap(), "2"],
+    );
+    let err = stderr_of(&o);
+    assert_eq!(
+        err.matches("which is not supported: native stacks only")
+            .count(),
+        1,
+        "{err}"
+    );
+    assert!(err.contains("runs Python 3.15."), "{err}");
+    let v = Viewer::load(&out).unwrap();
+    let procs = v.processes().unwrap();
+    let p = procs
+        .iter()
+        .find(|p| p.threads.iter().any(|t| t.name.contains("python3.15")))
+        .unwrap_or_else(|| {
+            panic!(
+                "no python3.15 process: {:?}",
+                procs.iter().map(|p| &p.name).collect::<Vec<_>>()
+            )
+        });
+    let t = &p.threads[0];
+    let paths = v.call_paths(&t.handle).unwrap();
+    let native = paths.count(|n| {
+        n.first().map(|f| f == "_start").unwrap_or(false)
+            && n.iter().any(|f| f == "Py_RunMain")
+            && n.iter().any(|f| f.starts_with("_PyEval_EvalFrameDefault"))
+    });
+    assert!(
+        native as f64 >= 0.9 * paths.total as f64 && paths.total > 1000,
+        "only {native}/{} samples run from _start through Py_RunMain into the eval loop",
+        paths.total
+    );
+    let cats = v.categories(&t.handle).unwrap();
+    assert!(
+        !cats.iter().any(|c| c.0 == "Python" && c.1 > 0),
+        "Python frames on an unsupported version: {cats:?}"
+    );
 }

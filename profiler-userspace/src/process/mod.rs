@@ -15,6 +15,9 @@ use crate::stack::elf::{ElfCache, ElfFile, FileBytes};
 use maps::Mapping;
 
 const REFRESH_MIN: Duration = Duration::from_millis(200);
+/// The shorter bound for an address in no mapping read so far: a library just loaded (an import
+/// that `dlopen`s an extension and its libraries), whose samples would otherwise go unwound.
+const REFRESH_NEW_MAPPING: Duration = Duration::from_millis(5);
 
 /// One file mapped into a process (all its mappings together).
 #[derive(Clone)]
@@ -74,11 +77,24 @@ impl Process {
     }
 
     /// Re-reads the mappings if they were never read, or if `addr` is in no known module and
-    /// the last read is old enough.
+    /// the last read is old enough: `REFRESH_NEW_MAPPING` when `addr` is in no mapping at all
+    /// (something was mapped since), `REFRESH_MIN` when it is in an anonymous one (JIT code).
     pub fn ensure_maps(&mut self, addr: u64, elves: &mut ElfCache) {
         let stale = match self.maps_read_at {
             None => true,
-            Some(t) => self.module_for(addr).is_none() && t.elapsed() >= REFRESH_MIN,
+            Some(t) if self.module_for(addr).is_none() => {
+                let mapped = self
+                    .mappings
+                    .iter()
+                    .any(|m| m.start <= addr && addr < m.end);
+                t.elapsed()
+                    >= if mapped {
+                        REFRESH_MIN
+                    } else {
+                        REFRESH_NEW_MAPPING
+                    }
+            }
+            Some(_) => false,
         };
         if stale && !(self.unreadable && self.maps_read_at.is_some()) {
             self.reload_maps(elves);

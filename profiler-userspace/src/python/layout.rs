@@ -156,7 +156,7 @@ pub fn builtin(minor: u32) -> Option<Layout> {
         },
         13 | 14 => Layout {
             interp_head: if minor == 13 { 632 } else { 808 },
-            interp_next: 7264,
+            interp_next: if minor == 13 { 7264 } else { 7272 },
             interp_threads_head: 7344,
             tstate_frame: 72,
             cframe_frame: NO_OFFSET,
@@ -190,67 +190,147 @@ pub struct DebugOffsets {
 
 pub const DEBUG_COOKIE: &[u8; 8] = b"xdebugpy";
 
-/// Reads `_Py_DebugOffsets` at the start of `_PyRuntime` and applies the 3.13 groups to
-/// `layout` (3.14's groups move, so only the runtime group is applied there).
+/// Where each field a stack walker needs sits in `_Py_DebugOffsets`, in bytes from its start.
+/// The struct grows between minor versions (3.14 adds `threads_main`, `stackpointer`, `co_tlbc`
+/// and more), so each version has its own table; 3.14's was read off Debian's 3.14.10 and
+/// checked against the values the built-in layout has.
+struct DebugPositions {
+    interp_next: usize,
+    interp_threads_head: usize,
+    interp_gc: usize,
+    tstate_next: usize,
+    tstate_interp: usize,
+    tstate_frame: usize,
+    thread_id: usize,
+    native_thread_id: usize,
+    frame_previous: usize,
+    frame_code: usize,
+    frame_instr: usize,
+    frame_owner: usize,
+    code_filename: usize,
+    code_name: usize,
+    code_qualname: usize,
+    code_linetable: usize,
+    code_firstlineno: usize,
+    code_adaptive: usize,
+    gc_collecting: usize,
+    /// Bytes of the struct to read.
+    len: usize,
+}
+
+const DEBUG_POSITIONS_313: DebugPositions = DebugPositions {
+    interp_next: 64,
+    interp_threads_head: 72,
+    interp_gc: 80,
+    tstate_next: 168,
+    tstate_interp: 176,
+    tstate_frame: 184,
+    thread_id: 192,
+    native_thread_id: 200,
+    frame_previous: 232,
+    frame_code: 240,
+    frame_instr: 248,
+    frame_owner: 264,
+    code_filename: 280,
+    code_name: 288,
+    code_qualname: 296,
+    code_linetable: 304,
+    code_firstlineno: 312,
+    code_adaptive: 344,
+    gc_collecting: 576,
+    len: 584,
+};
+
+const DEBUG_POSITIONS_314: DebugPositions = DebugPositions {
+    interp_next: 64,
+    interp_threads_head: 72,
+    interp_gc: 88,
+    tstate_next: 192,
+    tstate_interp: 200,
+    tstate_frame: 208,
+    thread_id: 216,
+    native_thread_id: 224,
+    frame_previous: 256,
+    frame_code: 264,
+    frame_instr: 272,
+    frame_owner: 288,
+    code_filename: 320,
+    code_name: 328,
+    code_qualname: 336,
+    code_linetable: 344,
+    code_firstlineno: 352,
+    code_adaptive: 384,
+    gc_collecting: 656,
+    len: 664,
+};
+
+/// Reads `_Py_DebugOffsets` at the start of `_PyRuntime` and applies it to `layout` (3.13 and
+/// 3.14; a later version keeps only the runtime group, which has not moved).
 pub fn apply_debug_offsets(
     remote: &Remote,
     runtime: u64,
     layout: &mut Layout,
 ) -> Option<DebugOffsets> {
-    let b = remote.read(runtime, 352)?;
-    if &b[0..8] != DEBUG_COOKIE {
+    let head = remote.read(runtime, 48)?;
+    if &head[0..8] != DEBUG_COOKIE {
         return None;
     }
-    let version = le_u64(&b, 8)?;
-    let free_threaded = le_u64(&b, 16)? != 0;
-    let f = |off: usize| le_u64(&b, off);
+    let version = le_u64(&head, 8)?;
+    let free_threaded = le_u64(&head, 16)? != 0;
     // Sanity bounds: untrusted numbers never become huge offsets.
-    let ok = |v: u64| v < (1 << 20);
-    if let Some(v) = f(40).filter(|v| ok(*v)) {
+    let ok = |v: &u64| *v < (1 << 20);
+    if let Some(v) = le_u64(&head, 40).filter(ok) {
         layout.interp_head = v;
     }
-    if (version >> 16) & 0xff == 13 {
-        let get = |off: usize, slot: &mut u64| {
-            if let Some(v) = f(off).filter(|v| ok(*v)) {
-                *slot = v;
-            }
-        };
-        // Positions of the 3.13 struct's fields, in bytes from its start.
-        get(64, &mut layout.interp_next);
-        get(72, &mut layout.interp_threads_head);
-        get(168, &mut layout.tstate_next);
-        get(176, &mut layout.tstate_interp);
-        get(192, &mut layout.thread_id);
-        let mut native = layout.native_thread_id.unwrap_or(0);
-        get(200, &mut native);
-        layout.native_thread_id = Some(native);
-        let mut u32s: [(usize, &mut u32); 6] = [
-            (184, &mut layout.tstate_frame),
-            (232, &mut layout.frame_previous),
-            (240, &mut layout.frame_code),
-            (248, &mut layout.frame_instr),
-            (264, &mut layout.frame_owner),
-            (344, &mut layout.code_adaptive),
-        ];
-        for (off, slot) in u32s.iter_mut() {
-            let mut v = **slot as u64;
-            get(*off, &mut v);
-            **slot = v as u32;
-        }
-        let mut usizes: [(usize, &mut usize); 4] = [
-            (280, &mut layout.code_filename),
-            (288, &mut layout.code_name),
-            (304, &mut layout.code_linetable),
-            (312, &mut layout.code_firstlineno),
-        ];
-        for (off, slot) in usizes.iter_mut() {
-            let mut v = **slot as u64;
-            get(*off, &mut v);
-            **slot = v as usize;
-        }
-        let mut q = layout.code_qualname.unwrap_or(0) as u64;
-        get(296, &mut q);
-        layout.code_qualname = Some(q as usize);
+    let pos = match (version >> 16) & 0xff {
+        13 => &DEBUG_POSITIONS_313,
+        14 => &DEBUG_POSITIONS_314,
+        _ => return Some(DebugOffsets { free_threaded }),
+    };
+    let b = remote.read(runtime, pos.len)?;
+    let f = |off: usize| le_u64(&b, off).filter(ok);
+    let builtin = layout.clone();
+    let set64 = |off: usize, slot: &mut u64| *slot = f(off).unwrap_or(*slot);
+    let set32 = |off: usize, slot: &mut u32| *slot = f(off).map_or(*slot, |v| v as u32);
+    let setsz = |off: usize, slot: &mut usize| *slot = f(off).map_or(*slot, |v| v as usize);
+    set64(pos.interp_next, &mut layout.interp_next);
+    set64(pos.interp_threads_head, &mut layout.interp_threads_head);
+    set64(pos.tstate_next, &mut layout.tstate_next);
+    set64(pos.tstate_interp, &mut layout.tstate_interp);
+    set64(pos.thread_id, &mut layout.thread_id);
+    layout.native_thread_id = f(pos.native_thread_id).or(layout.native_thread_id);
+    set32(pos.tstate_frame, &mut layout.tstate_frame);
+    set32(pos.frame_previous, &mut layout.frame_previous);
+    set32(pos.frame_code, &mut layout.frame_code);
+    set32(pos.frame_instr, &mut layout.frame_instr);
+    set32(pos.frame_owner, &mut layout.frame_owner);
+    set32(pos.code_adaptive, &mut layout.code_adaptive);
+    setsz(pos.code_filename, &mut layout.code_filename);
+    setsz(pos.code_name, &mut layout.code_name);
+    setsz(pos.code_linetable, &mut layout.code_linetable);
+    setsz(pos.code_firstlineno, &mut layout.code_firstlineno);
+    layout.code_qualname = f(pos.code_qualname)
+        .map(|v| v as usize)
+        .or(layout.code_qualname);
+    if let (Some(gc), Some(collecting)) = (f(pos.interp_gc), f(pos.gc_collecting)) {
+        layout.gc_collecting_interp = Some(gc + collecting);
+    }
+    // Every field the frame walk reads must lie inside the bytes the BPF side reads of a frame;
+    // offsets that do not fit are not believed (the built-in layout stays).
+    let frame_end = [
+        layout.frame_owner,
+        layout.frame_instr + 7,
+        layout.frame_previous + 7,
+        layout.frame_code + 7,
+    ]
+    .into_iter()
+    .max()
+    .unwrap_or(0);
+    if frame_end >= layout.frame_read {
+        layout.frame_read = (frame_end + 1).next_multiple_of(8);
+    }
+    if layout.frame_read as usize > profiler_common::FRAME_BUF {
+        *layout = builtin;
     }
     Some(DebugOffsets { free_threaded })
 }
@@ -313,5 +393,56 @@ mod tests {
         assert!(builtin(7).is_none() && builtin(15).is_none());
         assert_eq!(builtin(12).unwrap().interp_threads_head, 72);
         assert_eq!(builtin(14).unwrap().code_mask, !3);
+    }
+
+    /// `_Py_DebugOffsets` as Debian's 3.14.10 has it (read live), laid out in this process's
+    /// memory: applied over the built-in 3.14 layout, it must agree with it field for field; and
+    /// offsets that would not fit the BPF side's frame buffer are not taken.
+    #[test]
+    fn debug_offsets_of_3_14() {
+        fn put(b: &mut [u8], off: usize, v: u64) {
+            b[off..off + 8].copy_from_slice(&v.to_le_bytes());
+        }
+        let mut b = vec![0u8; 800];
+        b[..8].copy_from_slice(DEBUG_COOKIE);
+        put(&mut b, 8, 0x030e_0af0);
+        put(&mut b, 40, 808);
+        for (off, v) in [
+            (64, 7272),
+            (72, 7344),
+            (88, 7408),
+            (192, 8),
+            (200, 16),
+            (208, 72),
+            (216, 152),
+            (224, 160),
+            (256, 8),
+            (264, 0),
+            (272, 56),
+            (288, 74),
+            (320, 112),
+            (328, 120),
+            (336, 128),
+            (344, 136),
+            (352, 68),
+            (384, 208),
+            (656, 192),
+        ] {
+            put(&mut b, off, v);
+        }
+        let remote = Remote {
+            pid: std::process::id(),
+        };
+        let mut l = builtin(14).unwrap();
+        l.interp_head = 0;
+        let d = apply_debug_offsets(&remote, b.as_ptr() as u64, &mut l).unwrap();
+        assert!(!d.free_threaded);
+        assert_eq!(l, builtin(14).unwrap());
+
+        // An owner offset past the frame buffer: the built-in layout stays.
+        put(&mut b, 288, 4096);
+        let mut l = builtin(14).unwrap();
+        apply_debug_offsets(&remote, b.as_ptr() as u64, &mut l).unwrap();
+        assert_eq!(l, builtin(14).unwrap());
     }
 }
