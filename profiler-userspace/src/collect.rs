@@ -1,7 +1,7 @@
 //! Turns raw samples into profile samples: unwinds the user stack, symbolizes native and kernel
 //! frames, splices in Python frames, and files the result under its process and thread.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::sync::Arc;
 
 use crate::aggregate::{state, Category, Frame, FrameId, Func, LibId, Mode, Profile};
@@ -16,12 +16,12 @@ const KERNEL_LIB: &str = "[kernel.kallsyms]";
 
 pub struct Collector {
     pub profile: Profile,
-    pub procs: HashMap<u32, Process>,
+    pub procs: FxHashMap<u32, Process>,
     pub elves: ElfCache,
     kernel: KernelSymbols,
     kernel_lib: LibId,
-    native_frames: HashMap<(Arc<str>, u64, Category), FrameId>,
-    kernel_frames: HashMap<u64, FrameId>,
+    native_frames: FxHashMap<(Arc<str>, u64, Category), FrameId>,
+    kernel_frames: FxHashMap<u64, FrameId>,
     pub python: PythonRegistry,
     start_ns: u64,
     /// Processes that exec'd since the caller last looked (their Python state is stale).
@@ -84,12 +84,12 @@ impl Collector {
         let kernel_lib = profile.lib(&Arc::from(KERNEL_LIB));
         Collector {
             profile,
-            procs: HashMap::new(),
+            procs: FxHashMap::default(),
             elves: ElfCache::default(),
             kernel: KernelSymbols::load(),
             kernel_lib,
-            native_frames: HashMap::new(),
-            kernel_frames: HashMap::new(),
+            native_frames: FxHashMap::default(),
+            kernel_frames: FxHashMap::default(),
             python,
             start_ns,
             execs: Vec::new(),

@@ -1096,8 +1096,17 @@ fn follow_lifetimes(
     }
 }
 
+/// Records per code-object validation epoch (a few ms of samples at high rates).
+const EPOCH_RECORDS: u32 = 256;
+
 fn drain(ring: &mut aya::maps::RingBuf<aya::maps::MapData>, collector: &mut Collector) {
+    let mut n = 0u32;
+    collector.python.new_epoch();
     while let Some(item) = ring.next() {
+        n += 1;
+        if n.is_multiple_of(EPOCH_RECORDS) {
+            collector.python.new_epoch();
+        }
         match Record::parse(&item) {
             Ok(Record::Sample(s)) => {
                 drop(item);

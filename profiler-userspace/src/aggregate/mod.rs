@@ -5,6 +5,8 @@ pub mod markers;
 pub mod timeline;
 
 use std::collections::{BTreeMap, HashMap};
+
+use rustc_hash::FxHashMap;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
@@ -255,17 +257,17 @@ pub struct Counters {
 pub struct Profile {
     pub libs: Vec<Lib>,
     #[serde(skip)]
-    lib_ids: HashMap<Arc<str>, LibId>,
+    lib_ids: FxHashMap<Arc<str>, LibId>,
     pub funcs: Vec<Func>,
     #[serde(skip)]
-    func_ids: HashMap<Func, FuncId>,
+    func_ids: FxHashMap<Func, FuncId>,
     pub frames: Vec<Frame>,
     #[serde(skip)]
-    frame_ids: HashMap<Frame, FrameId>,
+    frame_ids: FxHashMap<Frame, FrameId>,
     /// (frame, prefix)
     pub stacks: Vec<(FrameId, Option<StackId>)>,
     #[serde(skip)]
-    stack_ids: HashMap<(FrameId, Option<StackId>), StackId>,
+    stack_ids: FxHashMap<(FrameId, Option<StackId>), StackId>,
     /// Live processes by pid.
     pub processes: BTreeMap<u32, ProcessData>,
     /// Processes that ended by exec or whose pid was reused during the run.
@@ -285,13 +287,13 @@ impl Profile {
     pub fn new(mode: Mode, interval_ms: f64) -> Profile {
         Profile {
             libs: Vec::new(),
-            lib_ids: HashMap::new(),
+            lib_ids: FxHashMap::default(),
             funcs: Vec::new(),
-            func_ids: HashMap::new(),
+            func_ids: FxHashMap::default(),
             frames: Vec::new(),
-            frame_ids: HashMap::new(),
+            frame_ids: FxHashMap::default(),
             stacks: Vec::new(),
-            stack_ids: HashMap::new(),
+            stack_ids: FxHashMap::default(),
             processes: BTreeMap::new(),
             retired: Vec::new(),
             births: HashMap::new(),

@@ -84,7 +84,10 @@ impl Capture {
         let ring = opts.ring_bytes.next_power_of_two().max(1 << 20);
         let possible =
             aya::util::nr_cpus().map_err(|(s, e)| CaptureError::Cpus(format!("{s}: {e}")))?;
+        // Parsed once, for the loader and the tracepoints (it is most of the load's CPU time).
+        let kernel_btf = Btf::from_sys_fs().map_err(|e| CaptureError::Load(e.to_string()))?;
         let mut bpf = EbpfLoader::new()
+            .btf(Some(&kernel_btf))
             .map_max_entries("SAMPLES", ring)
             .map_max_entries("SCRATCH", possible as u32)
             .load(BPF_OBJECT)
@@ -114,7 +117,6 @@ impl Capture {
             .map_err(|e: ProgramError| CaptureError::Load(e.to_string()))?;
         prog.load()
             .map_err(|e| CaptureError::Load(verifier_text(&e)))?;
-        let kernel_btf = Btf::from_sys_fs().map_err(|e| CaptureError::Load(e.to_string()))?;
         for (name, tp) in TRACEPOINTS {
             if name == "tachyon_switch" && opts.offcpu == OFFCPU_NONE {
                 continue;

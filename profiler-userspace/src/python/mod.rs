@@ -8,6 +8,8 @@ pub mod merge;
 pub mod remote;
 
 use std::collections::{HashMap, HashSet};
+
+use rustc_hash::FxHashMap;
 use std::sync::Arc;
 
 use profiler_common::{
@@ -62,9 +64,10 @@ pub struct PyProcess {
     pub config: PyProcConfig,
     /// Host tid -> thread state, as last pushed to the BPF map.
     pub threads: HashMap<u32, u64>,
-    codes: HashMap<u64, Arc<CodeInfo>>,
-    funcs: HashMap<(u64, [u64; 3]), FuncId>,
-    frames: HashMap<(FuncId, u32), FrameId>,
+    /// Code objects by address, with the epoch they were last validated in.
+    codes: FxHashMap<u64, (Arc<CodeInfo>, u64)>,
+    funcs: FxHashMap<(u64, [u64; 3]), FuncId>,
+    frames: FxHashMap<(FuncId, u32), FrameId>,
     /// Offset of the kernel tid in the C library's thread struct (found once, <= 3.10).
     pthread_tid_offset: Option<u64>,
     pub label: String,
@@ -188,9 +191,9 @@ impl PyProcess {
                 code_type: addr("PyCode_Type"),
                 config,
                 threads: HashMap::new(),
-                codes: HashMap::new(),
-                funcs: HashMap::new(),
-                frames: HashMap::new(),
+                codes: FxHashMap::default(),
+                funcs: FxHashMap::default(),
+                frames: FxHashMap::default(),
                 pthread_tid_offset: None,
             });
         }
@@ -279,26 +282,40 @@ impl PyProcess {
         None
     }
 
-    fn code(&mut self, addrs: &[u64]) -> Vec<Option<Arc<CodeInfo>>> {
+    /// The code objects at `addrs`, validated against the target's memory once per `epoch`
+    /// (one batch of samples read from the ring buffer, at most a few ms of samples): an address
+    /// can be reused after its code object is freed, so a cached entry is believed only after
+    /// its type, name and file have been read again in this epoch. One read validates every
+    /// address of the sample that needs it; misses are resolved in full.
+    fn code(&mut self, addrs: &[u64], epoch: u64) -> Vec<Option<Arc<CodeInfo>>> {
+        if self.codes.len() > MAX_CODES {
+            self.codes.clear();
+        }
+        let mut out: Vec<Option<Arc<CodeInfo>>> = vec![None; addrs.len()];
+        let mut stale = Vec::new();
+        for (i, a) in addrs.iter().enumerate() {
+            match self.codes.get(a) {
+                Some((c, e)) if *e == epoch => out[i] = Some(c.clone()),
+                _ => stale.push(i),
+            }
+        }
+        if stale.is_empty() {
+            return out;
+        }
         let len = code::header_len(&self.layout);
-        let ranges: Vec<(u64, usize)> = addrs.iter().map(|&a| (a, len)).collect();
-        // One read validates every cached code object of the sample (addresses can be reused
-        // after a code object is freed); misses are resolved in full.
+        let ranges: Vec<(u64, usize)> = stale.iter().map(|&i| (addrs[i], len)).collect();
         let mut heads = self.remote.read_many(&ranges);
         if heads.iter().any(Option::is_none) {
             heads = ranges.iter().map(|r| self.remote.read(r.0, r.1)).collect();
         }
-        if self.codes.len() > MAX_CODES {
-            self.codes.clear();
-        }
-        addrs
-            .iter()
-            .zip(heads)
-            .map(|(&a, head)| {
+        for (&i, head) in stale.iter().zip(heads) {
+            let a = addrs[i];
+            out[i] = (|| {
                 let head = head?;
                 let id = code::ident(&self.layout, &head)?;
-                if let Some(c) = self.codes.get(&a) {
+                if let Some((c, e)) = self.codes.get_mut(&a) {
                     if c.ident == id {
+                        *e = epoch;
                         return Some(c.clone());
                     }
                 }
@@ -308,10 +325,14 @@ impl PyProcess {
                     &head,
                     self.code_type,
                 )?);
-                self.codes.insert(a, c.clone());
+                self.codes.insert(a, (c.clone(), epoch));
                 Some(c)
-            })
-            .collect()
+            })();
+            if out[i].is_none() {
+                self.codes.remove(&a);
+            }
+        }
+        out
     }
 
     fn frame_for(&mut self, profile: &mut Profile, addr: u64, c: &CodeInfo, instr: i32) -> FrameId {
@@ -392,6 +413,8 @@ pub struct PythonRegistry {
     not_python: HashMap<(u32, u64, String), (u32, std::time::Instant)>,
     reported: HashSet<u32>,
     pub show_internal: bool,
+    /// Code objects are validated once per epoch: one batch of records read from the ring.
+    epoch: u64,
 }
 
 /// The start time of a process (field 22 of /proc/PID/stat), to tell reused pids apart.
@@ -424,6 +447,11 @@ fn process_key(pid: u32) -> (u32, u64, String) {
 }
 
 impl PythonRegistry {
+    /// Starts a new validation epoch (see `PyProcess::code`).
+    pub fn new_epoch(&mut self) {
+        self.epoch += 1;
+    }
+
     /// Known not to be Python (as the process is now).
     pub fn known_not_python(&self, pid: u32) -> bool {
         match self.not_python.get(&process_key(pid)) {
@@ -590,8 +618,11 @@ impl PythonRegistry {
         let mut uniq = addrs.clone();
         uniq.sort_unstable();
         uniq.dedup();
-        let infos: HashMap<u64, Option<Arc<CodeInfo>>> =
-            uniq.iter().copied().zip(p.code(&uniq)).collect();
+        let infos: HashMap<u64, Option<Arc<CodeInfo>>> = uniq
+            .iter()
+            .copied()
+            .zip(p.code(&uniq, self.epoch))
+            .collect();
 
         let mut activations: Vec<Vec<FrameId>> = Vec::new();
         let mut cur: Vec<FrameId> = Vec::new(); // innermost first
