@@ -339,6 +339,21 @@ pub fn bench(tachyon: &Path, tools: &Path) -> Result<()> {
         c.arg(&script).arg(iters).arg(&pin);
         c
     };
+    // A peer that launches the workload itself: `PEER ARGS OUT -- python script iters cpu`.
+    let launch = |peer: &Path, args: &[&str], out: &Path| -> Box<dyn Fn() -> Result<f64>> {
+        let (peer, out) = (peer.to_path_buf(), out.to_path_buf());
+        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        let workload = workload();
+        Box::new(move || {
+            let mut cmd = Command::new(&peer);
+            cmd.args(&args)
+                .arg(&out)
+                .arg("--")
+                .arg(workload.get_program())
+                .args(workload.get_args());
+            timed(&mut cmd)
+        })
+    };
     let configs: Vec<Config> = vec![
         ("alone", Box::new(|| timed(&mut workload()))),
         (
@@ -352,45 +367,27 @@ pub fn bench(tachyon: &Path, tools: &Path) -> Result<()> {
         ),
         (
             "py-spy record -r 1000",
-            Box::new(|| {
-                let mut cmd = Command::new(&py_spy);
-                cmd.args(["record", "-r", "1000", "-f", "raw", "-o"])
-                    .arg(&spy_out)
-                    .arg("--")
-                    .arg(&py)
-                    .arg(&script)
-                    .arg(iters)
-                    .arg(&pin);
-                timed(&mut cmd)
-            }),
+            launch(
+                &py_spy,
+                &["record", "-r", "1000", "-f", "raw", "-o"],
+                &spy_out,
+            ),
         ),
         (
             "py-spy record -r 1000 --native",
-            Box::new(|| {
-                let mut cmd = Command::new(&py_spy);
-                cmd.args(["record", "-r", "1000", "--native", "-f", "raw", "-o"])
-                    .arg(&spy_out)
-                    .arg("--")
-                    .arg(&py)
-                    .arg(&script)
-                    .arg(iters)
-                    .arg(&pin);
-                timed(&mut cmd)
-            }),
+            launch(
+                &py_spy,
+                &["record", "-r", "1000", "--native", "-f", "raw", "-o"],
+                &spy_out,
+            ),
         ),
         (
             "perf record --call-graph dwarf -F 1000",
-            Box::new(|| {
-                let mut cmd = Command::new("perf");
-                cmd.args(["record", "-q", "--call-graph", "dwarf", "-F", "1000", "-o"])
-                    .arg(&perf_data)
-                    .arg("--")
-                    .arg(&py)
-                    .arg(&script)
-                    .arg(iters)
-                    .arg(&pin);
-                timed(&mut cmd)
-            }),
+            launch(
+                Path::new("perf"),
+                &["record", "-q", "--call-graph", "dwarf", "-F", "1000", "-o"],
+                &perf_data,
+            ),
         ),
     ];
     eprintln!(
