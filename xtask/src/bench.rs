@@ -27,7 +27,7 @@ use serde_json::{json, Value};
 
 const PY_SPY: &str = "py-spy==0.4.3";
 /// Rounds of the slowdown comparison (median reported).
-const ROUNDS: usize = 7;
+const ROUNDS: usize = 9;
 /// Runs of each cost configuration (median reported), and their two lengths in seconds.
 const COST_RUNS: usize = 3;
 const SHORT: u64 = 4;

@@ -38,6 +38,22 @@ pub struct RunInfo {
     pub cost: Option<Cost>,
 }
 
+/// This process's peak resident memory (`VmHWM`, in KiB). Not `getrusage`'s `ru_maxrss`: that
+/// keeps the high-water mark of the program that exec'd this one (the parent's, after a fork).
+fn peak_rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmHWM:"))?
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()
+        })
+        .unwrap_or(0)
+}
+
 /// The profiler's own cost over a run.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Cost {
@@ -68,12 +84,19 @@ impl Cost {
                 .unwrap_or(0.0),
             bpf_ms: bpf.map(|(d, _)| d.as_secs_f64() * 1e3),
             bpf_runs: bpf.map(|(_, n)| n).unwrap_or(0),
-            peak_rss_kib: r.map(|r| r.max_rss() as u64).unwrap_or(0),
+            peak_rss_kib: peak_rss_kib(),
         }
     }
 
     /// One line for the summary.
     pub fn line(&self, samples: u64) -> String {
+        if samples == 0 {
+            return format!(
+                "profiler cost: {:.0} ms CPU, peak RSS {:.1} MiB",
+                self.user_cpu_ms + self.bpf_ms.unwrap_or(0.0),
+                self.peak_rss_kib as f64 / 1024.0
+            );
+        }
         let bpf = match self.bpf_ms {
             Some(b) => format!(
                 "{:.1} user space, {:.1} BPF",
