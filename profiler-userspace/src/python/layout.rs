@@ -396,7 +396,8 @@ mod tests {
     }
 
     /// `_Py_DebugOffsets` as Debian's 3.14.10 has it (read live), laid out in this process's
-    /// memory: applied over the built-in 3.14 layout, it must agree with it field for field; and
+    /// memory: applied over a layout with every such field wrong, it must give the built-in 3.14
+    /// layout field for field; and
     /// offsets that would not fit the BPF side's frame buffer are not taken.
     #[test]
     fn debug_offsets_of_3_14() {
@@ -433,8 +434,29 @@ mod tests {
         let remote = Remote {
             pid: std::process::id(),
         };
-        let mut l = builtin(14).unwrap();
-        l.interp_head = 0;
+        // Every field the debug offsets carry starts wrong, so each must come from them.
+        let mut l = Layout {
+            interp_head: 1,
+            interp_next: 1,
+            interp_threads_head: 1,
+            tstate_next: 1,
+            tstate_interp: 1,
+            tstate_frame: 1,
+            thread_id: 1,
+            native_thread_id: None,
+            frame_code: 1,
+            frame_previous: 1,
+            frame_instr: 1,
+            frame_owner: 1,
+            code_firstlineno: 1,
+            code_filename: 1,
+            code_name: 1,
+            code_qualname: None,
+            code_linetable: 1,
+            code_adaptive: 1,
+            gc_collecting_interp: None,
+            ..builtin(14).unwrap()
+        };
         let d = apply_debug_offsets(&remote, b.as_ptr() as u64, &mut l).unwrap();
         assert!(!d.free_threaded);
         assert_eq!(l, builtin(14).unwrap());
