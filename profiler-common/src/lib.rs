@@ -98,6 +98,8 @@ pub const STAT_PY_TRUNCATED: u32 = 6;
 pub const STAT_EVENTS_LOST: u32 = 7;
 /// Off-CPU captures written with their stacks.
 pub const STAT_SWITCH_CAPTURES: u32 = 8;
+/// Samples in kernel mode whose user registers could not be read from the task.
+pub const STAT_UREGS_FAIL: u32 = 9;
 pub const STAT_COUNT: u32 = 10;
 
 /// What the `sched_switch` program records (`Config::offcpu`).
@@ -134,6 +136,19 @@ pub struct Config {
     /// Minimum nanoseconds between two full off-CPU captures of one thread (the sampling period):
     /// a thread switching more often than that reuses its last capture's stack.
     pub offcpu_min_gap_ns: u64,
+    /// Byte offset of the task state in `task_struct` (`__state` since 5.14, `state` before; the
+    /// low 32 bits are read). Used where `sched_switch` does not pass `prev_state` (before 5.18).
+    pub task_state_off: u32,
+    /// Byte offset of `stack` (the kernel stack page) in `task_struct`. Used where
+    /// `bpf_task_pt_regs` is missing (before 5.15): the user registers sit at the top of it.
+    pub task_stack_off: u32,
+    /// Byte offsets of `signal` in `task_struct` and of `live` (threads not yet exited) in
+    /// `signal_struct`: a process's last thread is exiting when `live` has reached 0.
+    pub task_signal_off: u32,
+    pub signal_live_off: u32,
+    /// Size of a task's kernel stack (`THREAD_SIZE`: 16 KiB on x86_64 without KASAN).
+    pub thread_size: u32,
+    pub _pad: u32,
 }
 
 /// Where a Python process keeps what the frame walk needs. Offsets are byte offsets into the
@@ -273,7 +288,7 @@ pub const fn thread_key(pid: u32, tid: u32) -> u64 {
     ((pid as u64) << 32) | tid as u64
 }
 
-const _: () = assert!(core::mem::size_of::<Config>() == 48);
+const _: () = assert!(core::mem::size_of::<Config>() == 72);
 const _: () = assert!(core::mem::size_of::<PyProcConfig>() == 96);
 const _: () = assert!(EventRecord::SIZE == 56);
 const _: () = assert!(core::mem::size_of::<PyFrame>() == 16);

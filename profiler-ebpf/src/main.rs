@@ -12,7 +12,20 @@
 //! is current, so its stacks and Python frames are those of the moment it stopped running).
 //! `sched_process_fork`/`exec`/`exit` programs report lifetimes and follow children.
 //!
-//! Needs kernel 5.17+ (`bpf_task_pt_regs`, ring buffers, `bpf_loop`, BTF tracepoints).
+//! One object for every kernel from 5.10 (ring buffers 5.8, BTF tracepoints 5.5, bounded loops
+//! 5.3). Where kernels differ, the object holds two variants of a program, built from the same
+//! code by a const parameter, and userspace loads the one the running kernel's BTF says fits:
+//! - `tachyon_sample` walks Python frames with `bpf_loop` (5.17+) and reads the user registers of
+//!   a task in kernel mode with `bpf_task_pt_regs` (5.15+); `tachyon_sample_compat` walks with a
+//!   bounded loop and finds the registers at the top of the task's kernel stack.
+//! - `tachyon_switch` takes the task state from `sched_switch`'s `prev_state` argument (5.18+);
+//!   `tachyon_switch_compat` reads it from the task, as those kernels' own tracepoint did. Its
+//!   off-CPU capture is the compat sampler's.
+//!
+//! So there are two sets: the modern one where the kernel has all three (5.18+), the compat one
+//! everywhere else. Both produce the same records.
+//! - `tachyon_exit` reads no argument that differs between kernels: `group_dead` (an argument
+//!   only since 6.16) is derived from `signal->live`, which `do_exit` has already decremented.
 #![no_std]
 #![no_main]
 
@@ -24,7 +37,8 @@ use aya_ebpf::{
         bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_smp_processor_id,
         bpf_ktime_get_ns, bpf_probe_read_kernel,
         generated::{
-            bpf_get_current_task_btf, bpf_get_stack, bpf_loop, bpf_probe_read_user, bpf_task_pt_regs,
+            bpf_get_current_task, bpf_get_current_task_btf, bpf_get_stack, bpf_loop,
+            bpf_probe_read_user, bpf_task_pt_regs,
         },
     },
     macros::{btf_tracepoint, map, perf_event},
@@ -61,8 +75,20 @@ static LAST_CAPTURE: LruHashMap<u64, u64> = LruHashMap::with_max_entries(65536, 
 #[map]
 static SAMPLES: RingBuf = RingBuf::with_byte_size(1 << 24, 0);
 
+/// The sampler for kernels with `bpf_loop` and `bpf_task_pt_regs` (5.17+).
 #[perf_event]
 pub fn tachyon_sample(ctx: PerfEventContext) -> u32 {
+    sample::<true>(ctx)
+}
+
+/// The sampler for older kernels (5.10+): a bounded frame loop, registers from the kernel stack.
+#[perf_event]
+pub fn tachyon_sample_compat(ctx: PerfEventContext) -> u32 {
+    sample::<false>(ctx)
+}
+
+#[inline(always)]
+fn sample<const MODERN: bool>(ctx: PerfEventContext) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     let pid = (pid_tgid >> 32) as u32;
     let tid = pid_tgid as u32;
@@ -84,26 +110,54 @@ pub fn tachyon_sample(ctx: PerfEventContext) -> u32 {
     };
     // SAFETY: helper without preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
-    capture(ctx.as_ptr(), cfg, RECORD_SAMPLE, pid, tid, now, user, 0);
+    capture::<MODERN>(ctx.as_ptr(), cfg, RECORD_SAMPLE, pid, tid, now, user, 0);
     0
 }
 
-/// `sched_switch(preempt, prev, next, prev_state)`: runs on the CPU switching, with `prev` current.
+/// `sched_switch(preempt, prev, next, prev_state)` (5.18+): runs on the CPU switching, with `prev`
+/// current. The modern set: captures use `bpf_loop` and `bpf_task_pt_regs` too.
 #[btf_tracepoint(function = "sched_switch")]
 pub fn tachyon_switch(ctx: BtfTracePointContext) -> u32 {
-    switch(&ctx);
+    switch::<true>(&ctx);
     0
 }
 
-fn switch(ctx: &BtfTracePointContext) -> Option<()> {
+/// `sched_switch(preempt, prev, next)` (before 5.18): the state is read from `prev`.
+#[btf_tracepoint(function = "sched_switch")]
+pub fn tachyon_switch_compat(ctx: BtfTracePointContext) -> u32 {
+    switch::<false>(&ctx);
+    0
+}
+
+/// The state `prev` leaves the CPU in: 0 when preempted (still runnable), else its sleep state.
+#[inline(always)]
+fn prev_state<const ARG: bool>(ctx: &BtfTracePointContext, cfg: &Config, prev: u64) -> u64 {
+    if ARG {
+        return ctx.arg::<u64>(3) & 0xffff_ffff;
+    }
+    // What the tracepoint itself reported on these kernels: a preempted task is runnable
+    // whatever its state word says; otherwise the state word (a u32 `__state` from 5.14, a long
+    // `state` before it; little-endian, so its low 32 bits are at the same address).
+    if ctx.arg::<u64>(0) & 0xff != 0 {
+        return 0;
+    }
+    // SAFETY: kernel read through the checked helper.
+    unsafe { bpf_probe_read_kernel((prev + cfg.task_state_off as u64) as *const u32) }
+        .map(|s| s as u64)
+        .unwrap_or(0)
+}
+
+#[inline(always)]
+fn switch<const MODERN: bool>(ctx: &BtfTracePointContext) -> Option<()> {
     let cfg = CONFIG.get(0)?;
     // SAFETY: helper without preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
     let pid_tgid = bpf_get_current_pid_tgid();
     let pid = (pid_tgid >> 32) as u32;
     let tid = pid_tgid as u32;
-    if tid != 0 && targeted(cfg, pid) && !is_kthread(cfg, ctx.arg::<u64>(1)) {
-        let prev_state = ctx.arg::<u64>(3) & 0xffff_ffff;
+    let prev = ctx.arg::<u64>(1);
+    if tid != 0 && targeted(cfg, pid) && !is_kthread(cfg, prev) {
+        let prev_state = prev_state::<MODERN>(ctx, cfg, prev);
         let mut reuse = REUSE_NONE;
         let mut done = false;
         if cfg.offcpu == OFFCPU_STACKS && prev_state == 0 {
@@ -114,7 +168,16 @@ fn switch(ctx: &BtfTracePointContext) -> Option<()> {
             // SAFETY: the value is copied out at once.
             let last = unsafe { LAST_CAPTURE.get(&key) }.copied().unwrap_or(0);
             if last == 0 || now.wrapping_sub(last) >= cfg.offcpu_min_gap_ns {
-                if capture(ctx.as_ptr(), cfg, RECORD_SWITCH_OUT, pid, tid, now, None, prev_state) {
+                if capture::<MODERN>(
+                    ctx.as_ptr(),
+                    cfg,
+                    RECORD_SWITCH_OUT,
+                    pid,
+                    tid,
+                    now,
+                    None,
+                    prev_state,
+                ) {
                     let _ = LAST_CAPTURE.insert(&key, &now, 0);
                     count(STAT_SWITCH_CAPTURES);
                     done = true;
@@ -175,9 +238,9 @@ pub fn tachyon_exec(_ctx: BtfTracePointContext) -> u32 {
     0
 }
 
-/// `sched_process_exit(p, group_dead)`, in the exiting thread.
+/// `sched_process_exit(p)` (`p, group_dead` since 6.16), in the exiting thread.
 #[btf_tracepoint(function = "sched_process_exit")]
-pub fn tachyon_exit(ctx: BtfTracePointContext) -> u32 {
+pub fn tachyon_exit(_ctx: BtfTracePointContext) -> u32 {
     let Some(cfg) = CONFIG.get(0) else {
         return 0;
     };
@@ -187,7 +250,13 @@ pub fn tachyon_exit(ctx: BtfTracePointContext) -> u32 {
     if !targeted(cfg, pid) {
         return 0;
     }
-    let group_dead = ctx.arg::<u64>(1) & 0xff;
+    // `do_exit` decrements `signal->live` before this tracepoint: 0 means the last thread.
+    // (Two threads exiting at once may both see 0; the process is ending either way.)
+    // SAFETY: helper without preconditions.
+    let task = unsafe { bpf_get_current_task() };
+    let live = read_kernel::<u64>(task + cfg.task_signal_off as u64)
+        .and_then(|signal| read_kernel::<u32>(signal + cfg.signal_live_off as u64));
+    let group_dead = matches!(live, Some(0)) as u64;
     // SAFETY: helper without preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
     event(RECORD_EXIT, pid, tid, now, group_dead, 0);
@@ -208,6 +277,12 @@ fn count(stat: u32) {
 }
 
 #[inline(always)]
+fn read_kernel<T>(addr: u64) -> Option<T> {
+    // SAFETY: bpf_probe_read_kernel checks the address; a fault is an error, not a crash.
+    unsafe { bpf_probe_read_kernel(addr as *const T) }.ok()
+}
+
+#[inline(always)]
 fn read_user<T>(addr: u64) -> Option<T> {
     // SAFETY: bpf_probe_read_user checks the address; a fault is an error, not a crash.
     unsafe { aya_ebpf::helpers::bpf_probe_read_user(addr as *const T) }.ok()
@@ -215,16 +290,19 @@ fn read_user<T>(addr: u64) -> Option<T> {
 
 #[inline(always)]
 fn frame_u64(buf: &[u8; FRAME_BUF], off: u32) -> u64 {
+    // The mask (FRAME_BUF is a power of two) keeps o + 8 within the buffer and o 8-aligned.
     let o = (off as usize) & (FRAME_BUF - 8);
-    // SAFETY: o + 8 <= FRAME_BUF by the mask.
-    unsafe { core::ptr::read_unaligned(buf.as_ptr().add(o) as *const u64) }
+    // SAFETY: o + 8 <= FRAME_BUF, and the buffer is a map value (8-aligned), so the read is
+    // aligned. (An unaligned read compiles to eight byte loads, which the verifier pays for in
+    // every step of the frame loop.)
+    unsafe { core::ptr::read(buf.as_ptr().add(o) as *const u64) }
 }
 
 #[inline(always)]
 fn frame_i32(buf: &[u8; FRAME_BUF], off: u32) -> i32 {
     let o = (off as usize) & (FRAME_BUF - 4);
-    // SAFETY: o + 4 <= FRAME_BUF by the mask.
-    unsafe { core::ptr::read_unaligned(buf.as_ptr().add(o) as *const i32) }
+    // SAFETY: o + 4 <= FRAME_BUF and o is 4-aligned in an 8-aligned map value.
+    unsafe { core::ptr::read(buf.as_ptr().add(o) as *const i32) }
 }
 
 /// Ring-buffer notification: the reader polls, and is woken only when a good part of the buffer
@@ -292,7 +370,7 @@ fn event(kind: u32, pid: u32, tid: u32, now: u64, arg0: u64, arg1: u64) {
 /// the task and the kernel stack is recorded. Returns whether the record was written.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn capture(
+fn capture<const MODERN: bool>(
     ctx: *mut c_void,
     cfg: &Config,
     kind: u32,
@@ -314,7 +392,6 @@ fn capture(
     // timer interrupt, and `sched_switch` runs with interrupts disabled, so neither nests in the
     // other.
     let hdr = unsafe { &mut *(base as *mut SampleHeader) };
-    let mut flags = 0u32;
     hdr.kind = kind;
     hdr.pid = pid;
     hdr.tid = tid;
@@ -323,6 +400,7 @@ fn capture(
     hdr.comm = bpf_get_current_comm().unwrap_or([0; 16]);
     hdr.kstack_len = 0;
     hdr.py_len = 0;
+    hdr.flags = 0;
     hdr.ustack_len = 0;
     hdr.py_tstate = 0;
     hdr.py_gil_holder = 0;
@@ -340,17 +418,18 @@ fn capture(
         hdr.sp = sp;
         hdr.bp = bp;
     } else {
-        flags |= SAMPLE_KERNEL_MODE;
-        // SAFETY: BTF task pointer of the current task; bpf_task_pt_regs returns its user regs.
-        let uregs = unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) } as *const pt_regs;
-        // SAFETY: a kernel pointer read through the checked helper.
-        match unsafe { bpf_probe_read_kernel(uregs) } {
-            Ok(u) if u.cs & 3 == 3 => {
+        hdr.flags |= SAMPLE_KERNEL_MODE;
+        match read_kernel::<pt_regs>(user_regs::<MODERN>(cfg)) {
+            Some(u) if u.cs & 3 == 3 => {
                 hdr.ip = u.rip;
                 hdr.sp = u.rsp;
                 hdr.bp = u.rbp;
             }
-            _ => flags |= SAMPLE_NO_USER,
+            Some(_) => hdr.flags |= SAMPLE_NO_USER,
+            None => {
+                hdr.flags |= SAMPLE_NO_USER;
+                count(STAT_UREGS_FAIL);
+            }
         }
         // SAFETY: the buffer is the header's kstack array of MAX_KSTACK u64.
         let n = unsafe {
@@ -368,23 +447,26 @@ fn capture(
         }
     }
 
-    // Python: the frame chain and the GIL/GC words of the same instant.
-    let mut py_len: usize = 0;
+    // Python: the frame chain and the GIL/GC words of the same instant. Flags and the walk's
+    // results are kept in the header (map memory) and read back from there: to the verifier, a
+    // value read from a map is any value, so paths that differ only in them merge, and the
+    // frame loop (512 steps without bpf_loop) and the rest of the program are verified once,
+    // not once per flag combination or possible frame count.
     // SAFETY: the value is copied out at once.
     if let Some(pc) = unsafe { PY_PROCS.get(&pid) } {
         let pc = *pc;
         // SAFETY: as above.
         match unsafe { PY_THREADS.get(&thread_key(pid, tid)) } {
             None => {
-                flags |= SAMPLE_PY_MISS;
+                hdr.flags |= SAMPLE_PY_MISS;
                 count(STAT_PY_MISS);
             }
             Some(&tstate) => {
-                flags |= SAMPLE_PY_THREAD;
+                hdr.flags |= SAMPLE_PY_THREAD;
                 hdr.py_tstate = tstate;
-                let (n, f) = walk_python(cpu, &pc, tstate);
-                py_len = n;
-                flags |= f;
+                let (n, f) = walk_python::<MODERN>(cpu, &pc, tstate);
+                hdr.py_len = n as u32;
+                hdr.flags |= f;
             }
         }
         if pc.gil_locked != 0 {
@@ -398,9 +480,13 @@ fn capture(
             hdr.py_status = read_user::<u32>(hdr.py_tstate + pc.tstate_status as u64).unwrap_or(0);
         }
         if hdr.py_tstate != 0 && has_exception(&pc, hdr.py_tstate) {
-            flags |= SAMPLE_PY_EXCEPTION;
+            hdr.flags |= SAMPLE_PY_EXCEPTION;
         }
     }
+    // SAFETY: fields of the header written above; volatile so that the value comes from memory.
+    let mut py_len = unsafe { core::ptr::read_volatile(&hdr.py_len) } as usize;
+    // SAFETY: as above.
+    let mut flags = unsafe { core::ptr::read_volatile(&hdr.flags) };
     if py_len > MAX_PY_FRAMES {
         py_len = MAX_PY_FRAMES;
     }
@@ -457,6 +543,27 @@ fn capture(
     }
 }
 
+/// Address of the current task's saved user registers (`task_pt_regs`). Without
+/// `bpf_task_pt_regs` it is computed as x86_64's `task_pt_regs()` does: the `pt_regs` sit at the
+/// very top of the task's kernel stack (`TOP_OF_KERNEL_STACK_PADDING` is 0 on x86_64). The
+/// caller checks the code segment of what it reads, so a wrong guess gives no user stack, never
+/// a wrong one.
+#[inline(always)]
+fn user_regs<const MODERN: bool>(cfg: &Config) -> u64 {
+    if MODERN {
+        // SAFETY: BTF task pointer of the current task; bpf_task_pt_regs returns its user regs.
+        return unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) } as u64;
+    }
+    // SAFETY: helper without preconditions.
+    let task = unsafe { bpf_get_current_task() };
+    match read_kernel::<u64>(task + cfg.task_stack_off as u64) {
+        Some(stack) if stack != 0 => {
+            stack + cfg.thread_size as u64 - core::mem::size_of::<pt_regs>() as u64
+        }
+        _ => 0,
+    }
+}
+
 /// Whether the thread has an exception being raised (`curexc_type` / `current_exception`) or
 /// being handled (an `exc_info` item whose value is neither NULL nor None; items of generators
 /// not handling anything are skipped, as `_PyErr_GetTopmostException` does, up to 4 deep).
@@ -498,7 +605,7 @@ struct Walk {
 /// Walks the interpreter frame chain of `tstate`, writing frames after the header. Returns the
 /// number of frames and `SAMPLE_PY_*` flags.
 #[inline(always)]
-fn walk_python(cpu: u32, pc: &PyProcConfig, tstate: u64) -> (usize, u32) {
+fn walk_python<const MODERN: bool>(cpu: u32, pc: &PyProcConfig, tstate: u64) -> (usize, u32) {
     let Some(mut frame) = read_user::<u64>(tstate + pc.tstate_frame as u64) else {
         count(STAT_PY_READ_FAIL);
         return (0, SAMPLE_PY_READ_FAILED);
@@ -519,15 +626,23 @@ fn walk_python(cpu: u32, pc: &PyProcConfig, tstate: u64) -> (usize, u32) {
         cpu,
         flags: 0,
     };
-    // SAFETY: the callback has the signature bpf_loop expects; its context is `w`, alive for
-    // the whole call.
-    unsafe {
-        bpf_loop(
-            MAX_PY_FRAMES as u32,
-            walk_step as *mut c_void,
-            &mut w as *mut Walk as *mut c_void,
-            0,
-        );
+    if MODERN {
+        // SAFETY: the callback has the signature bpf_loop expects; its context is `w`, alive
+        // for the whole call.
+        unsafe {
+            bpf_loop(
+                MAX_PY_FRAMES as u32,
+                walk_step as *mut c_void,
+                &mut w as *mut Walk as *mut c_void,
+                0,
+            );
+        }
+    } else {
+        for i in 0..MAX_PY_FRAMES {
+            if step(i as u64, &mut w) != 0 {
+                break;
+            }
+        }
     }
     let mut flags = w.flags;
     if w.frame != 0 && w.n as usize >= MAX_PY_FRAMES {
@@ -544,7 +659,11 @@ fn walk_python(cpu: u32, pc: &PyProcConfig, tstate: u64) -> (usize, u32) {
 /// Returns 1 to stop.
 extern "C" fn walk_step(index: u64, ctx: *mut c_void) -> i64 {
     // SAFETY: bpf_loop passes the `Walk` given to it.
-    let w = unsafe { &mut *(ctx as *mut Walk) };
+    step(index, unsafe { &mut *(ctx as *mut Walk) })
+}
+
+#[inline(always)]
+fn step(index: u64, w: &mut Walk) -> i64 {
     let i = index as usize;
     if w.frame == 0 || i >= MAX_PY_FRAMES {
         return 1;

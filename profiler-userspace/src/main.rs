@@ -111,6 +111,13 @@ struct RunArgs {
     /// No summary on stderr.
     #[arg(short, long)]
     quiet: bool,
+    /// Load the BPF programs made for kernels older than 5.18 even on a newer one (the kernel's
+    /// BTF chooses otherwise; this is for comparing the two, and for kernels that misreport).
+    #[arg(long, hide = true)]
+    compat_programs: bool,
+    /// Print more: the kernel's whole verifier log when it refuses a program.
+    #[arg(short, long)]
+    verbose: bool,
     /// Command to launch and profile until it exits.
     #[arg(last = true, value_name = "CMD")]
     command: Vec<String>,
@@ -186,8 +193,17 @@ impl From<CaptureError> for AppError {
             CaptureError::Load(ref m) if m.contains("Operation not permitted") => AppError::Permission(format!(
                 "{e}: needs root, or CAP_BPF, CAP_PERFMON, CAP_SYS_PTRACE, CAP_DAC_READ_SEARCH and CAP_SYSLOG"
             )),
+            CaptureError::Refused { permission: true, .. } => AppError::Permission(format!(
+                "{e}: needs root, or CAP_BPF, CAP_PERFMON, CAP_SYS_PTRACE, CAP_DAC_READ_SEARCH and CAP_SYSLOG"
+            )),
+            CaptureError::Refused { .. } => AppError::Kernel(format!(
+                "{e} (run with --verbose for the verifier's log; tachyon-bpf needs Linux {} or newer with BTF)",
+                capture::MIN_KERNEL
+            )),
+            CaptureError::Missing { .. } => AppError::Kernel(e.to_string()),
             CaptureError::Load(_) | CaptureError::Attach { .. } => AppError::Kernel(format!(
-                "{e} (needs a kernel with BTF, BPF ring buffers and perf_event BPF programs, 5.15 or newer)"
+                "{e} (tachyon-bpf needs Linux {} or newer with BTF, BPF ring buffers and perf_event BPF programs)",
+                capture::MIN_KERNEL
             )),
             other => AppError::Other(other.to_string()),
         }
@@ -487,7 +503,22 @@ async fn run(cli: RunArgs, sink: Sink) -> Result<i32, AppError> {
         follow_children: cli.subprocesses,
         exec_all: cli.all_pythons,
         rate_hz: rate,
+        force_compat: cli.compat_programs,
+    })
+    .inspect_err(|e| {
+        if let capture::CaptureError::Refused { log, .. } = e {
+            if cli.verbose {
+                eprintln!("tachyon-bpf: the verifier's log:\n{log}");
+            }
+        }
     })?;
+    if cli.verbose {
+        eprintln!(
+            "tachyon-bpf: kernel {}: {} BPF programs",
+            capture.kernel.release,
+            capture.kernel.variant()
+        );
+    }
     capture.attach_lifetimes()?;
     let mut launched = if cli.command.is_empty() {
         None

@@ -9,7 +9,11 @@
 use std::collections::HashMap;
 
 const BTF_MAGIC: u16 = 0xeb9f;
+const KIND_PTR: u32 = 2;
 const KIND_STRUCT: u32 = 4;
+const KIND_ENUM: u32 = 6;
+const KIND_TYPEDEF: u32 = 8;
+const KIND_FUNC_PROTO: u32 = 13;
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum BtfError {
@@ -19,6 +23,180 @@ pub enum BtfError {
     NoStruct(String),
     #[error("kernel BTF: struct {0} has no member {1}")]
     NoMember(String, String),
+    #[error("kernel BTF has no tracepoint {0}")]
+    NoTracepoint(&'static str),
+}
+
+/// One parsed type section: the offset of every type record, by type id (id 0 is `void`).
+pub struct Btf<'a> {
+    data: &'a [u8],
+    strings: usize,
+    str_len: usize,
+    /// Offset of type `id` at index `id - 1`.
+    types: Vec<usize>,
+}
+
+/// A type record's common header.
+#[derive(Clone, Copy)]
+struct Type {
+    name_off: u32,
+    kind: u32,
+    vlen: usize,
+    kflag: bool,
+    /// `size` or `type`, by kind.
+    size_type: u32,
+    body: usize,
+}
+
+fn u32_at(data: &[u8], o: usize) -> Option<u32> {
+    data.get(o..o.checked_add(4)?)
+        .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")))
+}
+
+impl<'a> Btf<'a> {
+    pub fn parse(data: &'a [u8]) -> Result<Btf<'a>, BtfError> {
+        let u16_at = |o: usize| data.get(o..o + 2).map(|b| u16::from_le_bytes([b[0], b[1]]));
+        let u32_at = |o: usize| u32_at(data, o);
+        if u16_at(0) != Some(BTF_MAGIC) {
+            return Err(BtfError::Format("bad magic (not little-endian BTF)"));
+        }
+        let hdr_len = u32_at(4).ok_or(BtfError::Format("short header"))? as usize;
+        let type_off = u32_at(8).ok_or(BtfError::Format("short header"))? as usize;
+        let type_len = u32_at(12).ok_or(BtfError::Format("short header"))? as usize;
+        let str_off = u32_at(16).ok_or(BtfError::Format("short header"))? as usize;
+        let str_len = u32_at(20).ok_or(BtfError::Format("short header"))? as usize;
+        let start = hdr_len
+            .checked_add(type_off)
+            .filter(|&t| t.checked_add(type_len).is_some_and(|e| e <= data.len()))
+            .ok_or(BtfError::Format("type section out of bounds"))?;
+        let strings = hdr_len
+            .checked_add(str_off)
+            .filter(|&s| s.checked_add(str_len).is_some_and(|e| e <= data.len()))
+            .ok_or(BtfError::Format("string section out of bounds"))?;
+        let mut types = Vec::new();
+        let mut p = start;
+        let end = start + type_len;
+        while p + 12 <= end {
+            let info = u32_at(p + 4).expect("bounded");
+            let kind = (info >> 24) & 0x1f;
+            let vlen = (info & 0xffff) as usize;
+            // Bytes of kind-specific data after the 12-byte common header.
+            let extra = match kind {
+                1 | 14 | 17 => 4,             // int, var, decl_tag
+                3 => 12,                      // array
+                4 | 5 | 15 | 19 => 12 * vlen, // struct, union, datasec, enum64
+                6 | 13 => 8 * vlen,           // enum, func_proto
+                _ => 0,
+            };
+            types.push(p);
+            p += 12 + extra;
+        }
+        if p > end {
+            return Err(BtfError::Format("truncated type"));
+        }
+        Ok(Btf {
+            data,
+            strings,
+            str_len,
+            types,
+        })
+    }
+
+    fn name(&self, off: u32) -> &'a [u8] {
+        let start = self.strings + off as usize;
+        let end_max = self.strings + self.str_len;
+        if start >= end_max {
+            return b"";
+        }
+        let rest = &self.data[start..end_max];
+        &rest[..rest.iter().position(|&b| b == 0).unwrap_or(rest.len())]
+    }
+
+    fn ty(&self, id: u32) -> Option<Type> {
+        let p = *self.types.get((id as usize).checked_sub(1)?)?;
+        let info = u32_at(self.data, p + 4)?;
+        Some(Type {
+            name_off: u32_at(self.data, p)?,
+            kind: (info >> 24) & 0x1f,
+            vlen: (info & 0xffff) as usize,
+            kflag: info >> 31 != 0,
+            size_type: u32_at(self.data, p + 8)?,
+            body: p + 12,
+        })
+    }
+
+    /// The first type of `kind` named `name`.
+    fn find(&self, kind: u32, name: &str) -> Option<Type> {
+        (1..=self.types.len() as u32)
+            .filter_map(|id| self.ty(id))
+            .find(|t| t.kind == kind && self.name(t.name_off) == name.as_bytes())
+    }
+
+    /// Byte offsets of the named members of one struct.
+    pub fn struct_offsets(
+        &self,
+        strukt: &str,
+        members: &[&str],
+    ) -> Result<HashMap<String, u32>, BtfError> {
+        let t = self
+            .find(KIND_STRUCT, strukt)
+            .ok_or_else(|| BtfError::NoStruct(strukt.into()))?;
+        let mut out = HashMap::new();
+        for i in 0..t.vlen {
+            let m = t.body + 12 * i;
+            let (Some(mname), Some(moff)) = (u32_at(self.data, m), u32_at(self.data, m + 8)) else {
+                return Err(BtfError::Format("truncated struct"));
+            };
+            let bits = if t.kflag { moff & 0x00ff_ffff } else { moff };
+            let mname = String::from_utf8_lossy(self.name(mname)).into_owned();
+            if members.contains(&mname.as_str()) {
+                out.insert(mname, bits / 8);
+            }
+        }
+        for m in members {
+            if !out.contains_key(*m) {
+                return Err(BtfError::NoMember(strukt.into(), (*m).into()));
+            }
+        }
+        Ok(out)
+    }
+
+    /// The offset of the first of `names` that the struct has.
+    pub fn member_offset_any(&self, strukt: &str, names: &[&str]) -> Result<u32, BtfError> {
+        for n in names {
+            if let Ok(m) = self.struct_offsets(strukt, &[n]) {
+                return Ok(m[*n]);
+            }
+        }
+        Err(BtfError::NoMember(strukt.into(), names.join(" or ")))
+    }
+
+    /// Whether `enum name` has the enumerator `value` (how a kernel says which BPF helpers it
+    /// knows: `enum bpf_func_id`).
+    pub fn has_enumerator(&self, name: &str, value: &str) -> bool {
+        // Every enum of that name: a forward declaration is an enum without values.
+        (1..=self.types.len() as u32)
+            .filter_map(|id| self.ty(id))
+            .filter(|t| t.kind == KIND_ENUM && self.name(t.name_off) == name.as_bytes())
+            .any(|t| {
+                (0..t.vlen).any(|i| {
+                    u32_at(self.data, t.body + 8 * i)
+                        .is_some_and(|n| self.name(n) == value.as_bytes())
+                })
+            })
+    }
+
+    /// How many arguments a raw tracepoint passes (`typedef void (*btf_trace_NAME)(void *,
+    /// args...)`), not counting the leading context pointer; `None` when the kernel has no such
+    /// tracepoint. (The prototype's parameters carry no names in the kernel's BTF.)
+    pub fn tracepoint_args(&self, tp: &str) -> Option<usize> {
+        let td = self.find(KIND_TYPEDEF, &format!("btf_trace_{tp}"))?;
+        let ptr = self.ty(td.size_type).filter(|t| t.kind == KIND_PTR)?;
+        let proto = self
+            .ty(ptr.size_type)
+            .filter(|t| t.kind == KIND_FUNC_PROTO)?;
+        Some(proto.vlen.saturating_sub(1))
+    }
 }
 
 /// Byte offsets of the named members of one struct, as BTF describes it.
@@ -27,85 +205,94 @@ pub fn struct_offsets(
     strukt: &str,
     members: &[&str],
 ) -> Result<HashMap<String, u32>, BtfError> {
-    let u16_at = |o: usize| data.get(o..o + 2).map(|b| u16::from_le_bytes([b[0], b[1]]));
-    let u32_at = |o: usize| {
-        data.get(o..o + 4)
-            .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")))
-    };
-    if u16_at(0) != Some(BTF_MAGIC) {
-        return Err(BtfError::Format("bad magic (not little-endian BTF)"));
-    }
-    let hdr_len = u32_at(4).ok_or(BtfError::Format("short header"))? as usize;
-    let type_off = u32_at(8).ok_or(BtfError::Format("short header"))? as usize;
-    let type_len = u32_at(12).ok_or(BtfError::Format("short header"))? as usize;
-    let str_off = u32_at(16).ok_or(BtfError::Format("short header"))? as usize;
-    let str_len = u32_at(20).ok_or(BtfError::Format("short header"))? as usize;
-    let types = hdr_len
-        .checked_add(type_off)
-        .filter(|&t| t.checked_add(type_len).is_some_and(|e| e <= data.len()))
-        .ok_or(BtfError::Format("type section out of bounds"))?;
-    let strings = hdr_len
-        .checked_add(str_off)
-        .filter(|&s| s.checked_add(str_len).is_some_and(|e| e <= data.len()))
-        .ok_or(BtfError::Format("string section out of bounds"))?;
-    let name = |off: u32| -> &[u8] {
-        let start = strings + off as usize;
-        let end_max = strings + str_len;
-        if start >= end_max {
-            return b"";
-        }
-        let rest = &data[start..end_max];
-        &rest[..rest.iter().position(|&b| b == 0).unwrap_or(rest.len())]
-    };
-    let mut p = types;
-    let end = types + type_len;
-    while p + 12 <= end {
-        let name_off = u32_at(p).expect("bounded");
-        let info = u32_at(p + 4).expect("bounded");
-        let kind = (info >> 24) & 0x1f;
-        let vlen = (info & 0xffff) as usize;
-        let kflag = info >> 31 != 0;
-        let body = p + 12;
-        // Bytes of kind-specific data after the 12-byte common header.
-        let extra = match kind {
-            1 | 14 | 17 => 4,             // int, var, decl_tag
-            3 => 12,                      // array
-            4 | 5 | 15 | 19 => 12 * vlen, // struct, union, datasec, enum64
-            6 | 13 => 8 * vlen,           // enum, func_proto
-            _ => 0,
-        };
-        if kind == KIND_STRUCT && name(name_off) == strukt.as_bytes() {
-            let mut out = HashMap::new();
-            for i in 0..vlen {
-                let m = body + 12 * i;
-                let (Some(mname), Some(moff)) = (u32_at(m), u32_at(m + 8)) else {
-                    return Err(BtfError::Format("truncated struct"));
-                };
-                let bits = if kflag { moff & 0x00ff_ffff } else { moff };
-                let mname = String::from_utf8_lossy(name(mname)).into_owned();
-                if members.contains(&mname.as_str()) {
-                    out.insert(mname, bits / 8);
-                }
-            }
-            for m in members {
-                if !out.contains_key(*m) {
-                    return Err(BtfError::NoMember(strukt.into(), (*m).into()));
-                }
-            }
-            return Ok(out);
-        }
-        p = body + extra;
-    }
-    Err(BtfError::NoStruct(strukt.into()))
+    Btf::parse(data)?.struct_offsets(strukt, members)
 }
 
-/// `task_struct` offsets of `pid`, `tgid` and `flags` on the running kernel.
-pub fn task_offsets() -> Result<(u32, u32, u32), String> {
-    let data = std::fs::read("/sys/kernel/btf/vmlinux")
-        .map_err(|e| format!("reading /sys/kernel/btf/vmlinux: {e}"))?;
-    let m = struct_offsets(&data, "task_struct", &["pid", "tgid", "flags"])
-        .map_err(|e| e.to_string())?;
-    Ok((m["pid"], m["tgid"], m["flags"]))
+/// What the running kernel offers the BPF programs, read from its BTF once at start-up.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KernelInfo {
+    /// `uname -r`.
+    pub release: String,
+    /// `task_struct` offsets.
+    pub task_pid: u32,
+    pub task_tgid: u32,
+    pub task_flags: u32,
+    pub task_state: u32,
+    pub task_stack: u32,
+    pub task_signal: u32,
+    pub signal_live: u32,
+    /// BPF helpers the kernel knows.
+    pub has_bpf_loop: bool,
+    pub has_task_pt_regs: bool,
+    pub has_current_task_btf: bool,
+    /// `sched_switch` passes `prev_state` (5.18+).
+    pub switch_has_prev_state: bool,
+    /// BPF ring buffers (5.8+), which nothing can replace.
+    pub has_ringbuf: bool,
+    /// The modern program set is loaded (see the BPF crate's documentation): the kernel has
+    /// every one of its features, and the compat set was not asked for.
+    pub modern: bool,
+}
+
+impl KernelInfo {
+    /// The program set loaded, in words, for the summary and `meta.tachyon`.
+    pub fn variant(&self) -> &'static str {
+        if self.modern {
+            "modern (bpf_loop, bpf_task_pt_regs, sched_switch prev_state)"
+        } else {
+            "compat (bounded frame loop, registers from the kernel stack, task state from the task)"
+        }
+    }
+
+    pub fn from_btf(btf: &Btf, release: String) -> Result<KernelInfo, BtfError> {
+        let task =
+            btf.struct_offsets("task_struct", &["pid", "tgid", "flags", "stack", "signal"])?;
+        let task_state = btf.member_offset_any("task_struct", &["__state", "state"])?;
+        let signal_live = btf.struct_offsets("signal_struct", &["live"])?["live"];
+        let switch = btf
+            .tracepoint_args("sched_switch")
+            .ok_or(BtfError::NoTracepoint("sched_switch"))?;
+        let has = |f: &str| btf.has_enumerator("bpf_func_id", f);
+        let has_bpf_loop = has("BPF_FUNC_loop");
+        let has_task_pt_regs = has("BPF_FUNC_task_pt_regs");
+        let has_current_task_btf = has("BPF_FUNC_get_current_task_btf");
+        // (preempt, prev, next) before 5.18; prev_state was added as the fourth.
+        let switch_has_prev_state = switch >= 4;
+        Ok(KernelInfo {
+            release,
+            task_pid: task["pid"],
+            task_tgid: task["tgid"],
+            task_flags: task["flags"],
+            task_state,
+            task_stack: task["stack"],
+            task_signal: task["signal"],
+            signal_live,
+            has_bpf_loop,
+            has_task_pt_regs,
+            has_current_task_btf,
+            switch_has_prev_state,
+            has_ringbuf: has("BPF_FUNC_ringbuf_output"),
+            modern: has_bpf_loop
+                && has_task_pt_regs
+                && has_current_task_btf
+                && switch_has_prev_state,
+        })
+    }
+
+    /// The running kernel, from `/sys/kernel/btf/vmlinux`.
+    pub fn probe() -> Result<KernelInfo, String> {
+        let data = std::fs::read("/sys/kernel/btf/vmlinux")
+            .map_err(|e| format!("reading /sys/kernel/btf/vmlinux: {e}"))?;
+        let btf = Btf::parse(&data).map_err(|e| e.to_string())?;
+        KernelInfo::from_btf(&btf, kernel_release()).map_err(|e| e.to_string())
+    }
+}
+
+/// The running kernel's release (`uname -r`).
+pub fn kernel_release() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "unknown".into())
 }
 
 #[cfg(test)]
@@ -159,9 +346,22 @@ mod tests {
     }
 
     #[test]
-    fn running_kernel_has_task_offsets() {
-        let (pid, tgid, flags) = task_offsets().unwrap();
-        assert_eq!(tgid, pid + 4);
-        assert!(flags < pid);
+    fn running_kernel_is_probed() {
+        let k = KernelInfo::probe().unwrap();
+        assert_eq!(k.task_tgid, k.task_pid + 4);
+        assert!(k.task_flags < k.task_pid);
+        assert!(
+            k.signal_live < 64,
+            "live is near the start of signal_struct"
+        );
+        // This machine's kernel (6.18) has every feature of the modern set.
+        assert!(k.has_bpf_loop && k.has_task_pt_regs && k.switch_has_prev_state);
+        assert!(k.modern);
+        let btf_data = std::fs::read("/sys/kernel/btf/vmlinux").unwrap();
+        let btf = Btf::parse(&btf_data).unwrap();
+        assert_eq!(btf.tracepoint_args("sched_switch"), Some(4));
+        assert_eq!(btf.tracepoint_args("sched_process_fork"), Some(2));
+        assert!(!btf.has_enumerator("bpf_func_id", "BPF_FUNC_no_such_helper"));
+        assert!(btf.tracepoint_args("no_such_tracepoint").is_none());
     }
 }

@@ -14,10 +14,30 @@ use profiler_common::{
 
 static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(env!("TACHYON_BPF_OBJECT"));
 
+/// The oldest kernel the programs are built and tested for (README "Kernels").
+pub const MIN_KERNEL: &str = "5.10";
+
 #[derive(Debug, thiserror::Error)]
 pub enum CaptureError {
-    #[error("loading the BPF program failed: {0}")]
+    #[error("loading the BPF programs failed: {0}")]
     Load(String),
+    /// The kernel's verifier refused a program: `reason` is the log's conclusion, `log` the
+    /// whole verifier log (shown with `--verbose`).
+    #[error("kernel {kernel} refused the BPF program {program} ({purpose}): {reason}")]
+    Refused {
+        program: &'static str,
+        purpose: &'static str,
+        kernel: String,
+        reason: String,
+        log: String,
+        /// The load failed with EPERM/EACCES before any verification (not enough privilege).
+        permission: bool,
+    },
+    /// The running kernel lacks something no program variant can do without.
+    #[error(
+        "kernel {kernel} lacks {feature}: tachyon-bpf needs Linux {MIN_KERNEL} or newer with it"
+    )]
+    Missing { kernel: String, feature: String },
     #[error("attaching to the cpu-clock perf event on CPU {cpu} failed: {source}")]
     Attach {
         cpu: u32,
@@ -48,18 +68,45 @@ pub struct CaptureOptions {
     pub exec_all: bool,
     /// The sampling rate, which also limits full off-CPU captures per thread.
     pub rate_hz: u64,
+    /// Load the compat program set even where the modern one fits (`--compat-programs`).
+    pub force_compat: bool,
 }
 
-/// The scheduler and lifetime programs: (program name, tracepoint).
-const TRACEPOINTS: [(&str, &str); 4] = [
-    ("tachyon_switch", "sched_switch"),
+/// The lifetime programs: (program name, tracepoint). The scheduler program is chosen per kernel.
+const LIFETIMES: [(&str, &str); 3] = [
     ("tachyon_fork", "sched_process_fork"),
     ("tachyon_exec", "sched_process_exec"),
     ("tachyon_exit", "sched_process_exit"),
 ];
 
+/// One set of programs that fits a kernel (see the BPF crate's documentation).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProgramSet {
+    pub sample: &'static str,
+    pub switch: &'static str,
+}
+
+impl ProgramSet {
+    pub fn for_kernel(k: &btf::KernelInfo) -> ProgramSet {
+        if k.modern {
+            ProgramSet {
+                sample: "tachyon_sample",
+                switch: "tachyon_switch",
+            }
+        } else {
+            ProgramSet {
+                sample: "tachyon_sample_compat",
+                switch: "tachyon_switch_compat",
+            }
+        }
+    }
+}
+
 pub struct Capture {
     bpf: Ebpf,
+    /// What the running kernel offers, and the programs chosen for it.
+    pub kernel: btf::KernelInfo,
+    programs: ProgramSet,
     attached: Vec<aya::programs::perf_event::PerfEventLinkId>,
     tracepoints: Vec<(&'static str, aya::programs::tp_btf::BtfTracePointLinkId)>,
     offcpu: u32,
@@ -84,6 +131,16 @@ impl Capture {
         let ring = opts.ring_bytes.next_power_of_two().max(1 << 20);
         let possible =
             aya::util::nr_cpus().map_err(|(s, e)| CaptureError::Cpus(format!("{s}: {e}")))?;
+        let kernel = btf::KernelInfo::probe().map_err(CaptureError::Load)?;
+        if !kernel.has_ringbuf {
+            return Err(CaptureError::Missing {
+                kernel: kernel.release.clone(),
+                feature: "BPF ring buffers (5.8)".into(),
+            });
+        }
+        let mut kernel = kernel;
+        kernel.modern = kernel.modern && !opts.force_compat;
+        let programs = ProgramSet::for_kernel(&kernel);
         // Parsed once, for the loader and the tracepoints (it is most of the load's CPU time).
         let kernel_btf = Btf::from_sys_fs().map_err(|e| CaptureError::Load(e.to_string()))?;
         let mut bpf = EbpfLoader::new()
@@ -92,47 +149,61 @@ impl Capture {
             .map_max_entries("SCRATCH", possible as u32)
             .load(BPF_OBJECT)
             .map_err(|e| CaptureError::Load(format!("{e:#}")))?;
-        let (task_pid_off, task_tgid_off, task_flags_off) =
-            btf::task_offsets().map_err(CaptureError::Load)?;
         let cfg = Config {
             all: opts.all as u32,
             ustack_size: clamp_stack_size(opts.stack_size) as u32,
             self_tgid: std::process::id(),
             offcpu: opts.offcpu,
             follow_children: opts.follow_children as u32,
-            task_pid_off,
-            task_tgid_off,
-            task_flags_off,
+            task_pid_off: kernel.task_pid,
+            task_tgid_off: kernel.task_tgid,
+            task_flags_off: kernel.task_flags,
             exec_all: opts.exec_all as u32,
             wakeup_bytes: ring / 4,
             offcpu_min_gap_ns: 1_000_000_000 / opts.rate_hz.max(1),
+            task_state_off: kernel.task_state,
+            task_stack_off: kernel.task_stack,
+            task_signal_off: kernel.task_signal,
+            signal_live_off: kernel.signal_live,
+            // x86_64: PAGE_SIZE << THREAD_SIZE_ORDER (2); distribution kernels build no KASAN.
+            thread_size: 16384,
+            _pad: 0,
         };
         let mut arr: Array<_, Config> = Array::try_from(bpf.map_mut("CONFIG").expect("CONFIG map"))
             .map_err(map_err("CONFIG"))?;
         arr.set(0, cfg, 0).map_err(map_err("CONFIG"))?;
+        let refused = |program: &'static str, purpose: &'static str| {
+            let kernel = kernel.release.clone();
+            move |e: ProgramError| refusal(program, purpose, kernel, e)
+        };
         let prog: &mut PerfEvent = bpf
-            .program_mut("tachyon_sample")
-            .expect("program tachyon_sample")
+            .program_mut(programs.sample)
+            .expect("sampling program")
             .try_into()
             .map_err(|e: ProgramError| CaptureError::Load(e.to_string()))?;
         prog.load()
-            .map_err(|e| CaptureError::Load(verifier_text(&e)))?;
-        for (name, tp) in TRACEPOINTS {
-            if name == "tachyon_switch" && opts.offcpu == OFFCPU_NONE {
-                continue;
-            }
+            .map_err(refused(programs.sample, "the sampler"))?;
+        let mut tracepoints: Vec<(&'static str, &'static str, &'static str)> = LIFETIMES
+            .iter()
+            .map(|&(n, tp)| (n, tp, "process lifetimes"))
+            .collect();
+        if opts.offcpu != OFFCPU_NONE {
+            tracepoints.push((programs.switch, "sched_switch", "off-CPU time"));
+        }
+        for (name, tp, purpose) in tracepoints {
             let prog: &mut BtfTracePoint = bpf
                 .program_mut(name)
                 .expect("tracepoint program")
                 .try_into()
                 .map_err(|e: ProgramError| CaptureError::Load(e.to_string()))?;
-            prog.load(tp, &kernel_btf)
-                .map_err(|e| CaptureError::Load(format!("{name}: {}", verifier_text(&e))))?;
+            prog.load(tp, &kernel_btf).map_err(refused(name, purpose))?;
         }
         let cpus =
             aya::util::online_cpus().map_err(|(s, e)| CaptureError::Cpus(format!("{s}: {e}")))?;
         Ok(Capture {
             bpf,
+            kernel,
+            programs,
             attached: Vec::new(),
             tracepoints: Vec::new(),
             offcpu: opts.offcpu,
@@ -157,10 +228,7 @@ impl Capture {
 
     /// Starts the lifetime programs (before the target starts, so its threads are seen born).
     pub fn attach_lifetimes(&mut self) -> Result<(), CaptureError> {
-        for (name, tp) in TRACEPOINTS {
-            if name == "tachyon_switch" {
-                continue;
-            }
+        for (name, tp) in LIFETIMES {
             self.attach_tracepoint(name, tp)?;
         }
         Ok(())
@@ -188,13 +256,13 @@ impl Capture {
     /// and the scheduler program when off-CPU time is recorded.
     pub fn attach(&mut self, rate_hz: u64) -> Result<(), CaptureError> {
         if self.offcpu != OFFCPU_NONE {
-            self.attach_tracepoint("tachyon_switch", "sched_switch")?;
+            self.attach_tracepoint(self.programs.switch, "sched_switch")?;
         }
         let period_ns = (1_000_000_000 / rate_hz.max(1)).max(1);
         let prog: &mut PerfEvent = self
             .bpf
-            .program_mut("tachyon_sample")
-            .expect("program tachyon_sample")
+            .program_mut(self.programs.sample)
+            .expect("sampling program")
             .try_into()
             .map_err(|e: ProgramError| CaptureError::Load(e.to_string()))?;
         for &cpu in &self.cpus {
@@ -222,7 +290,7 @@ impl Capture {
                 let _ = prog.detach(link);
             }
         }
-        if let Some(p) = self.bpf.program_mut("tachyon_sample") {
+        if let Some(p) = self.bpf.program_mut(self.programs.sample) {
             if let Ok(prog) = <&mut PerfEvent>::try_from(p) {
                 for link in self.attached.drain(..) {
                     let _ = prog.detach(link);
@@ -305,19 +373,52 @@ impl Drop for Capture {
     }
 }
 
-fn verifier_text(e: &ProgramError) -> String {
+/// A program the kernel would not load, as one line (the verifier's conclusion) plus its log.
+fn refusal(
+    program: &'static str,
+    purpose: &'static str,
+    kernel: String,
+    e: ProgramError,
+) -> CaptureError {
     match e {
         ProgramError::LoadError {
             io_error,
             verifier_log,
         } => {
             let log = verifier_log.to_string();
-            let tail: Vec<&str> = log.lines().rev().take(20).collect();
-            format!(
-                "{io_error}; verifier log (last lines):\n{}",
-                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
-            )
+            let permission =
+                matches!(io_error.raw_os_error(), Some(libc::EPERM)) && log.trim().is_empty();
+            // The verifier's conclusion is its last line that says something (the final lines
+            // are statistics: "processed N insns ...", "verification time ...").
+            let reason = log
+                .lines()
+                .rev()
+                .map(str::trim)
+                .find(|l| {
+                    !l.is_empty()
+                        && !l.starts_with("processed ")
+                        && !l.starts_with("verification time")
+                        && !l.starts_with("stack depth")
+                        && !l.starts_with("-- END PROG LOAD LOG --")
+                })
+                .map(|l| format!("{io_error}: {l}"))
+                .unwrap_or_else(|| io_error.to_string());
+            CaptureError::Refused {
+                program,
+                purpose,
+                kernel,
+                reason,
+                log,
+                permission,
+            }
         }
-        other => other.to_string(),
+        other => CaptureError::Refused {
+            program,
+            purpose,
+            kernel,
+            reason: other.to_string(),
+            log: String::new(),
+            permission: false,
+        },
     }
 }
