@@ -504,6 +504,7 @@ async fn run(cli: RunArgs, sink: Sink) -> Result<i32, AppError> {
         exec_all: cli.all_pythons,
         rate_hz: rate,
         force_compat: cli.compat_programs,
+        full_verifier_log: cli.verbose,
     })
     .inspect_err(|e| {
         if let capture::CaptureError::Refused { log, .. } = e {
@@ -518,6 +519,9 @@ async fn run(cli: RunArgs, sink: Sink) -> Result<i32, AppError> {
             capture.kernel.release,
             capture.kernel.variant()
         );
+        for (name, n) in capture.verified_insns() {
+            eprintln!("tachyon-bpf: {name}: {n} instructions verified");
+        }
     }
     capture.attach_lifetimes()?;
     let mut launched = if cli.command.is_empty() {

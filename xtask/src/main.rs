@@ -12,18 +12,22 @@ use anyhow::{bail, Context, Result};
 include!("ebpf_build.rs");
 
 mod bench;
+mod kernels;
 mod pythons;
 mod soak;
 
 // golang-go: `go tool pprof`, the consumer the pprof tests read profiles back with.
 // patchelf: Debian's python3.14/3.15 run from `.tools` with their own C library (pythons.rs).
-const APT_PACKAGES: [&str; 6] = [
+// qemu-system-x86, kmod (depmod): the kernel matrix (kernels.rs).
+const APT_PACKAGES: [&str; 8] = [
     "rustc-web",
     "cargo-web",
     "rust-web-src",
     "llvm-22-dev",
     "golang-go",
     "patchelf",
+    "qemu-system-x86",
+    "kmod",
 ];
 const BPF_LINKER_VERSION: &str = "0.13.0";
 const NODE_PACKAGES: [&str; 2] = ["node@24", "@firefox-devtools/profiler-cli@0.10.0"];
@@ -103,6 +107,7 @@ fn setup_tools() -> Result<PathBuf> {
             .args(NODE_PACKAGES))?;
     }
     pythons::setup(&tools)?;
+    kernels::setup(&tools)?;
     Ok(tools)
 }
 

@@ -7,7 +7,7 @@ pub mod record;
 use aya::maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf};
 use aya::programs::perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent};
 use aya::programs::{BtfTracePoint, PerfEvent, ProgramError};
-use aya::{Btf, Ebpf, EbpfLoader};
+use aya::{Btf, Ebpf, EbpfLoader, VerifierLogLevel};
 use profiler_common::{
     thread_key, Config, PyProcConfig, MAX_USTACK, OFFCPU_NONE, STAT_COUNT, USTACK_CHUNK,
 };
@@ -70,6 +70,11 @@ pub struct CaptureOptions {
     pub rate_hz: u64,
     /// Load the compat program set even where the modern one fits (`--compat-programs`).
     pub force_compat: bool,
+    /// Keep the verifier's instruction-level log of a refused program (`--verbose`); otherwise
+    /// only its messages and statistics, which keep the error and fit the log buffer however
+    /// large the program (a full log of the compat set overflows it, and the load then fails
+    /// with ENOSPC instead of the real reason).
+    pub full_verifier_log: bool,
 }
 
 /// The lifetime programs: (program name, tracepoint). The scheduler program is chosen per kernel.
@@ -143,8 +148,14 @@ impl Capture {
         let programs = ProgramSet::for_kernel(&kernel);
         // Parsed once, for the loader and the tracepoints (it is most of the load's CPU time).
         let kernel_btf = Btf::from_sys_fs().map_err(|e| CaptureError::Load(e.to_string()))?;
+        let log_level = if opts.full_verifier_log {
+            VerifierLogLevel::DEBUG | VerifierLogLevel::STATS
+        } else {
+            VerifierLogLevel::STATS
+        };
         let mut bpf = EbpfLoader::new()
             .btf(Some(&kernel_btf))
+            .verifier_log_level(log_level)
             .map_max_entries("SAMPLES", ring)
             .map_max_entries("SCRATCH", possible as u32)
             .load(BPF_OBJECT)
@@ -224,6 +235,17 @@ impl Capture {
             }
         }
         Some(total)
+    }
+
+    /// Instructions the verifier went through for each loaded program (5.16+ kernels say).
+    pub fn verified_insns(&self) -> Vec<(String, u32)> {
+        self.bpf
+            .programs()
+            .filter_map(|(name, prog)| {
+                let n = prog.info().ok()?.verified_instruction_count()?;
+                Some((name.to_string(), n))
+            })
+            .collect()
     }
 
     /// Starts the lifetime programs (before the target starts, so its threads are seen born).

@@ -1,0 +1,350 @@
+//! The kernel matrix: Debian's kernels that fleets run, booted under qemu (TCG) with this
+//! machine's root file system shared read-only over 9p, so the real binary, the real
+//! interpreters and the real tests run on each of them.
+//!
+//! `setup` fetches each kernel package through a private apt configuration (the system's apt
+//! state is untouched, as for Debian's interpreters in `pythons.rs`) and builds a small
+//! initramfs per kernel: Debian's static busybox, the kernel's own virtio/9p modules
+//! (decompressed here, since busybox's insmod takes plain `.ko` files) and an `/init` that mounts
+//! the host's root, a writable results share and the kernel file systems, then runs the guest
+//! script the test wrote and powers off. No disk image and no network device.
+//!
+//! The boot itself is `tachyon_bpf_tests::kernels::boot`, used by `tests/tests/kernels.rs`.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+
+use super::{output_of, run};
+
+/// (label, Debian suite): the kernels of Debian 11, 12 and 13, and unstable's newest.
+pub const KERNELS: [(&str, &str); 4] = [
+    ("5.10", "bullseye"),
+    ("6.1", "bookworm"),
+    ("6.12", "trixie"),
+    ("unstable", "sid"),
+];
+
+const SOURCES: &str = "deb http://deb.debian.org/debian bullseye main
+deb http://deb.debian.org/debian bookworm main
+deb http://deb.debian.org/debian trixie main
+deb http://deb.debian.org/debian sid main
+";
+
+/// Modules the guest needs to reach its 9p shares; their dependencies come from `modules.dep`.
+const MODULES: [&str; 3] = ["virtio_pci", "9pnet_virtio", "9p"];
+
+const INIT: &str = r#"#!/bin/busybox sh
+B=/bin/busybox
+$B mkdir -p /proc /sys /dev /newroot
+$B mount -t proc proc /proc
+$B mount -t devtmpfs dev /dev
+for m in $($B cat /modules/order); do
+  $B insmod /modules/$m || echo "tachyon-guest: insmod $m failed"
+done
+$B mount -t 9p -o trans=virtio,version=9p2000.L,ro,cache=loose,msize=262144 hostroot /newroot \
+  || echo "tachyon-guest: mounting the host's root failed"
+$B mount -t tmpfs tmp /newroot/tmp
+$B mkdir -p /newroot/tmp/results
+$B mount -t 9p -o trans=virtio,version=9p2000.L,msize=262144 results /newroot/tmp/results
+$B mount -t proc proc /newroot/proc
+$B mount -t sysfs sys /newroot/sys
+$B mount -t devtmpfs dev /newroot/dev
+$B mount -t tmpfs run /newroot/run
+$B mount -t tracefs tracefs /newroot/sys/kernel/tracing 2>/dev/null
+$B mount -t bpf bpf /newroot/sys/fs/bpf
+$B chroot /newroot /bin/sh -c 'cd /tmp/results && HOME=/tmp PATH=/usr/local/bin:/usr/bin:/bin /bin/sh /tmp/results/guest.sh > /tmp/results/guest.log 2>&1; echo $? > /tmp/results/guest.rc'
+$B sync
+$B umount /newroot/tmp/results
+echo "tachyon-guest: done"
+$B poweroff -f
+"#;
+
+fn apt_opts(apt: &Path) -> Vec<String> {
+    [
+        ("Dir::Etc::sourcelist", apt.join("sources.list")),
+        ("Dir::Etc::sourceparts", PathBuf::from("-")),
+        ("Dir::State::Lists", apt.join("lists")),
+        ("Dir::Cache", apt.join("cache")),
+        ("Dir::State::status", apt.join("status")),
+    ]
+    .iter()
+    .flat_map(|(k, v)| ["-o".to_string(), format!("{k}={}", v.display())])
+    .collect()
+}
+
+/// `Depends` of a package in a suite, as package names.
+fn depends(opts: &[String], pkg: &str) -> Vec<String> {
+    let text = output_of(Command::new("apt-cache").args(opts).args(["show", pkg]));
+    text.lines()
+        .find_map(|l| l.strip_prefix("Depends:"))
+        .map(|d| {
+            d.split(',')
+                .flat_map(|alt| alt.split('|'))
+                .filter_map(|p| p.split_whitespace().next())
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// `.tools/kernels/LABEL/{vmlinuz,initrd,release}` for every kernel, set up if needed
+/// (idempotent; about a minute and 250 MB of downloads the first time).
+pub fn setup(tools: &Path) -> Result<()> {
+    let root = tools.join("kernels");
+    let ready = |label: &str| {
+        ["vmlinuz", "initrd", "release"]
+            .iter()
+            .all(|f| root.join(label).join(f).exists())
+    };
+    if root.join(".complete").exists() && KERNELS.iter().all(|(l, _)| ready(l)) {
+        return Ok(());
+    }
+    eprintln!(
+        "xtask: fetching Debian's kernels 5.10, 6.1, 6.12 and unstable's into .tools/kernels"
+    );
+    let apt = tools.join("kernels-apt");
+    for d in ["lists/partial", "cache/archives/partial"] {
+        std::fs::create_dir_all(apt.join(d))?;
+    }
+    std::fs::write(apt.join("sources.list"), SOURCES)?;
+    std::fs::write(apt.join("status"), "")?;
+    let opts = apt_opts(&apt);
+    run(Command::new("apt-get").args(&opts).args(["update", "-q"]))?;
+    let debs = apt.join("debs");
+    let _ = std::fs::remove_dir_all(&debs);
+    std::fs::create_dir_all(&debs)?;
+    run(Command::new("apt-get")
+        .current_dir(&debs)
+        .args(&opts)
+        .args(["download", "-q", "busybox-static/bookworm"]))?;
+    let busybox_dir = apt.join("busybox");
+    let _ = std::fs::remove_dir_all(&busybox_dir);
+    for deb in std::fs::read_dir(&debs)? {
+        run(Command::new("dpkg-deb")
+            .arg("-x")
+            .arg(deb?.path())
+            .arg(&busybox_dir))?;
+    }
+    let busybox = std::fs::read(busybox_dir.join("bin/busybox")).context("busybox-static")?;
+    for (label, suite) in KERNELS {
+        // The suite's `linux-image-amd64` names the current image package; newer kernels split
+        // it into a small image package plus `linux-binary-*` (vmlinuz) and `linux-modules-*`.
+        let image = depends(&opts, &format!("linux-image-amd64/{suite}"))
+            .into_iter()
+            .find(|p| p.starts_with("linux-image-"))
+            .with_context(|| format!("no linux-image-amd64 in Debian {suite}"))?;
+        let mut pkgs = vec![format!("{image}/{suite}")];
+        for d in depends(&opts, &format!("{image}/{suite}")) {
+            if d.starts_with("linux-binary-") || d.starts_with("linux-modules-") {
+                pkgs.push(format!("{d}/{suite}"));
+            }
+        }
+        let kdebs = apt.join(format!("debs-{label}"));
+        let _ = std::fs::remove_dir_all(&kdebs);
+        std::fs::create_dir_all(&kdebs)?;
+        run(Command::new("apt-get")
+            .current_dir(&kdebs)
+            .args(&opts)
+            .args(["download", "-q"])
+            .args(&pkgs))?;
+        let unpacked = apt.join(format!("unpacked-{label}"));
+        let _ = std::fs::remove_dir_all(&unpacked);
+        for deb in std::fs::read_dir(&kdebs)? {
+            run(Command::new("dpkg-deb")
+                .arg("-x")
+                .arg(deb?.path())
+                .arg(&unpacked))?;
+        }
+        let dir = root.join(label);
+        std::fs::create_dir_all(&dir)?;
+        build_guest(&unpacked, &dir, &busybox).with_context(|| format!("kernel {label}"))?;
+        std::fs::remove_dir_all(&unpacked)?;
+        std::fs::remove_dir_all(&kdebs)?;
+    }
+    std::fs::write(root.join(".complete"), "")?;
+    Ok(())
+}
+
+/// Copies the kernel out of an unpacked package and writes the initramfs beside it.
+fn build_guest(unpacked: &Path, dir: &Path, busybox: &[u8]) -> Result<()> {
+    // `/boot/vmlinuz-RELEASE`, or (newer packages) `/usr/lib/modules/RELEASE/vmlinuz`.
+    let mut found = None;
+    if let Ok(rd) = std::fs::read_dir(unpacked.join("boot")) {
+        for e in rd.flatten() {
+            let n = e.file_name().to_string_lossy().into_owned();
+            if let Some(r) = n.strip_prefix("vmlinuz-") {
+                found = Some((e.path(), r.to_string()));
+            }
+        }
+    }
+    for base in ["usr/lib/modules", "lib/modules"] {
+        if let Ok(rd) = std::fs::read_dir(unpacked.join(base)) {
+            for e in rd.flatten() {
+                if found.is_none() && e.path().join("vmlinuz").exists() {
+                    found = Some((
+                        e.path().join("vmlinuz"),
+                        e.file_name().to_string_lossy().into_owned(),
+                    ));
+                }
+            }
+        }
+    }
+    let (vmlinuz, release) = found.context("no vmlinuz in the package")?;
+    // Packages do not ship modules.dep (depmod writes it at install time): write it here. depmod
+    // looks under BASE/lib/modules, which merged-/usr packages only have as usr/lib/modules.
+    if !unpacked.join("lib/modules").exists() && unpacked.join("usr/lib/modules").exists() {
+        std::os::unix::fs::symlink("usr/lib", unpacked.join("lib"))?;
+    }
+    run(Command::new("/sbin/depmod")
+        .arg("-b")
+        .arg(unpacked)
+        .arg(&release))?;
+    let moddir = unpacked.join("lib/modules").join(&release);
+    let dep = std::fs::read_to_string(moddir.join("modules.dep"))?;
+    let order = module_order(&dep, &MODULES)?;
+    let mut files: Vec<(String, Vec<u8>, u32)> = vec![
+        ("bin/busybox".into(), busybox.to_vec(), 0o755),
+        ("init".into(), INIT.as_bytes().to_vec(), 0o755),
+    ];
+    let mut names = Vec::new();
+    for rel in &order {
+        let data = decompress(&moddir.join(rel))?;
+        let name = Path::new(rel)
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .split(".ko")
+            .next()
+            .unwrap()
+            .to_string()
+            + ".ko";
+        files.push((format!("modules/{name}"), data, 0o644));
+        names.push(name);
+    }
+    files.push(("modules/order".into(), names.join("\n").into_bytes(), 0o644));
+    std::fs::write(dir.join("initrd"), newc(&files))?;
+    std::fs::copy(&vmlinuz, dir.join("vmlinuz"))?;
+    std::fs::write(dir.join("release"), &release)?;
+    Ok(())
+}
+
+/// Module paths (relative to the modules directory) in load order: dependencies first.
+fn module_order(dep: &str, wanted: &[&str]) -> Result<Vec<String>> {
+    let deps: std::collections::HashMap<&str, Vec<&str>> = dep
+        .lines()
+        .filter_map(|l| l.split_once(':'))
+        .map(|(m, d)| (m.trim(), d.split_whitespace().collect()))
+        .collect();
+    let by_name = |n: &str| {
+        deps.keys()
+            .find(|k| {
+                Path::new(k)
+                    .file_name()
+                    .is_some_and(|f| f.to_string_lossy().split(".ko").next() == Some(n))
+            })
+            .copied()
+    };
+    let mut order: Vec<String> = Vec::new();
+    for w in wanted {
+        // Built into the kernel when modules.dep does not list it.
+        let Some(m) = by_name(w) else { continue };
+        // modules.dep lists every dependency, transitively, deepest last.
+        for d in deps[m].iter().rev().chain(std::iter::once(&m)) {
+            if !order.iter().any(|o| o == d) {
+                order.push(d.to_string());
+            }
+        }
+    }
+    if order.is_empty() {
+        bail!("none of {wanted:?} in modules.dep");
+    }
+    Ok(order)
+}
+
+fn decompress(path: &Path) -> Result<Vec<u8>> {
+    let name = path.to_string_lossy();
+    let tool = if name.ends_with(".xz") {
+        Some("xz")
+    } else if name.ends_with(".zst") {
+        Some("zstd")
+    } else if name.ends_with(".gz") {
+        Some("gzip")
+    } else {
+        None
+    };
+    match tool {
+        None => Ok(std::fs::read(path)?),
+        Some(t) => {
+            let out = Command::new(t).args(["-d", "-c"]).arg(path).output()?;
+            if !out.status.success() {
+                bail!(
+                    "{t} -d {}: {}",
+                    path.display(),
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+            Ok(out.stdout)
+        }
+    }
+}
+
+/// A `newc` cpio archive of regular files (and the directories above them). Written here
+/// because it is a few lines and Debian's cpio is not on the machine.
+fn newc(files: &[(String, Vec<u8>, u32)]) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut ino = 1u32;
+    let mut entry = |out: &mut Vec<u8>, name: &str, mode: u32, data: &[u8]| {
+        let hdr = format!(
+            "070701{ino:08x}{mode:08x}{:08x}{:08x}{:08x}{:08x}{:08x}{:08x}{:08x}{:08x}{:08x}{:08x}{:08x}",
+            0,
+            0,
+            1,
+            0,
+            data.len(),
+            0,
+            0,
+            0,
+            0,
+            name.len() + 1,
+            0
+        );
+        ino += 1;
+        out.extend_from_slice(hdr.as_bytes());
+        out.extend_from_slice(name.as_bytes());
+        out.push(0);
+        while out.len() % 4 != 0 {
+            out.push(0);
+        }
+        out.extend_from_slice(data);
+        while out.len() % 4 != 0 {
+            out.push(0);
+        }
+    };
+    let mut dirs: Vec<String> = Vec::new();
+    for (name, data, perm) in files {
+        let mut prefix = String::new();
+        for part in name
+            .split('/')
+            .rev()
+            .skip(1)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+        {
+            prefix = if prefix.is_empty() {
+                part.to_string()
+            } else {
+                format!("{prefix}/{part}")
+            };
+            if !dirs.contains(&prefix) {
+                entry(&mut out, &prefix, 0o040755, &[]);
+                dirs.push(prefix.clone());
+            }
+        }
+        entry(&mut out, name, 0o100000 | perm, data);
+    }
+    entry(&mut out, "TRAILER!!!", 0, &[]);
+    out
+}
