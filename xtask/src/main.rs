@@ -1,4 +1,4 @@
-//! Developer tasks: `cargo xtask setup | build-ebpf | build | run -- ARGS | test | bench`.
+//! Developer tasks: `cargo xtask setup | build-ebpf | build | run -- ARGS | test | kernels | bench`.
 //!
 //! Every task first runs `setup`, which is idempotent and fast when nothing is missing: Debian's
 //! BPF-capable Rust toolchain, bpf-linker, and the Firefox Profiler CLI (with Node 24) that the
@@ -234,6 +234,19 @@ fn main() -> Result<()> {
                 soak::soak(&bin, 600)?;
             }
         }
+        "kernels" => {
+            // The kernel matrix alone (it is also part of `test`).
+            setup_toolchain()?;
+            let tools = setup_tools()?;
+            let bin = build_release()?;
+            run(Command::new("cargo")
+                .current_dir(workspace())
+                .env("TACHYON_BPF_BIN", &bin)
+                .env("TACHYON_TOOLS", &tools)
+                .args(["test", "-p", "tachyon-bpf-tests", "--test", "kernels", "--"])
+                .arg("--test-threads=1")
+                .args(rest))?;
+        }
         "soak" => {
             setup_toolchain()?;
             let bin = build_release()?;
@@ -253,7 +266,7 @@ fn main() -> Result<()> {
         }
         _ => {
             eprintln!(
-                "usage: cargo xtask <setup | build-ebpf | build | run -- ARGS | test [FILTER] | bench | fuzz [SECONDS] | soak [SECONDS]>"
+                "usage: cargo xtask <setup | build-ebpf | build | run -- ARGS | test [FILTER] | kernels | bench | fuzz [SECONDS] | soak [SECONDS]>"
             );
             std::process::exit(2);
         }

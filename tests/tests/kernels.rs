@@ -1,0 +1,395 @@
+//! The kernel matrix: the real binary on the kernels fleets run (Debian 11's 5.10, 12's 6.1,
+//! 13's 6.12 and unstable's newest), each booted under qemu (TCG) with this machine's root
+//! shared read-only (see `xtask/src/kernels.rs`, which `cargo xtask` sets up).
+//!
+//! In each guest: `--all-pythons` over two running interpreters, `--pid` in wall mode on
+//! sleeping threads, and `-- COMMAND` on a script that times its own sleeps. Back on the host,
+//! every profile is read through the Firefox Profiler CLI: Python frames merged into the native
+//! stacks, off-CPU time where and as long as it happened, no BPF program left behind, and the
+//! program set each kernel got is the one the README's kernel table promises.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use tachyon_bpf_tests::*;
+
+const WORK: &str = r#"
+import sys, threading, time
+
+def leaf(n):
+    s = 0
+    for i in range(n):
+        s += i
+    return s
+
+def busy(secs):
+    end = time.time() + secs
+    while time.time() < end:
+        leaf(2000)
+
+def nap(t):
+    time.sleep(t)
+
+def napper(end):
+    while time.time() < end:
+        nap(0.1)
+
+def burn(secs):
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < secs:
+        leaf(200)
+
+mode, secs = sys.argv[1], float(sys.argv[2])
+if mode == "busy":
+    busy(secs)
+elif mode == "sleepy":
+    end = time.time() + secs
+    ts = [threading.Thread(target=napper, args=(end,), name=f"napper-{i}") for i in range(3)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+elif mode == "sleeper":
+    slept = 0.0
+    t0 = time.perf_counter()
+    for _ in range(3):
+        burn(secs)
+        s = time.perf_counter()
+        nap(0.5)
+        slept += time.perf_counter() - s
+    print(slept, time.perf_counter() - t0)
+"#;
+
+/// Counts the kernel's BPF programs (BPF_PROG_GET_NEXT_ID), as `bpf_program_count` does here.
+const BPF_COUNT: &str = r#"
+import ctypes, struct
+libc = ctypes.CDLL(None, use_errno=True)
+n, pid = 0, 0
+while True:
+    buf = ctypes.create_string_buffer(struct.pack("III", pid, 0, 0), 12)
+    if libc.syscall(321, 11, buf, 12) != 0:
+        break
+    n += 1
+    pid = struct.unpack("III", buf.raw)[1]
+print(n)
+"#;
+
+struct Guest {
+    label: String,
+    release: String,
+    vmlinuz: PathBuf,
+    initrd: PathBuf,
+}
+
+const KERNELS: [&str; 4] = ["5.10", "6.1", "6.12", "unstable"];
+
+/// The kernels `cargo xtask setup` prepared, in the order of the README's table (only those named
+/// in `TACHYON_KERNELS`, comma-separated, when it is set: a developer's shortcut).
+fn guests() -> Vec<Guest> {
+    let root = tools_dir().join("kernels");
+    let only = std::env::var("TACHYON_KERNELS").ok();
+    KERNELS
+        .iter()
+        .filter(|l| only.as_ref().is_none_or(|o| o.split(',').any(|x| x == **l)))
+        .map(|label| {
+            let d = root.join(label);
+            let release = std::fs::read_to_string(d.join("release")).unwrap_or_else(|_| {
+                panic!(
+                    "kernel {label} is missing under {}: run the tests with `cargo xtask test`",
+                    root.display()
+                )
+            });
+            Guest {
+                label: label.to_string(),
+                release: release.trim().to_string(),
+                vmlinuz: d.join("vmlinuz"),
+                initrd: d.join("initrd"),
+            }
+        })
+        .collect()
+}
+
+/// Boots `guest` with `results` as its writable share (holding `guest.sh`) and waits for it to
+/// power off; returns the serial console's text.
+fn boot(guest: &Guest, results: &Path, timeout: Duration) -> String {
+    let console = results.join("console.log");
+    let mut child = Command::new("qemu-system-x86_64")
+        .args(["-accel", "tcg,thread=multi", "-cpu", "max", "-smp", "2", "-m", "3G"])
+        .args(["-nodefaults", "-display", "none", "-monitor", "none", "-no-reboot"])
+        .arg("-serial")
+        .arg(format!("file:{}", console.display()))
+        .arg("-kernel")
+        .arg(&guest.vmlinuz)
+        .arg("-initrd")
+        .arg(&guest.initrd)
+        .args(["-append", "console=ttyS0 panic=-1 quiet"])
+        .args([
+            "-virtfs",
+            "local,path=/,mount_tag=hostroot,security_model=passthrough,readonly=on,multidevs=remap",
+        ])
+        .arg("-virtfs")
+        .arg(format!(
+            "local,path={},mount_tag=results,security_model=passthrough,multidevs=remap",
+            results.display()
+        ))
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("qemu-system-x86_64 (installed by `cargo xtask setup`)");
+    let t0 = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            let text = std::fs::read_to_string(&console).unwrap_or_default();
+            assert!(status.success(), "qemu exited with {status}:\n{text}");
+            return text;
+        }
+        if t0.elapsed() > timeout {
+            let _ = child.kill();
+            let _ = child.wait();
+            let text = std::fs::read_to_string(&console).unwrap_or_default();
+            panic!(
+                "kernel {} did not power off within {timeout:?}:\n{text}",
+                guest.label
+            );
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// The guest's script: three runs of the real binary and the BPF program counts around them.
+fn guest_script(bin: &Path, py: &Path) -> String {
+    let (bin, py) = (bin.display(), py.display());
+    format!(
+        r#"R=/tmp/results
+uname -r > $R/uname
+python3 $R/bpf_count.py > $R/bpf_before
+{py} $R/work.py busy 120 & W1=$!
+{py} $R/work.py sleepy 120 & W2=$!
+sleep 2
+{bin} -v --all-pythons -d 4 -o $R/all.json 2> $R/all.err; echo $? > $R/all.rc
+{bin} -v -p $W2 -m wall -d 3 -o $R/pid.json 2> $R/pid.err; echo $? > $R/pid.rc
+kill $W1 $W2
+wait
+{bin} -v -o $R/cmd.json -- {py} $R/work.py sleeper 0.4 > $R/cmd.out 2> $R/cmd.err; echo $? > $R/cmd.rc
+python3 $R/bpf_count.py > $R/bpf_after
+"#
+    )
+}
+
+/// The program set each kernel gets, from the README's kernel table (`| label | set | ...`).
+fn readme_sets() -> Vec<(String, String)> {
+    let readme = std::fs::read_to_string(workspace().join("README.md")).unwrap();
+    let start = readme
+        .find("### Kernels")
+        .expect("the README has a Kernels section");
+    readme[start..]
+        .lines()
+        .skip_while(|l| !l.starts_with("| kernel "))
+        .skip(2)
+        .take_while(|l| l.starts_with("| "))
+        .map(|l| {
+            let cells: Vec<&str> = l.split('|').map(str::trim).collect();
+            (cells[1].to_string(), cells[3].to_string())
+        })
+        .collect()
+}
+
+/// Samples of `paths` running `func` that are fully merged: rooted at the native `_start`, with
+/// the interpreter's native frames above the Python ones.
+fn merged_share(paths: &CallPaths, func: &str) -> (u64, u64) {
+    let with = paths.count(|n| n.iter().any(|f| f == func));
+    let merged = paths.count(|n| {
+        n.first()
+            .is_some_and(|f| f == "_start" || f == "clone" || f == "clone3")
+            && n.iter().any(|f| f == func)
+            && n.iter()
+                .position(|f| f.contains("_PyEval_EvalFrame") || f == "PyEval_EvalCode")
+                < n.iter().position(|f| f == func)
+    });
+    (merged, with)
+}
+
+fn check_guest(g: &Guest, dir: &Path, expected_set: &str) -> Vec<String> {
+    let mut errors = Vec::new();
+    let read = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap_or_default();
+    let mut fail = |e: String| errors.push(format!("kernel {} ({}): {e}", g.label, g.release));
+    if read("guest.rc").trim() != "0" || read("uname").trim() != g.release {
+        fail(format!(
+            "the guest script did not finish on {}: uname {:?}, rc {:?}\n{}",
+            g.release,
+            read("uname"),
+            read("guest.rc"),
+            read("guest.log")
+        ));
+        return errors;
+    }
+    for run in ["all", "pid", "cmd"] {
+        let err = read(&format!("{run}.err"));
+        if read(&format!("{run}.rc")).trim() != "0" {
+            fail(format!("the {run} run failed: {err}"));
+            continue;
+        }
+        let set_line = err
+            .lines()
+            .find(|l| l.contains("BPF programs"))
+            .unwrap_or("");
+        if !set_line.contains(&format!("{expected_set} (")) {
+            fail(format!(
+                "the README's table says {expected_set:?}, the {run} run loaded: {set_line:?}"
+            ));
+        }
+    }
+    if read("bpf_before").trim() != read("bpf_after").trim() {
+        fail(format!(
+            "BPF programs left behind: {} before, {} after",
+            read("bpf_before").trim(),
+            read("bpf_after").trim()
+        ));
+    }
+
+    // --all-pythons: both interpreters, the busy one's Python frames merged.
+    if let Ok(v) = Viewer::load(&dir.join("all.json")) {
+        let procs = v.processes().unwrap();
+        let pythons = procs.iter().filter(|p| p.name.contains("work.py")).count();
+        if pythons < 2 {
+            fail(format!(
+                "--all-pythons found {pythons} of the 2 running interpreters: {:?}",
+                procs.iter().map(|p| &p.name).collect::<Vec<_>>()
+            ));
+        }
+        let mut best = (0, 0);
+        for p in &procs {
+            for t in &p.threads {
+                let c = v.call_paths(&t.handle).unwrap();
+                let m = merged_share(&c, "busy");
+                if m.1 > best.1 {
+                    best = m;
+                }
+            }
+        }
+        if best.1 < 200 || (best.0 as f64) < 0.95 * best.1 as f64 {
+            fail(format!(
+                "--all-pythons: {}/{} ms of busy() fully merged (want at least 95% of 200+)",
+                best.0, best.1
+            ));
+        }
+    } else {
+        fail(format!("all.json does not load: {}", read("all.err")));
+    }
+
+    // --pid in wall mode: each sleeping thread's time is in nap() -> time.sleep -> the kernel.
+    match Viewer::load(&dir.join("pid.json")) {
+        Ok(v) => {
+            let mut nappers = 0;
+            for p in v.processes().unwrap() {
+                for t in &p.threads {
+                    let c = v.call_paths(&t.handle).unwrap();
+                    let asleep = c.count(|n| {
+                        let py = n.iter().position(|f| f == "nap");
+                        let k = n.iter().position(|f| f == "schedule" || f == "__schedule");
+                        matches!((py, k), (Some(a), Some(b)) if a < b)
+                    });
+                    if c.count(|n| n.iter().any(|f| f == "napper")) == 0 {
+                        continue;
+                    }
+                    nappers += 1;
+                    if asleep < 2000 || (asleep as f64) < 0.85 * c.total as f64 {
+                        fail(format!(
+                            "--pid wall mode: thread {} shows {asleep} of {} ms asleep in nap() \
+                             (it slept nearly all of the 3 s)",
+                            t.name, c.total
+                        ));
+                    }
+                }
+            }
+            if nappers != 3 {
+                fail(format!("--pid: {nappers} of the 3 sleeping threads"));
+            }
+        }
+        Err(e) => fail(format!("pid.json does not load: {e}")),
+    }
+
+    // -- COMMAND: the script's own measure of its sleeps against the profile's.
+    match Viewer::load(&dir.join("cmd.json")) {
+        Ok(v) => {
+            let out = read("cmd.out");
+            let slept_ms = out
+                .split_whitespace()
+                .next()
+                .and_then(|s| s.parse::<f64>().ok())
+                .map(|s| s * 1000.0);
+            let mut found = false;
+            for p in v.processes().unwrap() {
+                for t in &p.threads {
+                    let c = v.call_paths(&t.handle).unwrap();
+                    if c.count(|n| n.iter().any(|f| f == "burn")) == 0 {
+                        continue;
+                    }
+                    found = true;
+                    let asleep = c.count(|n| {
+                        let py = n.iter().position(|f| f == "nap");
+                        let k = n.iter().position(|f| f == "do_nanosleep");
+                        matches!((py, k), (Some(a), Some(b)) if a < b)
+                    }) as f64;
+                    match slept_ms {
+                        Some(s) if (asleep - s).abs() <= 0.05 * s => {}
+                        _ => fail(format!(
+                            "-- COMMAND: {asleep:.0} ms in nap() -> do_nanosleep, the script \
+                             says it slept {out:?} s"
+                        )),
+                    }
+                    let (m, w) = merged_share(&c, "burn");
+                    if w < 200 || (m as f64) < 0.95 * w as f64 {
+                        fail(format!("-- COMMAND: {m}/{w} ms of burn() fully merged"));
+                    }
+                }
+            }
+            if !found {
+                fail("-- COMMAND: no thread runs burn()".into());
+            }
+        }
+        Err(e) => fail(format!("cmd.json does not load: {e}")),
+    }
+    errors
+}
+
+#[test]
+fn fleet_kernels_load_sample_and_merge() {
+    require_root();
+    let sets = readme_sets();
+    let bin = profiler_bin();
+    let py = python("3.12.1");
+    let mut errors = Vec::new();
+    let mut seen = Vec::new();
+    for g in guests() {
+        let expected = sets
+            .iter()
+            .find(|(label, _)| label.split_whitespace().next() == Some(g.label.as_str()))
+            .map(|(_, set)| set.clone())
+            .unwrap_or_else(|| panic!("the README's kernel table has no row for {}", g.label));
+        let dir = scratch(&format!("kernel-{}", g.label));
+        std::fs::write(dir.join("work.py"), WORK).unwrap();
+        std::fs::write(dir.join("bpf_count.py"), BPF_COUNT).unwrap();
+        std::fs::write(dir.join("guest.sh"), guest_script(&bin, &py)).unwrap();
+        let t0 = Instant::now();
+        let console = boot(&g, &dir, Duration::from_secs(420));
+        let errs = check_guest(&g, &dir, &expected);
+        eprintln!(
+            "kernel {} ({}): {} in {:.0} s, {}",
+            g.label,
+            g.release,
+            expected,
+            t0.elapsed().as_secs_f64(),
+            if errs.is_empty() { "ok" } else { "FAILED" }
+        );
+        if !errs.is_empty() && console.contains("Kernel panic") {
+            errors.push(format!("kernel {} panicked:\n{console}", g.label));
+        }
+        errors.extend(errs);
+        seen.push(g.label);
+    }
+    if std::env::var_os("TACHYON_KERNELS").is_none() {
+        assert_eq!(seen, KERNELS);
+    }
+    assert!(errors.is_empty(), "{}", errors.join("\n\n"));
+}
