@@ -22,6 +22,8 @@ use output::{Format, RunInfo};
     name = "tachyon-bpf",
     version,
     about,
+    after_help = "Needs Linux 5.10 or newer with BTF (README: Kernels), and root or the \
+                  capabilities of README: Least privilege.",
     args_conflicts_with_subcommands = true
 )]
 struct Cli {
@@ -617,6 +619,7 @@ async fn run(cli: RunArgs, sink: Sink) -> Result<i32, AppError> {
             lost_before: 0,
             intervals: 0,
             samples: 0,
+            kernel: capture.kernel.meta(),
             rate,
             cpus: capture.cpus.len() as u32,
             mode: cli.mode,
@@ -758,6 +761,7 @@ async fn run(cli: RunArgs, sink: Sink) -> Result<i32, AppError> {
         lost,
         cpus: capture.cpus.len() as u32,
         cost: Some(output::Cost::measure(capture.bpf_cost())),
+        kernel: Some(capture.kernel.meta()),
     };
     if let Some(c) = continuous.as_mut() {
         // The last, partial interval is written too: nothing collected is lost.
@@ -873,6 +877,7 @@ struct Continuous {
     rate: u64,
     cpus: u32,
     mode: Mode,
+    kernel: output::KernelMeta,
 }
 
 impl Continuous {
@@ -897,6 +902,7 @@ impl Continuous {
             lost: lost_total.saturating_sub(self.lost_before),
             cpus: self.cpus,
             cost: None,
+            kernel: Some(self.kernel.clone()),
         };
         match output::continuous::write_interval(&self.dir, p, &run, &self.formats, self.keep) {
             Ok(_) => {

@@ -247,6 +247,14 @@ fn check_guest(g: &Guest, dir: &Path, expected_set: &str) -> Vec<String> {
         ));
     }
 
+    // The profile says which kernel it was taken on and which programs ran.
+    let meta: serde_json::Value =
+        serde_json::from_str(&read("all.json")).unwrap_or(serde_json::Value::Null);
+    let kernel = &meta["meta"]["tachyon"]["kernel"];
+    if kernel["release"] != g.release.as_str() || kernel["programs"] != expected_set {
+        fail(format!("meta.tachyon.kernel is {kernel}"));
+    }
+
     // --all-pythons: both interpreters, the busy one's Python frames merged.
     if let Ok(v) = Viewer::load(&dir.join("all.json")) {
         let procs = v.processes().unwrap();

@@ -244,6 +244,14 @@ impl KernelInfo {
         }
     }
 
+    /// What a profile records of the kernel.
+    pub fn meta(&self) -> crate::output::KernelMeta {
+        crate::output::KernelMeta {
+            release: self.release.clone(),
+            programs: if self.modern { "modern" } else { "compat" }.into(),
+        }
+    }
+
     pub fn from_btf(btf: &Btf, release: String) -> Result<KernelInfo, BtfError> {
         let task =
             btf.struct_offsets("task_struct", &["pid", "tgid", "flags", "stack", "signal"])?;

@@ -375,6 +375,14 @@ pub fn to_json(p: &Profile, run: &RunInfo) -> Value {
             "cpuUsPerSample": k.us_per_sample(c.samples),
         })),
     });
+    let mut tachyon = tachyon;
+    if let Some(k) = &run.kernel {
+        tachyon["kernel"] = json!({"release": k.release, "programs": k.programs});
+    }
+    let oscpu = match &run.kernel {
+        Some(k) => format!("Linux {} x86_64", k.release),
+        None => "Linux x86_64".into(),
+    };
     json!({
         "meta": {
             "interval": run.interval_ms,
@@ -382,7 +390,7 @@ pub fn to_json(p: &Profile, run: &RunInfo) -> Value {
             "startTime": run.start_epoch_ms,
             "abi": "x86_64-gcc3",
             "misc": format!("mode={} rate={}Hz", run.mode, run.rate_hz),
-            "oscpu": "Linux x86_64",
+            "oscpu": oscpu,
             "platform": "Linux",
             "processType": 0,
             "categories": categories,

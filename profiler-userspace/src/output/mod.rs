@@ -36,6 +36,18 @@ pub struct RunInfo {
     /// What the profiler itself cost (absent in recordings made before it was measured).
     #[serde(default)]
     pub cost: Option<Cost>,
+    /// The kernel the run was on and the BPF program set it got (absent in older recordings).
+    #[serde(default)]
+    pub kernel: Option<KernelMeta>,
+}
+
+/// The kernel of a run, as the profile's `meta.tachyon.kernel` reports it.
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
+pub struct KernelMeta {
+    /// `uname -r`.
+    pub release: String,
+    /// `modern` or `compat` (README "Kernels").
+    pub programs: String,
 }
 
 /// This process's peak resident memory (`VmHWM`, in KiB). Not `getrusage`'s `ru_maxrss`: that
@@ -469,6 +481,7 @@ pub(crate) mod fixture {
             lost: 0,
             cpus: 2,
             cost: None,
+            kernel: None,
         };
         (p, run)
     }
