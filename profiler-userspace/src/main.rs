@@ -59,7 +59,7 @@ struct RunArgs {
     #[arg(short, long, value_parser = clap::value_parser!(u64).range(1..=100_000))]
     rate: Option<u64>,
     /// Stop after this many seconds (default: until Ctrl-C or the command exits).
-    #[arg(short, long, value_name = "SECS")]
+    #[arg(short, long, value_name = "SECS", value_parser = parse_secs)]
     duration: Option<f64>,
     /// Output file (default profile.json, or profile.<ext> for another format); with several
     /// formats, the base name each format adds its extension to.
@@ -79,7 +79,7 @@ struct RunArgs {
     #[arg(long, requires = "output_dir", conflicts_with_all = ["output", "open", "command"])]
     continuous: bool,
     /// With --continuous: the length of each profile (e.g. 60s, 5m).
-    #[arg(long, value_parser = humantime::parse_duration, default_value = "60s", requires = "continuous")]
+    #[arg(long, value_parser = parse_rotate, default_value = "60s", requires = "continuous")]
     rotate: Duration,
     /// With --continuous: the directory the interval profiles go to (created if missing).
     #[arg(long, value_name = "DIR")]
@@ -89,7 +89,7 @@ struct RunArgs {
     keep: Option<u64>,
     /// With --continuous: send each interval's pprof to this Pyroscope-compatible server
     /// (POST URL/ingest?name=...&from=...&until=...&format=pprof), retrying with back-off.
-    #[arg(long, value_name = "URL", requires = "continuous")]
+    #[arg(long, value_name = "URL", requires = "continuous", value_parser = parse_push_url)]
     push: Option<String>,
     /// The application name pushed (default tachyon-bpf.MODE{host=HOSTNAME}).
     #[arg(long, value_name = "NAME", requires = "push")]
@@ -147,6 +147,39 @@ struct ConvertArgs {
     /// Nothing on stderr but errors.
     #[arg(short, long)]
     quiet: bool,
+}
+
+/// The longest `-d`: a year (longer is a typo, and would overflow the timers).
+const MAX_SECS: f64 = 365.0 * 24.0 * 3600.0;
+
+fn parse_secs(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 && v <= MAX_SECS => Ok(v),
+        _ => Err(format!(
+            "{s:?} is not a duration: give seconds, more than 0 and at most {MAX_SECS}"
+        )),
+    }
+}
+
+fn parse_rotate(s: &str) -> Result<Duration, String> {
+    let d = humantime::parse_duration(s).map_err(|e| format!("{s:?}: {e}"))?;
+    if d < Duration::from_secs(1) || d.as_secs_f64() > MAX_SECS {
+        return Err(format!(
+            "{s:?}: an interval is at least 1s and at most a year"
+        ));
+    }
+    Ok(d)
+}
+
+/// `--push`: an http or https URL with a host; checked before anything starts.
+fn parse_push_url(s: &str) -> Result<String, String> {
+    let uri: ureq::http::Uri = s.parse().map_err(|e| format!("{s:?} is not a URL: {e}"))?;
+    match (uri.scheme_str(), uri.host()) {
+        (Some("http" | "https"), Some(h)) if !h.is_empty() => Ok(s.trim_end_matches('/').into()),
+        _ => Err(format!(
+            "{s:?} is not an http:// or https:// URL with a host"
+        )),
+    }
 }
 
 fn parse_mode(s: &str) -> Result<u32, String> {
@@ -268,10 +301,17 @@ fn main() {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
     let cli = match Cli::try_parse() {
         Ok(c) => c,
+        Err(e) if e.use_stderr() => {
+            // One line, as every other error: clap's first, without its usage block.
+            let text = e.to_string();
+            let first = text.lines().next().unwrap_or("bad command line");
+            let first = first.strip_prefix("error: ").unwrap_or(first);
+            eprintln!("tachyon-bpf: error: {first} (see --help)");
+            std::process::exit(2);
+        }
         Err(e) => {
-            let code = if e.use_stderr() { 2 } else { 0 };
             let _ = e.print();
-            std::process::exit(code);
+            std::process::exit(0);
         }
     };
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -444,7 +484,13 @@ fn run_outputs(cli: &RunArgs, sink: Sink) -> Result<Vec<(Format, PathBuf)>, AppE
     if cli.continuous {
         return Ok(Vec::new());
     }
-    Ok(output::output_paths(cli.output.as_deref(), &cli.format))
+    let paths = output::output_paths(cli.output.as_deref(), &cli.format);
+    if cli.output.as_deref().is_some_and(output::files::is_stdout) && paths.len() > 1 {
+        return Err(AppError::Usage(
+            "-o - writes one format to standard output: give one --format".into(),
+        ));
+    }
+    Ok(paths)
 }
 
 async fn run(cli: RunArgs, sink: Sink) -> Result<i32, AppError> {
@@ -472,6 +518,15 @@ async fn run(cli: RunArgs, sink: Sink) -> Result<i32, AppError> {
         if pid == 0 || !std::path::Path::new(&format!("/proc/{pid}")).exists() {
             return Err(AppError::Target(format!("no process with pid {pid}")));
         }
+        if process::is_kernel_thread(pid) {
+            return Err(AppError::Target(format!(
+                "pid {pid} is a kernel thread: tachyon-bpf profiles user processes (--all \
+                 shows kernel time too)"
+            )));
+        }
+        if pid == std::process::id() {
+            return Err(AppError::Target(format!("pid {pid} is tachyon-bpf itself")));
+        }
     }
     let record_path = cli
         .output
@@ -482,9 +537,9 @@ async fn run(cli: RunArgs, sink: Sink) -> Result<i32, AppError> {
     } else if record {
         vec![record_path.clone()]
     } else if let (true, Some(dir)) = (cli.continuous, &cli.output_dir) {
-        std::fs::create_dir_all(dir)
-            .map_err(|e| AppError::Output(format!("cannot create {}: {e}", dir.display())))?;
-        vec![dir.join(".tachyon-bpf-probe")]
+        output::files::prepare_output_dir(dir, cli.output_mode)
+            .map_err(|e| AppError::Output(format!("cannot use {}: {e}", dir.display())))?;
+        vec![dir.join("tachyon-probe")]
     } else {
         outputs.iter().map(|(_, p)| p.clone()).collect()
     };

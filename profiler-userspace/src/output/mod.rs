@@ -3,6 +3,7 @@
 
 pub mod collapsed;
 pub mod continuous;
+pub mod files;
 pub mod gecko;
 pub mod jsonl;
 pub mod pprof;
@@ -11,8 +12,6 @@ pub mod serve;
 pub mod summary;
 
 use std::collections::BTreeMap;
-use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -295,55 +294,25 @@ pub fn set_file_mode(mode: u32) {
     FILE_MODE.store(mode & 0o777, std::sync::atomic::Ordering::Relaxed);
 }
 
-/// Writes `bytes` to `path` atomically: a temporary file in the same directory, synced, then
-/// renamed over the target. The file gets the `--output-mode` permissions (0600 by default:
-/// profiles name every user's code paths), whatever the umask.
+/// Writes `bytes` to `path` atomically, with the `--output-mode` permissions (0600 by default:
+/// profiles name every user's code paths) whatever the umask, by the rules of [`files`] (no
+/// planted temporary, no writing through links or into devices); `-` is standard output.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-        _ => std::path::PathBuf::from("."),
-    };
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "profile".into());
-    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
-    let result = (|| {
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)?;
-        f.write_all(bytes)?;
-        let mode = FILE_MODE.load(std::sync::atomic::Ordering::Relaxed);
-        f.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(mode))?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
+    files::write_atomic(
+        path,
+        bytes,
+        FILE_MODE.load(std::sync::atomic::Ordering::Relaxed),
+    )
+}
+
+/// The permissions files are written with (`--output-mode`).
+pub fn file_mode() -> u32 {
+    FILE_MODE.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 /// Checks early that `path` can be written, so a long run never ends in a lost profile.
 pub fn check_writable(path: &Path) -> std::io::Result<()> {
-    if path.is_dir() {
-        return Err(std::io::Error::other("is a directory"));
-    }
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-        _ => std::path::PathBuf::from("."),
-    };
-    let probe = dir.join(format!(".tachyon-bpf-probe.{}", std::process::id()));
-    std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&probe)?;
-    std::fs::remove_file(&probe)
+    files::check_writable(path)
 }
 
 #[cfg(test)]

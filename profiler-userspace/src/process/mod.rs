@@ -44,6 +44,18 @@ pub struct Process {
     pub unreadable: bool,
 }
 
+/// Whether `pid` is a kernel thread (`PF_KTHREAD` in the flags of `/proc/PID/stat`).
+pub fn is_kernel_thread(pid: u32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    // The fields after the command name, which is in parentheses and may hold anything.
+    stat.rfind(')')
+        .and_then(|i| stat[i + 1..].split_whitespace().nth(6))
+        .and_then(|f| f.parse::<u64>().ok())
+        .is_some_and(|flags| flags & 0x0020_0000 != 0)
+}
+
 pub fn read_comm(pid: u32) -> Option<String> {
     std::fs::read_to_string(format!("/proc/{pid}/comm"))
         .ok()

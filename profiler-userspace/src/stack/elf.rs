@@ -50,12 +50,126 @@ const UNWIND_SECTIONS: [&str; 5] = [
     ".debug_frame",
 ];
 
+/// Largest file mapped for symbols and unwind tables (a target could name anything).
+const MAX_ELF_BYTES: u64 = 4 << 30;
+
+/// Opens `rel` inside the directory `root` as if `root` were `/` (`openat2` with
+/// `RESOLVE_IN_ROOT`: absolute symlinks and `..` stay inside), never following a final link or
+/// a /proc magic link, without blocking (a FIFO planted at the path cannot hang the profiler).
+fn open_in_root(root: &File, rel: &Path) -> std::io::Result<File> {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(rel.as_os_str().as_bytes())
+        .map_err(|_| std::io::Error::other("NUL in path"))?;
+    // SAFETY: an all-zero open_how is valid; the fields are set below.
+    let mut how: libc::open_how = unsafe { std::mem::zeroed() };
+    how.flags = (libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOFOLLOW | libc::O_CLOEXEC) as u64;
+    how.resolve = libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_MAGICLINKS;
+    // SAFETY: openat2 reads the path and the open_how of the size given; the descriptor it
+    // returns is owned below.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            root.as_raw_fd(),
+            c.as_ptr(),
+            &how as *const libc::open_how,
+            std::mem::size_of::<libc::open_how>(),
+        )
+    };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor that nothing else owns.
+    Ok(File::from(unsafe { OwnedFd::from_raw_fd(fd as i32) }))
+}
+
+/// `(major, minor)` of a `/proc/PID/maps` device field (`fd:01`).
+fn parse_dev(dev: &str) -> Option<(u32, u32)> {
+    let (a, b) = dev.split_once(':')?;
+    Some((
+        u32::from_str_radix(a, 16).ok()?,
+        u32::from_str_radix(b, 16).ok()?,
+    ))
+}
+
+/// Whether an opened file is a regular file of a sane size and, when `want` is given, the one a
+/// maps line names: the same inode, on the same device (overlay file systems show the
+/// underlying device in the maps, so a matching inode on another device is accepted too: the
+/// path was resolved inside the process's own root, so it cannot name a host file).
+fn plausible(f: &File, want: Option<(&str, u64)>) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(m) = f.metadata() else {
+        return false;
+    };
+    if !m.file_type().is_file() || m.len() > MAX_ELF_BYTES {
+        return false;
+    }
+    match want {
+        None => true,
+        Some((dev, inode)) => {
+            let same_dev = parse_dev(dev)
+                .is_some_and(|(a, b)| libc::major(m.dev()) == a && libc::minor(m.dev()) == b);
+            m.ino() == inode && (same_dev || inode != 0)
+        }
+    }
+}
+
+/// Opens the file behind a mapping of `pid`, as safely as a target allows: first
+/// `/proc/PID/map_files/START-END`, the mapped file itself whatever its path now names (needs
+/// CAP_SYS_ADMIN); else the path the maps give, resolved inside the process's root (containers)
+/// and checked to be the mapped inode. Never the host's file at the same path, never through a
+/// final symlink, never a FIFO or device, and never a blocking open.
+pub fn open_mapped(
+    pid: u32,
+    dev: &str,
+    inode: u64,
+    path: &Path,
+    map_range: (u64, u64),
+) -> Option<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let exact = format!("/proc/{pid}/map_files/{:x}-{:x}", map_range.0, map_range.1);
+    if let Ok(f) = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(&exact)
+    {
+        if plausible(&f, None) {
+            return Some(f);
+        }
+    }
+    let root = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY)
+        .open(format!("/proc/{pid}/root"))
+        .ok()?;
+    let rel = path.strip_prefix("/").unwrap_or(path);
+    let f = open_in_root(&root, rel).ok()?;
+    plausible(&f, Some((dev, inode))).then_some(f)
+}
+
 impl ElfFile {
     pub fn open(path: &Path) -> Option<ElfFile> {
         let f = File::open(path).ok()?;
-        // SAFETY: the file is mapped read-only; a concurrent truncation by another process could
-        // fault, the same risk every symbolizer that maps libraries takes.
-        let map = unsafe { Mmap::map(&f) }.ok()?;
+        Self::from_file(path, f)
+    }
+
+    /// An ELF file from an open descriptor (`path` names it in the profile).
+    pub fn from_file(path: &Path, f: File) -> Option<ElfFile> {
+        use std::os::unix::fs::MetadataExt;
+        let m = f.metadata().ok()?;
+        let map = if m.uid() == 0 && m.mode() & 0o022 == 0 {
+            // SAFETY: the file is mapped read-only, and only root can write it: no other user
+            // can truncate it under the mapping (which would fault this process).
+            unsafe { Mmap::map(&f) }.ok()?
+        } else {
+            // Someone else may write this file (a target's own library): a copy, so that a
+            // truncation cannot fault the profiler.
+            let len = usize::try_from(m.len()).ok()?.min(MAX_ELF_BYTES as usize);
+            let mut copy = memmap2::MmapMut::map_anon(len.max(1)).ok()?;
+            let mut f = f;
+            std::io::Read::read_exact(&mut f, &mut copy[..len]).ok()?;
+            copy.make_read_only().ok()?
+        };
         ElfFile::from_mmap(path.to_path_buf(), Arc::new(map))
     }
 
@@ -173,8 +287,8 @@ pub struct ElfCache {
 }
 
 impl ElfCache {
-    /// Opens the file a mapping of `pid` names, through the process's root so files inside
-    /// containers are found, falling back to `map_files` for deleted files.
+    /// Opens the file a mapping of `pid` names ([`open_mapped`]) and parses it, once per
+    /// device and inode.
     pub fn get(
         &mut self,
         pid: u32,
@@ -187,20 +301,9 @@ impl ElfCache {
         if let Some(f) = self.files.get(&key) {
             return f.clone();
         }
-        let rel = path.strip_prefix("/").unwrap_or(path);
-        let candidates = [
-            PathBuf::from(format!("/proc/{pid}/root")).join(rel),
-            PathBuf::from(format!(
-                "/proc/{pid}/map_files/{:x}-{:x}",
-                map_range.0, map_range.1
-            )),
-            path.to_path_buf(),
-        ];
-        let file = candidates.iter().find_map(|p| {
-            let mut f = ElfFile::open(p)?;
-            f.path = path.to_path_buf();
-            Some(Arc::new(f))
-        });
+        let file = open_mapped(pid, dev, inode, path, map_range)
+            .and_then(|f| ElfFile::from_file(path, f))
+            .map(Arc::new);
         self.files.insert(key, file.clone());
         file
     }

@@ -1,0 +1,364 @@
+//! Writing files as root in directories other users may control.
+//!
+//! The profiler runs as root beside other users, and its output directory may belong to one of
+//! them (or be `/tmp`). So:
+//! - a file is written under a temporary name nobody can guess (128 random bits), created with
+//!   `O_CREAT|O_EXCL|O_NOFOLLOW` relative to a descriptor of its directory, so nothing planted
+//!   there (a symlink, a file of someone else's) is ever opened; then it is renamed over the
+//!   final name, which replaces whatever entry is there and never writes through it;
+//! - an existing final name that is not a regular file is refused: a device (`-o /dev/null`), a
+//!   FIFO, a socket, a directory, and a symbolic link (the rule: tachyon-bpf does not write
+//!   through links; name the file itself, or `-o -` for standard output);
+//! - a directory that other users can write to is refused unless it is sticky (as `/tmp` is);
+//! - writability is probed with an unnamed `O_TMPFILE`, never a named file;
+//! - temporary files a killed run left behind (its pid is in their name and gone) are removed by
+//!   the next run that writes the same name, if they are regular files owned by this user.
+
+use std::ffi::{CString, OsStr};
+use std::io::Write;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+/// `-o -`: the profile goes to standard output.
+pub fn is_stdout(path: &Path) -> bool {
+    path.as_os_str() == "-"
+}
+
+fn cstr(s: &OsStr) -> std::io::Result<CString> {
+    CString::new(s.as_bytes()).map_err(|_| std::io::Error::other("the name contains a NUL byte"))
+}
+
+/// The directory of `path` and the file's name in it.
+fn split(path: &Path) -> std::io::Result<(&Path, &OsStr)> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let name = path
+        .file_name()
+        .ok_or_else(|| std::io::Error::other("names no file"))?;
+    Ok((dir, name))
+}
+
+/// Opens a directory (the path to it is the user's choice, symlinks included).
+fn open_dir(dir: &Path) -> std::io::Result<OwnedFd> {
+    let c = cstr(dir.as_os_str())?;
+    // SAFETY: a NUL-terminated path; the returned descriptor is owned below.
+    let fd = unsafe {
+        libc::open(
+            c.as_ptr(),
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+fn fstatat(dirfd: &OwnedFd, name: &CString) -> std::io::Result<Option<libc::stat>> {
+    // SAFETY: an all-zero stat is a valid value for fstatat to fill.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: valid descriptor, NUL-terminated name, and a stat buffer of the right type.
+    let r = unsafe {
+        libc::fstatat(
+            dirfd.as_raw_fd(),
+            name.as_ptr(),
+            &mut st,
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    };
+    if r == 0 {
+        return Ok(Some(st));
+    }
+    let e = std::io::Error::last_os_error();
+    if e.raw_os_error() == Some(libc::ENOENT) {
+        Ok(None)
+    } else {
+        Err(e)
+    }
+}
+
+/// Refuses a directory that other users may write to, unless it is sticky.
+fn check_dir(dirfd: &OwnedFd) -> std::io::Result<()> {
+    // SAFETY: as in `fstatat`.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid descriptor and stat buffer.
+    if unsafe { libc::fstat(dirfd.as_raw_fd(), &mut st) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    if st.st_mode & 0o022 != 0 && st.st_mode & libc::S_ISVTX == 0 {
+        return Err(std::io::Error::other(format!(
+            "its directory is writable by other users and not sticky (mode {:o}): choose a \
+             directory only you can write to",
+            st.st_mode & 0o7777
+        )));
+    }
+    Ok(())
+}
+
+/// Refuses an existing entry at the final name that is not a regular file.
+fn check_target(dirfd: &OwnedFd, name: &CString) -> std::io::Result<()> {
+    let Some(st) = fstatat(dirfd, name)? else {
+        return Ok(());
+    };
+    match st.st_mode & libc::S_IFMT {
+        libc::S_IFREG => Ok(()),
+        libc::S_IFDIR => Err(std::io::Error::other("is a directory")),
+        libc::S_IFLNK => Err(std::io::Error::other(
+            "is a symbolic link, and tachyon-bpf does not write through links: name the file \
+             itself (or -o - for standard output)",
+        )),
+        _ => Err(std::io::Error::other(
+            "is not a regular file (a device, FIFO or socket), and tachyon-bpf only replaces \
+             regular files (-o - writes to standard output)",
+        )),
+    }
+}
+
+/// Checks early that `path` can be written, so a long run never ends in a lost profile. Creates
+/// no named file.
+pub fn check_writable(path: &Path) -> std::io::Result<()> {
+    if is_stdout(path) {
+        return Ok(());
+    }
+    let (dir, name) = split(path)?;
+    let dirfd = open_dir(dir)?;
+    check_target(&dirfd, &cstr(name)?)?;
+    check_dir(&dirfd)?;
+    let dot = cstr(OsStr::new("."))?;
+    // SAFETY: valid descriptor and name; O_TMPFILE creates an unnamed file, closed at once.
+    let fd = unsafe {
+        libc::openat(
+            dirfd.as_raw_fd(),
+            dot.as_ptr(),
+            libc::O_TMPFILE | libc::O_WRONLY | libc::O_CLOEXEC,
+            0o600,
+        )
+    };
+    if fd >= 0 {
+        // SAFETY: a fresh descriptor that nothing else owns.
+        drop(unsafe { OwnedFd::from_raw_fd(fd) });
+        return Ok(());
+    }
+    let e = std::io::Error::last_os_error();
+    match e.raw_os_error() {
+        // File systems without O_TMPFILE: ask the kernel instead.
+        Some(libc::EOPNOTSUPP) | Some(libc::EISDIR) | Some(libc::EINVAL) => {
+            // SAFETY: valid descriptor and name.
+            let r = unsafe {
+                libc::faccessat(
+                    dirfd.as_raw_fd(),
+                    dot.as_ptr(),
+                    libc::W_OK | libc::X_OK,
+                    libc::AT_EACCESS,
+                )
+            };
+            if r == 0 {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
+            }
+        }
+        _ => Err(e),
+    }
+}
+
+/// Writes `bytes` to `path` atomically with permissions `mode` (see the module's rules), or to
+/// standard output for `-`.
+pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
+    if is_stdout(path) {
+        let mut out = std::io::stdout().lock();
+        out.write_all(bytes)?;
+        return out.flush();
+    }
+    let (dir, name) = split(path)?;
+    let dirfd = open_dir(dir)?;
+    let cname = cstr(name)?;
+    check_target(&dirfd, &cname)?;
+    check_dir(&dirfd)?;
+    remove_stale(&dirfd, name);
+    let tmp = cstr(OsStr::new(&format!(
+        ".{}.{}.{}.tmp",
+        name.to_string_lossy(),
+        std::process::id(),
+        uuid::Uuid::new_v4().simple()
+    )))?;
+    // SAFETY: valid descriptor and name; the descriptor is owned below.
+    let fd = unsafe {
+        libc::openat(
+            dirfd.as_raw_fd(),
+            tmp.as_ptr(),
+            libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+            0o600,
+        )
+    };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor that nothing else owns.
+    let mut f = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+    let result = (|| {
+        f.write_all(bytes)?;
+        f.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(mode & 0o777))?;
+        f.sync_all()?;
+        // SAFETY: valid descriptors and names.
+        if unsafe {
+            libc::renameat(
+                dirfd.as_raw_fd(),
+                tmp.as_ptr(),
+                dirfd.as_raw_fd(),
+                cname.as_ptr(),
+            )
+        } != 0
+        {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    })();
+    if result.is_err() {
+        // SAFETY: valid descriptor and name; unlinkat never follows a link.
+        unsafe { libc::unlinkat(dirfd.as_raw_fd(), tmp.as_ptr(), 0) };
+    }
+    result
+}
+
+/// Removes `.NAME.PID.*.tmp` files of runs that are gone (SIGKILL leaves them): regular files
+/// owned by this user only, never following links.
+fn remove_stale(dirfd: &OwnedFd, name: &OsStr) {
+    let prefix = format!(".{}.", name.to_string_lossy());
+    // Read the directory through its descriptor's /proc link, which names this very directory.
+    let Ok(rd) = std::fs::read_dir(format!("/proc/self/fd/{}", dirfd.as_raw_fd())) else {
+        return;
+    };
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    for e in rd.flatten().take(100_000) {
+        let entry = e.file_name().to_string_lossy().into_owned();
+        let Some(rest) = entry.strip_prefix(&prefix) else {
+            continue;
+        };
+        let Some(pid) = rest
+            .strip_suffix(".tmp")
+            .and_then(|r| r.split('.').next())
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid == std::process::id() || Path::new(&format!("/proc/{pid}")).exists() {
+            continue;
+        }
+        let Ok(c) = cstr(e.file_name().as_os_str()) else {
+            continue;
+        };
+        if let Ok(Some(st)) = fstatat(dirfd, &c) {
+            if st.st_mode & libc::S_IFMT == libc::S_IFREG && st.st_uid == me {
+                // SAFETY: valid descriptor and name; unlinkat never follows a link.
+                unsafe { libc::unlinkat(dirfd.as_raw_fd(), c.as_ptr(), 0) };
+            }
+        }
+    }
+}
+
+/// Creates `--output-dir` (0700, or with the group/other read and search bits that `mode`
+/// grants for the files) unless it exists; an existing one must not be writable by others unless
+/// it is sticky.
+pub fn prepare_output_dir(dir: &Path, mode: u32) -> std::io::Result<()> {
+    let mut dmode = 0o700;
+    if mode & 0o040 != 0 {
+        dmode |= 0o050;
+    }
+    if mode & 0o004 != 0 {
+        dmode |= 0o005;
+    }
+    match std::fs::symlink_metadata(dir) {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+                std::fs::create_dir_all(parent)?;
+            }
+            let c = cstr(dir.as_os_str())?;
+            // SAFETY: a NUL-terminated path.
+            if unsafe { libc::mkdir(c.as_ptr(), 0o700) } != 0 {
+                let e = std::io::Error::last_os_error();
+                if e.raw_os_error() != Some(libc::EEXIST) {
+                    return Err(e);
+                }
+            } else {
+                // The umask only takes bits away; set exactly what was asked.
+                std::fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(dmode))?;
+            }
+        }
+        Err(e) => return Err(e),
+    }
+    check_dir(&open_dir(dir)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+
+    fn dir(name: &str) -> std::path::PathBuf {
+        let d = std::env::temp_dir().join(format!("tachyon-files-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o700)).unwrap();
+        d
+    }
+
+    #[test]
+    fn writes_atomically_with_the_mode_and_leaves_nothing_else() {
+        let d = dir("write");
+        let p = d.join("p.json");
+        write_atomic(&p, b"one", 0o640).unwrap();
+        write_atomic(&p, b"two", 0o600).unwrap();
+        assert_eq!(std::fs::read(&p).unwrap(), b"two");
+        assert_eq!(std::fs::metadata(&p).unwrap().mode() & 0o777, 0o600);
+        assert_eq!(std::fs::read_dir(&d).unwrap().count(), 1);
+        check_writable(&p).unwrap();
+        assert_eq!(
+            std::fs::read_dir(&d).unwrap().count(),
+            1,
+            "the probe names no file"
+        );
+    }
+
+    #[test]
+    fn refuses_links_devices_and_open_directories() {
+        let d = dir("refuse");
+        let victim = d.join("victim");
+        std::fs::write(&victim, b"keep").unwrap();
+        let link = d.join("link.json");
+        std::os::unix::fs::symlink(&victim, &link).unwrap();
+        for p in [link.as_path(), Path::new("/dev/null"), d.as_path()] {
+            assert!(check_writable(p).is_err(), "{}", p.display());
+            assert!(write_atomic(p, b"x", 0o600).is_err(), "{}", p.display());
+        }
+        assert_eq!(std::fs::read(&victim).unwrap(), b"keep");
+        assert!(std::fs::symlink_metadata(&link)
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let e = write_atomic(&d.join("p.json"), b"x", 0o600).unwrap_err();
+        assert!(e.to_string().contains("writable by other users"), "{e}");
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        write_atomic(&d.join("p.json"), b"x", 0o600).unwrap();
+    }
+
+    #[test]
+    fn stale_temporaries_of_dead_runs_are_removed() {
+        let d = dir("stale");
+        // pid 4194304 is above pid_max's ceiling: no such process can exist.
+        let stale = d.join(".p.json.4194304.0123.tmp");
+        let live = d.join(format!(".p.json.{}.0123.tmp", std::process::id()));
+        std::fs::write(&stale, b"old").unwrap();
+        std::fs::write(&live, b"mine").unwrap();
+        write_atomic(&d.join("p.json"), b"x", 0o600).unwrap();
+        assert!(!stale.exists());
+        assert!(live.exists());
+    }
+}
