@@ -335,6 +335,39 @@ fn main() {
     }
 }
 
+/// From now on SIGINT exits at once (exit code 130), writing nothing more: the output is
+/// written to a temporary name and renamed, so no partial file is left under its name.
+fn exit_on_second_interrupt() {
+    extern "C" fn on_sigint(_: libc::c_int) {
+        const MSG: &[u8] = b"tachyon-bpf: interrupted again, exiting without writing\n";
+        // SAFETY: write and _exit are async-signal-safe.
+        unsafe {
+            libc::write(2, MSG.as_ptr() as *const libc::c_void, MSG.len());
+            libc::_exit(130);
+        }
+    }
+    // SAFETY: an all-zero sigaction is valid; the handler only calls async-signal-safe
+    // functions.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = on_sigint as *const () as usize;
+        libc::sigemptyset(&mut sa.sa_mask);
+        libc::sigaction(libc::SIGINT, &sa, std::ptr::null_mut());
+    }
+}
+
+/// Ends a launched command that is still running: SIGTERM, then SIGKILL after a second.
+async fn end_command(pid: u32, exited: &mut tokio::sync::oneshot::Receiver<i32>) {
+    let pid = nix::unistd::Pid::from_raw(pid as i32);
+    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+    if tokio::time::timeout(Duration::from_secs(1), exited)
+        .await
+        .is_err()
+    {
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+    }
+}
+
 /// A launched command, held before `exec` until the profiler is attached.
 struct Launched {
     pid: u32,
@@ -625,6 +658,7 @@ async fn run(cli: RunArgs, sink: Sink) -> Result<i32, AppError> {
 
     // Let the launched command run now that sampling is on.
     let (child_tx, mut child_rx) = tokio::sync::oneshot::channel::<i32>();
+    let child_pid = launched.as_ref().map(|l| l.pid);
     if let Some(l) = launched.take() {
         l.release(child_tx)
             .map_err(|e| AppError::Target(format!("cannot start {}: {e}", cli.command[0])))?;
@@ -673,6 +707,7 @@ async fn run(cli: RunArgs, sink: Sink) -> Result<i32, AppError> {
             started: Instant::now(),
             lost_before: 0,
             intervals: 0,
+            write_failures: 0,
             samples: 0,
             kernel: capture.kernel.meta(),
             rate,
@@ -782,13 +817,15 @@ async fn run(cli: RunArgs, sink: Sink) -> Result<i32, AppError> {
             }
         }
     }
-    // A second Ctrl-C while the profile is written exits at once.
-    let impatient = tokio::spawn(async move {
-        if sigint.recv().await.is_some() {
-            eprintln!("tachyon-bpf: interrupted again, exiting without writing");
-            std::process::exit(130);
-        }
-    });
+    // A second Ctrl-C while the profile is written exits at once. A plain signal handler, not
+    // a task: the writing below holds this (single-threaded) runtime until it is done.
+    drop(sigint);
+    exit_on_second_interrupt();
+    // The command tachyon-bpf started ends with the profiling (-d, Ctrl-C, SIGTERM), as perf
+    // ends its workload: SIGTERM, then SIGKILL after a second.
+    if let (Some(pid), None) = (child_pid, child_status) {
+        end_command(pid, &mut child_rx).await;
+    }
     if status {
         eprint!("\r\x1b[2K");
     }
@@ -830,7 +867,6 @@ async fn run(cli: RunArgs, sink: Sink) -> Result<i32, AppError> {
     } else {
         output::write_outputs(&collector.profile, &run, &outputs).map_err(AppError::Output)?;
     }
-    impatient.abort();
     if !cli.quiet {
         let c = &collector.profile.counters;
         let secs = elapsed.as_secs_f64().max(1e-9);
@@ -891,17 +927,31 @@ async fn run(cli: RunArgs, sink: Sink) -> Result<i32, AppError> {
             report_written(&written);
         }
     }
+    let continuous_done = continuous
+        .as_ref()
+        .map(|c| (c.intervals, c.write_failures, c.dir.clone()));
     if let Some(p) = continuous.and_then(|c| c.pusher) {
         let stats = p.stats.clone();
         p.finish(Duration::from_secs(5));
         if !cli.quiet {
             use std::sync::atomic::Ordering::Relaxed;
             eprintln!(
-                "tachyon-bpf: pushed {} intervals, {} failed, {} dropped (endpoint too slow)",
+                "tachyon-bpf: pushed {} intervals, {} failed, {} dropped (endpoint too slow), \
+                 {} not sent by exit",
                 stats.sent.load(Relaxed),
                 stats.failed.load(Relaxed),
-                stats.dropped.load(Relaxed)
+                stats.dropped.load(Relaxed),
+                stats.abandoned.load(Relaxed)
             );
+        }
+    }
+    if let Some(c) = &continuous_done {
+        if c.0 == 0 && c.1 > 0 {
+            return Err(AppError::Output(format!(
+                "none of the {} interval profiles could be written to {}",
+                c.1,
+                c.2.display()
+            )));
         }
     }
     if let Some(code) = child_status {
@@ -927,6 +977,8 @@ struct Continuous {
     /// Samples lost before the current interval (the kernel counts from the start).
     lost_before: u64,
     intervals: u64,
+    /// Intervals that could not be written.
+    write_failures: u64,
     /// Samples of every interval.
     samples: u64,
     rate: u64,
@@ -964,7 +1016,10 @@ impl Continuous {
                 self.intervals += 1;
                 self.samples += p.counters.samples;
             }
-            Err(e) => eprintln!("tachyon-bpf: {e}"),
+            Err(e) => {
+                self.write_failures += 1;
+                eprintln!("tachyon-bpf: {e}");
+            }
         }
         if let Some(pusher) = &self.pusher {
             match Format::Pprof.render(p, &run) {

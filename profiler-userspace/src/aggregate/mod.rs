@@ -1,6 +1,12 @@
 //! The aggregated profile: interned functions, frames and stacks shared by every thread, and per
 //! process/thread sample timelines and markers. Every output format is written from this.
 
+/// The deepest stack a run can record: kernel frames, native frames and Python frames, with room.
+pub const MAX_STACK_DEPTH: usize = 4096;
+/// Frames a recording's distinct stacks may add up to (each stack-per-line output writes that
+/// many frames): about 20 times what a long 10 kHz run of deep stacks produces.
+pub const MAX_EXPANDED_FRAMES: u64 = 200_000_000;
+
 pub mod markers;
 pub mod timeline;
 
@@ -306,6 +312,7 @@ impl Profile {
 
     /// Rebuilds the interning maps of a profile read back from a recording, and checks that
     /// every index in it is in range (a recording is input like any other).
+    /// Checks a profile read from outside (a recording) and rebuilds its lookup tables.
     pub fn reindex(&mut self) -> Result<(), String> {
         let bad = |what: &str, i: usize| format!("{what} {i} refers out of range");
         for (i, f) in self.funcs.iter().enumerate() {
@@ -324,6 +331,19 @@ impl Profile {
                 return Err(bad("stack", i));
             }
         }
+        // Depths, linear since prefixes come first. A stack-per-line format writes each distinct
+        // sampled stack whole, so what the writers would produce is bounded here, before they
+        // run: no stack deeper than a run can record, and no more frames in all than a budget.
+        let mut depth = vec![0u32; self.stacks.len()];
+        for (i, &(_, prefix)) in self.stacks.iter().enumerate() {
+            depth[i] = prefix.map_or(1, |p| depth[p] + 1);
+            if depth[i] as usize > MAX_STACK_DEPTH {
+                return Err(format!(
+                    "has a stack deeper than {MAX_STACK_DEPTH} frames (a run records at most that)"
+                ));
+            }
+        }
+        let mut expanded: u64 = 0;
         for p in self.all_processes() {
             for t in p.threads.values() {
                 if t.samples
@@ -332,7 +352,17 @@ impl Profile {
                 {
                     return Err(format!("a sample of thread {} refers out of range", t.tid));
                 }
+                let mut distinct: Vec<StackId> = t.samples.iter().filter_map(|s| s.stack).collect();
+                distinct.sort_unstable();
+                distinct.dedup();
+                expanded += distinct.iter().map(|&s| depth[s] as u64).sum::<u64>();
             }
+        }
+        if expanded > MAX_EXPANDED_FRAMES {
+            return Err(format!(
+                "would expand to {expanded} frames written out, more than the limit of \
+                 {MAX_EXPANDED_FRAMES}"
+            ));
         }
         if !self.interval_ms.is_finite() || self.interval_ms <= 0.0 {
             return Err("the sampling interval is not positive".into());

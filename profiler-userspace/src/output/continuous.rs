@@ -84,6 +84,10 @@ pub struct PushStats {
     pub sent: AtomicU64,
     pub failed: AtomicU64,
     pub dropped: AtomicU64,
+    /// Queued or being sent: what is still here when the run ends is counted as abandoned, so
+    /// every interval is counted exactly once.
+    pub pending: AtomicU64,
+    pub abandoned: AtomicU64,
 }
 
 struct Upload {
@@ -132,9 +136,11 @@ impl Pusher {
             until_s: (until_ms / 1000.0).ceil() as u64,
         };
         if let Some(tx) = &self.tx {
+            self.stats.pending.fetch_add(1, Ordering::SeqCst);
             match tx.try_send(u) {
                 Ok(()) => {}
                 Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
+                    self.stats.pending.fetch_sub(1, Ordering::SeqCst);
                     self.stats.dropped.fetch_add(1, Ordering::Relaxed);
                 }
             }
@@ -153,13 +159,19 @@ impl Pusher {
                 let _ = t.join();
             }
         }
+        // What the worker did not get to (the thread is left to the process's exit).
+        let left = self.stats.pending.swap(0, Ordering::SeqCst);
+        self.stats.abandoned.fetch_add(left, Ordering::SeqCst);
     }
 }
 
 fn push_loop(rx: Receiver<Upload>, endpoint: &str, name: &str, stats: &PushStats) {
+    // No redirects: a profile goes to the host it was told to, or nowhere. Only a 2xx answer
+    // counts as sent.
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .timeout_global(Some(Duration::from_secs(15)))
-        .http_status_as_error(true)
+        .max_redirects(0)
+        .http_status_as_error(false)
         .build()
         .into();
     while let Ok(u) = rx.recv() {
@@ -177,9 +189,25 @@ fn push_loop(rx: Receiver<Upload>, endpoint: &str, name: &str, stats: &PushStats
                 .header("Content-Type", "application/octet-stream")
                 .send(&u.body[..])
             {
-                Ok(_) => {
+                Ok(r) if r.status().is_success() => {
                     ok = true;
                     break;
+                }
+                Ok(r) if r.status().is_redirection() => {
+                    log::warn!(
+                        "push to {endpoint}: the server redirects ({}), which is not followed",
+                        r.status()
+                    );
+                    break;
+                }
+                Ok(r) => {
+                    log::warn!(
+                        "push to {endpoint} failed (attempt {}): {}",
+                        attempt + 1,
+                        r.status()
+                    );
+                    std::thread::sleep(delay);
+                    delay *= 2;
                 }
                 Err(e) => {
                     log::warn!("push to {endpoint} failed (attempt {}): {e}", attempt + 1);
@@ -189,7 +217,9 @@ fn push_loop(rx: Receiver<Upload>, endpoint: &str, name: &str, stats: &PushStats
             }
         }
         let counter = if ok { &stats.sent } else { &stats.failed };
-        counter.fetch_add(1, Ordering::Relaxed);
+        // Counted, then no longer pending: `finish` never counts it twice.
+        counter.fetch_add(1, Ordering::SeqCst);
+        stats.pending.fetch_sub(1, Ordering::SeqCst);
     }
 }
 

@@ -60,12 +60,33 @@ pub fn load(path: &Path) -> Result<(Profile, RunInfo), String> {
         return Err(format!("{what} is not a tachyon-bpf recording"));
     }
     let f = std::fs::File::open(path).map_err(|e| format!("cannot read {what}: {e}"))?;
+    // Decompressed size is capped (a gzip bomb expands a thousandfold), as is the size of the
+    // file itself.
+    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+    if len > MAX_DECOMPRESSED {
+        return Err(format!(
+            "{what} is larger than a recording can be ({} MiB)",
+            MAX_DECOMPRESSED >> 20
+        ));
+    }
     let mut text = Vec::new();
     flate2::read::GzDecoder::new(BufReader::new(f))
+        .take(MAX_DECOMPRESSED + 1)
         .read_to_end(&mut text)
         .map_err(|e| format!("{what} is damaged: {e}"))?;
+    if text.len() as u64 > MAX_DECOMPRESSED {
+        return Err(format!(
+            "{what} decompresses to more than {} MiB, the limit of a recording",
+            MAX_DECOMPRESSED >> 20
+        ));
+    }
     from_json(&text).map_err(|e| format!("{what} {e}"))
 }
+
+/// The most a recording may decompress to: about 2.3 million samples (a recording takes about
+/// 225 bytes a sample, measured on a 3.12 workload with 60-deep Python stacks), e.g. 20 minutes
+/// at 1 kHz on two busy CPUs. Longer runs are what `--continuous` is for.
+pub const MAX_DECOMPRESSED: u64 = 512 << 20;
 
 /// A recording's decompressed JSON, checked (the fuzz targets feed this directly).
 pub fn from_json(text: &[u8]) -> Result<(Profile, RunInfo), String> {

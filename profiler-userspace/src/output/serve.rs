@@ -1,86 +1,137 @@
 //! `--open`: serves a Gecko profile to profiler.firefox.com from 127.0.0.1, at an unguessable
 //! path, with CORS for that origin only, until Ctrl-C.
 
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 const ORIGIN: &str = "https://profiler.firefox.com";
 
-fn header(k: &str, v: &str) -> tiny_http::Header {
-    tiny_http::Header::from_bytes(k.as_bytes(), v.as_bytes()).expect("static header")
-}
+/// Connections served at once: a fixed pool, however many clients connect. (Hand-written on
+/// std's listener because tiny_http, used before, starts a thread per connection with no limit:
+/// 4,000 idle connections made 2,800 threads.)
+const WORKERS: usize = 8;
+/// How long a connection may take to send its request, and to take the answer.
+const IO_TIMEOUT: Duration = Duration::from_secs(5);
+/// The longest request head read.
+const MAX_HEAD: usize = 8192;
 
-/// A running server: the from-url link, and the thread serving it.
+/// A running server: the from-url link, and the threads serving it.
 pub struct Served {
     pub link: String,
-    stop: std::sync::Arc<tiny_http::Server>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    stop: Arc<AtomicBool>,
+    port: u16,
+    threads: Vec<std::thread::JoinHandle<()>>,
 }
 
 impl Drop for Served {
     fn drop(&mut self) {
-        self.stop.unblock();
-        if let Some(t) = self.thread.take() {
+        self.stop.store(true, Ordering::SeqCst);
+        // Wake every worker blocked in accept.
+        for _ in 0..self.threads.len() {
+            let _ = TcpStream::connect_timeout(
+                &([127, 0, 0, 1], self.port).into(),
+                Duration::from_millis(200),
+            );
+        }
+        for t in self.threads.drain(..) {
             let _ = t.join();
         }
     }
 }
 
+/// Reads a request head (bounded in size and time) and returns (method, path).
+fn read_head(s: &mut TcpStream) -> Option<(String, String)> {
+    s.set_read_timeout(Some(IO_TIMEOUT)).ok()?;
+    s.set_write_timeout(Some(IO_TIMEOUT)).ok()?;
+    let mut head = Vec::with_capacity(1024);
+    let mut buf = [0u8; 1024];
+    let t0 = std::time::Instant::now();
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        if head.len() >= MAX_HEAD || t0.elapsed() > IO_TIMEOUT {
+            return None;
+        }
+        let n = s.read(&mut buf).ok()?;
+        if n == 0 {
+            return None;
+        }
+        head.extend_from_slice(&buf[..n]);
+    }
+    let text = String::from_utf8_lossy(&head);
+    let mut first = text.lines().next()?.split_whitespace();
+    Some((first.next()?.to_string(), first.next()?.to_string()))
+}
+
+fn respond(s: &mut TcpStream, status: &str, headers: &[(&str, &str)], body: &[u8]) {
+    let mut head = format!("HTTP/1.1 {status}\r\nContent-Length: {}\r\n", body.len());
+    for (k, v) in headers {
+        head.push_str(&format!("{k}: {v}\r\n"));
+    }
+    head.push_str("Connection: close\r\n\r\n");
+    let _ = s.write_all(head.as_bytes());
+    let _ = s.write_all(body);
+}
+
+fn serve_one(mut s: TcpStream, path: &str, profile: &[u8]) {
+    let Some((method, url)) = read_head(&mut s) else {
+        return;
+    };
+    let cors = [("Access-Control-Allow-Origin", ORIGIN), ("Vary", "Origin")];
+    if url != path {
+        respond(&mut s, "404 Not Found", &[], b"not found");
+    } else if method == "OPTIONS" {
+        let mut h = vec![("Access-Control-Allow-Methods", "GET")];
+        h.extend_from_slice(&cors);
+        respond(&mut s, "204 No Content", &h, b"");
+    } else if method == "GET" {
+        // Sized, not chunked: the profiler shows download progress from Content-Length.
+        let mut h = vec![("Content-Type", "application/json")];
+        h.extend_from_slice(&cors);
+        respond(&mut s, "200 OK", &h, profile);
+    } else {
+        respond(&mut s, "405 Method Not Allowed", &[], b"");
+    }
+}
+
 /// Starts serving `profile` (Gecko JSON bytes) on a free port of 127.0.0.1.
 pub fn start(profile: Vec<u8>) -> Result<Served, String> {
-    let server = tiny_http::Server::http("127.0.0.1:0")
+    let listener = TcpListener::bind("127.0.0.1:0")
         .map_err(|e| format!("cannot serve the profile on 127.0.0.1: {e}"))?;
-    let port = server
-        .server_addr()
-        .to_ip()
+    let port = listener
+        .local_addr()
         .map(|a| a.port())
-        .ok_or("cannot serve the profile: no local port")?;
+        .map_err(|e| format!("cannot serve the profile: {e}"))?;
     let token = uuid::Uuid::new_v4().simple().to_string();
     let path = format!("/{token}/profile.json");
     let url = format!("http://127.0.0.1:{port}{path}");
     // The URL goes inside the profiler's URL path: encoded whole.
     let link = format!("{ORIGIN}/from-url/{}/", super::percent_encode(&url));
-    let server = std::sync::Arc::new(server);
-    let srv = server.clone();
-    let thread = std::thread::spawn(move || loop {
-        let req = match srv.recv() {
-            Ok(r) => r,
-            Err(_) => return,
-        };
-        let cors = [
-            header("Access-Control-Allow-Origin", ORIGIN),
-            header("Vary", "Origin"),
-        ];
-        let resp = if req.url() != path {
-            tiny_http::Response::from_string("not found")
-                .with_status_code(404)
-                .boxed()
-        } else if *req.method() == tiny_http::Method::Options {
-            let mut r = tiny_http::Response::empty(204)
-                .with_header(header("Access-Control-Allow-Methods", "GET"))
-                .boxed();
-            for h in cors.clone() {
-                r.add_header(h);
+    let stop = Arc::new(AtomicBool::new(false));
+    let profile: Arc<[u8]> = profile.into();
+    let mut threads = Vec::new();
+    for _ in 0..WORKERS {
+        let l = listener
+            .try_clone()
+            .map_err(|e| format!("cannot serve the profile: {e}"))?;
+        let (stop, path, profile) = (stop.clone(), path.clone(), profile.clone());
+        threads.push(std::thread::spawn(move || {
+            for conn in l.incoming() {
+                if stop.load(Ordering::SeqCst) {
+                    return;
+                }
+                if let Ok(s) = conn {
+                    serve_one(s, &path, &profile);
+                }
             }
-            r
-        } else if *req.method() == tiny_http::Method::Get {
-            // Sized, not chunked: the profiler shows download progress from Content-Length.
-            let mut r = tiny_http::Response::from_data(profile.clone())
-                .with_header(header("Content-Type", "application/json"))
-                .with_chunked_threshold(usize::MAX)
-                .boxed();
-            for h in cors.clone() {
-                r.add_header(h);
-            }
-            r
-        } else {
-            tiny_http::Response::empty(405).boxed()
-        };
-        let _ = req.respond(resp);
-    });
+        }));
+    }
     Ok(Served {
         link,
-        stop: server,
-        thread: Some(thread),
+        stop,
+        port,
+        threads,
     })
 }
 
@@ -115,7 +166,6 @@ pub fn try_browser(link: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::io::{Read, Write};
 
     fn get(url_path: &str, port: u16, method: &str) -> String {
         let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
@@ -127,6 +177,27 @@ mod tests {
         let mut out = String::new();
         s.read_to_string(&mut out).unwrap();
         out
+    }
+
+    #[test]
+    fn idle_connections_take_no_more_than_the_pool() {
+        let served = start(b"{}".to_vec()).unwrap();
+        let threads = || std::fs::read_dir("/proc/self/task").unwrap().count();
+        let before = threads();
+        // Many connections that never send a request (fewer than the listen backlog, past
+        // which connecting itself waits for the pool to get through the idle ones).
+        let idle: Vec<TcpStream> = (0..100)
+            .filter_map(|_| TcpStream::connect(("127.0.0.1", served.port)).ok())
+            .collect();
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(
+            threads() <= before + 2,
+            "{} threads, {} before",
+            threads(),
+            before
+        );
+        drop(idle);
+        drop(served);
     }
 
     #[test]
