@@ -314,6 +314,7 @@ impl Collector {
         let comm = self.procs.get(&pid).map_or("", |p| p.comm.as_str());
         ensure_process(&mut self.profile, &self.python, pid, comm, t_ms);
         if s.off_cpu {
+            self.profile.counters.offcpu_captures += 1;
             let mode = self.profile.mode;
             let t = self.profile.thread_mut(pid, "", s.tid, &s.comm, t_ms);
             let start = t.start_ms.unwrap_or(0.0);

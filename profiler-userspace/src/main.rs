@@ -875,12 +875,14 @@ async fn run(cli: RunArgs, sink: Sink) -> Result<i32, AppError> {
             .map(|(cpu, n)| format!("cpu{cpu} {n}"))
             .collect();
         eprintln!(
-            "tachyon-bpf: {secs:.2} s, {} samples ({:.0}/s at {} Hz on {} CPUs), lost {} ({}), \
-             truncated {}, bad records {}, {} processes, {} threads",
+            "tachyon-bpf: {secs:.2} s, {} samples on CPU ({:.0}/s at {} Hz on {} CPUs) and {} \
+             off-CPU captures, lost {} ({}), truncated {}, bad records {}, {} processes, {} \
+             threads",
             c.samples,
             c.samples as f64 / secs,
             rate,
             capture.cpus.len(),
+            c.offcpu_captures,
             lost,
             lost_str.join(", "),
             c.native_truncated,
@@ -900,7 +902,7 @@ async fn run(cli: RunArgs, sink: Sink) -> Result<i32, AppError> {
         }
         if c.py_samples > 0 {
             eprintln!(
-                "tachyon-bpf: python: {} samples, {} merged, {} merge mismatches, {} thread misses, {} read failures, {} truncated",
+                "tachyon-bpf: python: {} records of Python threads (samples and off-CPU captures), {} merged, {} merge mismatches, {} thread misses, {} read failures, {} truncated",
                 c.py_samples, c.py_merged, c.py_merge_mismatch, c.py_thread_miss, c.py_read_failed, c.py_truncated
             );
             let bad = c.py_unresolved_frames + c.py_cycles + c.py_bad_line_tables;

@@ -328,3 +328,79 @@ fn push_delivers_each_interval_and_a_bad_endpoint_costs_nothing() {
         assert!(took < Duration::from_secs(20), "{name}: ended in {took:?}");
     }
 }
+
+/// An endpoint that answers every request with a redirect to `to`.
+fn redirecting_server(to: &str) -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let reply = format!("HTTP/1.1 302 Found\r\nLocation: {to}\r\nContent-Length: 0\r\n\r\n");
+    std::thread::spawn(move || {
+        for conn in l.incoming() {
+            let Ok(mut s) = conn else { continue };
+            let reply = reply.clone();
+            std::thread::spawn(move || {
+                let mut r = BufReader::new(s.try_clone().unwrap());
+                let mut len = 0usize;
+                loop {
+                    let mut h = String::new();
+                    if r.read_line(&mut h).unwrap_or(0) == 0 || h == "\r\n" {
+                        break;
+                    }
+                    if let Some(v) = h.to_ascii_lowercase().strip_prefix("content-length:") {
+                        len = v.trim().parse().unwrap_or(0);
+                    }
+                }
+                let mut body = vec![0u8; len];
+                let _ = r.read_exact(&mut body);
+                let _ = s.write_all(reply.as_bytes());
+            });
+        }
+    });
+    port
+}
+
+/// (sent, failed, dropped, not sent by exit) from the summary's push line.
+fn push_counts(err: &str) -> [u64; 4] {
+    let line = err
+        .lines()
+        .find(|l| l.contains("tachyon-bpf: pushed "))
+        .unwrap_or_else(|| panic!("a push line: {err}"));
+    let nums: Vec<u64> = line
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    [nums[0], nums[1], nums[2], nums[3]]
+}
+
+#[test]
+fn push_follows_no_redirect_and_counts_every_interval_once() {
+    require_root();
+    let dir = scratch("continuous_push_redirect");
+    let _target = busy(&dir, 60);
+    let (elsewhere, got) = ingest_server(Duration::ZERO);
+    let redirect = redirecting_server(&format!("http://127.0.0.1:{elsewhere}/ingest"));
+    let (slow_port, _) = ingest_server(Duration::from_secs(30));
+    for (name, url) in [
+        ("redirect", format!("http://127.0.0.1:{redirect}")),
+        ("slow", format!("http://127.0.0.1:{slow_port}")),
+    ] {
+        let out = dir.join(name);
+        let out_s = out.to_str().unwrap().to_string();
+        let mut args = continuous_args(&out_s, "1s", &["-d", "5"]);
+        args.extend_from_slice(&["--push", &url]);
+        let o = run_profiler(&args, Duration::from_secs(60));
+        let err = stderr_of(&o);
+        assert!(o.status.success(), "{err}");
+        let [sent, failed, dropped, left] = push_counts(&err);
+        let intervals = intervals(&out).len() as u64;
+        assert_eq!(
+            sent + failed + dropped + left,
+            intervals,
+            "{name}: every interval counted once: {err}"
+        );
+        if name == "redirect" {
+            assert_eq!(sent, 0, "a redirect is not a delivery: {err}");
+            assert!(got.lock().unwrap().is_empty(), "the redirect was followed");
+        }
+    }
+}

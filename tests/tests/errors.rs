@@ -121,3 +121,60 @@ fn nothing_to_profile() {
     let o = run_profiler(&["--rate", "0", "--all"], Duration::from_secs(30));
     assert_eq!(o.status.code(), Some(2), "{}", stderr_of(&o));
 }
+
+#[test]
+fn impossible_values_are_refused_before_anything_starts() {
+    require_root();
+    let dir = scratch("bad_values");
+    let out = dir.join("p.json");
+    let o_ = out.to_str().unwrap();
+    // Durations that are not a time (these panicked, or ran with an empty profile).
+    for d in ["inf", "1e20", "nan", "-5", "0"] {
+        let o = run_profiler(
+            &["--all", &format!("--duration={d}"), "-o", o_],
+            Duration::from_secs(30),
+        );
+        check(&o, 2, "is not a duration");
+    }
+    // With a command, nothing is launched (an infinite -d left it running as an orphan).
+    let marker = format!("never-launched-{}", std::process::id());
+    let o = run_profiler(
+        &[
+            "-d",
+            "inf",
+            "-o",
+            o_,
+            "--",
+            "sh",
+            "-c",
+            &format!("sleep 5 # {marker}"),
+        ],
+        Duration::from_secs(30),
+    );
+    check(&o, 2, "is not a duration");
+    assert!(!Command::new("pgrep")
+        .args(["-f", &marker])
+        .status()
+        .unwrap()
+        .success());
+    let cont = |extra: &[&str]| {
+        let mut a = vec![
+            "--all",
+            "--continuous",
+            "--output-dir",
+            dir.to_str().unwrap(),
+        ];
+        a.extend_from_slice(extra);
+        run_profiler(&a, Duration::from_secs(30))
+    };
+    check(&cont(&["--rotate", "0s"]), 2, "at least 1s");
+    check(&cont(&["--push", "not a url"]), 2, "is not a URL");
+    check(&cont(&["--push", "ftp://host/x"]), 2, "http:// or https://");
+    // A kernel thread has no user stack to profile.
+    let o = run_profiler(
+        &["--pid", "2", "-d", "1", "-o", o_],
+        Duration::from_secs(30),
+    );
+    check(&o, 5, "is a kernel thread");
+    assert!(!out.exists());
+}

@@ -89,7 +89,7 @@ fn record_and_convert(dir: &Path) -> PathBuf {
     std::fs::set_permissions(&rec, std::fs::Permissions::from_mode(0o644)).unwrap();
     let out = dir.join("out");
     std::fs::create_dir_all(&out).unwrap();
-    std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o777)).unwrap();
+    std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o1777)).unwrap();
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
     let base = out.join("run");
     let o = as_nobody(&[
@@ -499,7 +499,7 @@ fn check_error(o: &Output, code: i32, needle: &str) {
 #[test]
 fn bad_recordings_and_format_misuse() {
     let dir = scratch("formats_bad");
-    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o1777)).unwrap();
     let junk = dir.join("junk.tbpf");
     std::fs::write(&junk, b"not a recording at all").unwrap();
     std::fs::set_permissions(&junk, std::fs::Permissions::from_mode(0o644)).unwrap();

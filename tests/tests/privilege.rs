@@ -62,7 +62,9 @@ fn root_target(dir: &Path) -> KillOnDrop {
 fn the_documented_capabilities_are_enough_and_each_is_needed() {
     require_root();
     let dir = scratch("privilege");
-    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    // Writable by nobody, and sticky as /tmp is (a non-sticky directory others can write to is
+    // refused as an output directory).
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o1777)).unwrap();
     let target = root_target(&dir);
     std::thread::sleep(Duration::from_millis(300));
     let pid = target.0.id().to_string();

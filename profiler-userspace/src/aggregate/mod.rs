@@ -237,10 +237,15 @@ pub struct ProcessData {
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 #[serde(default)]
 pub struct Counters {
+    /// Timer samples of threads on a CPU.
     pub samples: u64,
+    /// Records a thread sent as it left the CPU (its stack at the moment it blocked): not
+    /// samples, but each stands for the off-CPU time until the thread ran again.
+    pub offcpu_captures: u64,
     pub bad_records: u64,
     pub native_truncated: u64,
     pub kernel_only: u64,
+    /// Records (timer samples and off-CPU captures) of threads with a Python thread state.
     pub py_samples: u64,
     pub py_merged: u64,
     pub py_merge_mismatch: u64,

@@ -354,6 +354,7 @@ pub fn to_json(p: &Profile, run: &RunInfo) -> Value {
         "rateHz": run.rate_hz,
         "durationMs": run.duration_ms,
         "samples": c.samples,
+        "offCpuCaptures": c.offcpu_captures,
         "lost": run.lost,
         "nativeTruncated": c.native_truncated,
         "badRecords": c.bad_records,
