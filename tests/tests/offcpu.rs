@@ -79,6 +79,22 @@ fn wall_mode_shows_sleep_and_cpu_mode_does_not() {
         [a, b] => (a * 1000.0, b * 1000.0),
         _ => panic!("the script prints two times: {out}"),
     };
+    // The counts reconcile: every record of a Python thread is a sample on a CPU or an off-CPU
+    // capture (the summary once printed 69 samples beside 1838 Python ones).
+    let meta: serde_json::Value = serde_json::from_slice(&std::fs::read(&wall).unwrap()).unwrap();
+    let t = &meta["meta"]["tachyon"];
+    let n = |k: &str| {
+        t[k].as_u64()
+            .unwrap_or_else(|| panic!("meta.tachyon.{k}: {t}"))
+    };
+    assert!(
+        n("offCpuCaptures") >= 3,
+        "each nap is captured as it starts: {t}"
+    );
+    assert!(
+        n("pythonSamples") <= n("samples") + n("offCpuCaptures"),
+        "Python records are samples or captures: {t}"
+    );
     let v = Viewer::load(&wall).unwrap();
     let (_, c) = thread_with(&v, "nap");
     // Python frame, the C function, down to the kernel's sleep.

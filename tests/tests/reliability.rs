@@ -161,7 +161,10 @@ fn start_on_busy(dir: &Path, name: &str, scope: &[&str]) -> (Child, Child, std::
     } else {
         scope.to_vec()
     };
-    args.extend(["-q", "-o", out.to_str().unwrap()]);
+    args.push("-q");
+    if !args.contains(&"-o") {
+        args.extend(["-o", out.to_str().unwrap()]);
+    }
     let prof = Command::new(profiler_bin())
         .args(&args)
         .stdout(Stdio::null())
@@ -449,4 +452,54 @@ fn overload_at_the_highest_rate() {
         hot as f64 > 0.5 * total as f64,
         "Python frames under load: {hot} of {total}"
     );
+}
+
+#[test]
+fn a_second_sigint_while_writing_exits_at_once() {
+    require_root();
+    let dir = scratch("stop_while_writing");
+    // Five formats are written one after another: once the first is in place, the others are
+    // still being rendered, so a second Ctrl-C then lands in the middle of the writing.
+    let base = dir.join("run");
+    let base_s = base.to_str().unwrap().to_string();
+    let (mut target, mut prof, _) = start_on_busy(
+        &dir,
+        "unused",
+        &[
+            "--all",
+            "-r",
+            "4000",
+            "-f",
+            "gecko,collapsed,jsonl,pprof,flamegraph",
+            "-o",
+            &base_s,
+        ],
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    signal(&prof, libc::SIGINT);
+    let first = dir.join("run.json");
+    let t0 = Instant::now();
+    while !first.exists() && t0.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    assert!(first.exists(), "the first format was written");
+    signal(&prof, libc::SIGINT);
+    let t1 = Instant::now();
+    wait_timeout(&mut prof, Duration::from_secs(20));
+    let st = prof.wait().unwrap();
+    let took = t1.elapsed();
+    let _ = target.kill();
+    let _ = target.wait();
+    assert_eq!(
+        st.code(),
+        Some(130),
+        "the second Ctrl-C interrupts the writing"
+    );
+    assert!(took < Duration::from_millis(500), "at once: {took:?}");
+    assert!(
+        !dir.join("run.svg").exists(),
+        "the last format was not written after the second Ctrl-C"
+    );
+    // Whatever is under a final name is whole.
+    let _: Value = serde_json::from_slice(&std::fs::read(&first).unwrap()).unwrap();
 }

@@ -69,18 +69,24 @@ pub fn load(path: &Path) -> Result<(Profile, RunInfo), String> {
             MAX_DECOMPRESSED >> 20
         ));
     }
+    from_gzip(BufReader::new(f)).map_err(|e| format!("{what} {e}"))
+}
+
+/// A recording from its gzipped bytes, decompressing at most [`MAX_DECOMPRESSED`] (what `load`
+/// does after opening the file; the fuzz targets feed this directly).
+pub fn from_gzip(r: impl Read) -> Result<(Profile, RunInfo), String> {
     let mut text = Vec::new();
-    flate2::read::GzDecoder::new(BufReader::new(f))
+    flate2::read::GzDecoder::new(r)
         .take(MAX_DECOMPRESSED + 1)
         .read_to_end(&mut text)
-        .map_err(|e| format!("{what} is damaged: {e}"))?;
+        .map_err(|e| format!("is damaged: {e}"))?;
     if text.len() as u64 > MAX_DECOMPRESSED {
         return Err(format!(
-            "{what} decompresses to more than {} MiB, the limit of a recording",
+            "decompresses to more than {} MiB, the limit of a recording",
             MAX_DECOMPRESSED >> 20
         ));
     }
-    from_json(&text).map_err(|e| format!("{what} {e}"))
+    from_json(&text)
 }
 
 /// The most a recording may decompress to: about 2.3 million samples (a recording takes about
