@@ -509,3 +509,34 @@ impl Drop for KillOnDrop {
         let _ = self.0.wait();
     }
 }
+
+/// The capabilities the README's "Least privilege" documents.
+pub const CAPS: [&str; 5] = [
+    "cap_bpf",
+    "cap_perfmon",
+    "cap_sys_ptrace",
+    "cap_dac_read_search",
+    "cap_syslog",
+];
+
+/// Runs `tachyon-bpf args` as user nobody with exactly `caps` (ambient, so they survive exec).
+pub fn as_nobody_with(caps: &[&str], args: &[String]) -> Output {
+    let list = caps.join(",");
+    let cmd = std::iter::once(profiler_bin().display().to_string())
+        .chain(args.iter().cloned())
+        .collect::<Vec<_>>()
+        .join(" ");
+    let mut child = Command::new("capsh")
+        .arg(format!(
+            "--caps={list}+eip cap_setpcap,cap_setuid,cap_setgid+ep"
+        ))
+        .args(["--keep=1", "--user=nobody"])
+        .arg(format!("--addamb={list}"))
+        .args(["--", "-c", &cmd])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("capsh (libcap2-bin)");
+    wait_timeout(&mut child, Duration::from_secs(60));
+    child.wait_with_output().unwrap()
+}

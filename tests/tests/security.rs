@@ -336,18 +336,50 @@ while time.time() - t0 < 60:
         lib = lib.display()
     );
     let target = attacker_python(&a, &d, &script);
-    let out = scratch("sec_swap_out").join("p.folded");
-    let o = run_profiler(
-        &[
+    let outdir = scratch("sec_swap_out");
+    std::fs::set_permissions(&outdir, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let pid = target.0.id().to_string();
+    let args = |out: &Path| -> Vec<String> {
+        [
             "-p",
-            &target.0.id().to_string(),
+            &pid,
             "-d",
             "2",
             "-f",
             "collapsed",
             "-o",
             out.to_str().unwrap(),
-        ],
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+    };
+    // With least privilege `map_files` is refused, so the path is all there is: the link must
+    // not lead to the host's library (no names is right, the wrong names is not).
+    let out = outdir.join("least.folded");
+    let o = as_nobody_with(&CAPS, &args(&out));
+    assert!(o.status.success(), "{}", stderr_of(&o));
+    let text = std::fs::read_to_string(&out).unwrap();
+    let zlib_names = |text: &str| {
+        text.lines()
+            .filter(|l| {
+                [
+                    "crc32", "adler32", "deflate", "inflate", "zcalloc", "compress",
+                ]
+                .iter()
+                .any(|z| l.contains(z))
+            })
+            .count()
+    };
+    assert_eq!(
+        zlib_names(&text),
+        0,
+        "host zlib names for the attacker's library:\n{text}"
+    );
+    // As root, map_files gives the mapped file itself: its own names.
+    let out = outdir.join("root.folded");
+    let o = run_profiler(
+        &args(&out).iter().map(String::as_str).collect::<Vec<_>>(),
         Duration::from_secs(40),
     );
     assert!(o.status.success(), "{}", stderr_of(&o));
