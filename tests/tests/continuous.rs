@@ -216,6 +216,27 @@ fn kill_9_leaves_only_complete_interval_files() {
 type Received = Arc<Mutex<Vec<(String, Vec<u8>)>>>;
 
 /// A minimal HTTP server recording each request's target and body, answering after `delay`.
+/// Reads one HTTP request: (request target, body).
+fn read_request(s: &std::net::TcpStream) -> Option<(String, Vec<u8>)> {
+    let mut r = BufReader::new(s.try_clone().ok()?);
+    let mut line = String::new();
+    r.read_line(&mut line).ok()?;
+    let target = line.split_whitespace().nth(1).unwrap_or("").to_string();
+    let mut len = 0usize;
+    loop {
+        let mut h = String::new();
+        if r.read_line(&mut h).unwrap_or(0) == 0 || h == "\r\n" {
+            break;
+        }
+        if let Some(v) = h.to_ascii_lowercase().strip_prefix("content-length:") {
+            len = v.trim().parse().unwrap_or(0);
+        }
+    }
+    let mut body = vec![0u8; len];
+    r.read_exact(&mut body).ok()?;
+    Some((target, body))
+}
+
 fn ingest_server(delay: Duration) -> (u16, Received) {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = l.local_addr().unwrap().port();
@@ -226,26 +247,9 @@ fn ingest_server(delay: Duration) -> (u16, Received) {
             let Ok(mut s) = conn else { continue };
             let g = g.clone();
             std::thread::spawn(move || {
-                let mut r = BufReader::new(s.try_clone().unwrap());
-                let mut line = String::new();
-                if r.read_line(&mut line).is_err() {
+                let Some((target, body)) = read_request(&s) else {
                     return;
-                }
-                let target = line.split_whitespace().nth(1).unwrap_or("").to_string();
-                let mut len = 0usize;
-                loop {
-                    let mut h = String::new();
-                    if r.read_line(&mut h).unwrap_or(0) == 0 || h == "\r\n" {
-                        break;
-                    }
-                    if let Some(v) = h.to_ascii_lowercase().strip_prefix("content-length:") {
-                        len = v.trim().parse().unwrap_or(0);
-                    }
-                }
-                let mut body = vec![0u8; len];
-                if r.read_exact(&mut body).is_err() {
-                    return;
-                }
+                };
                 std::thread::sleep(delay);
                 g.lock().unwrap().push((target, body));
                 let _ = s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n");
@@ -339,19 +343,7 @@ fn redirecting_server(to: &str) -> u16 {
             let Ok(mut s) = conn else { continue };
             let reply = reply.clone();
             std::thread::spawn(move || {
-                let mut r = BufReader::new(s.try_clone().unwrap());
-                let mut len = 0usize;
-                loop {
-                    let mut h = String::new();
-                    if r.read_line(&mut h).unwrap_or(0) == 0 || h == "\r\n" {
-                        break;
-                    }
-                    if let Some(v) = h.to_ascii_lowercase().strip_prefix("content-length:") {
-                        len = v.trim().parse().unwrap_or(0);
-                    }
-                }
-                let mut body = vec![0u8; len];
-                let _ = r.read_exact(&mut body);
+                let _ = read_request(&s);
                 let _ = s.write_all(reply.as_bytes());
             });
         }

@@ -154,7 +154,15 @@ fn python_frames_names_lines_and_order_every_version() {
         };
         for deep in [false, true] {
             let out = dir.join(format!("{label}-{deep}.json"));
+            // CPU time: this test is about the content of stacks. In wall mode a thread that
+            // waits for a CPU is charged the wait with its latest stack, and when the profiler's
+            // own start-up work (reading the interpreter's symbols and unwind tables) shares
+            // the target's CPU during interpreter start-up, up to ~100 ms of start-up stacks
+            // (true wall time, but no chain) tipped the shares below in about one run in four,
+            // on any version.
             let mut args = vec![
+                "-m",
+                "cpu",
                 "-o",
                 out.to_str().unwrap(),
                 "--",

@@ -11,12 +11,12 @@
 //!
 //! The boot itself is `tachyon_bpf_tests::kernels::boot`, used by `tests/tests/kernels.rs`.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use anyhow::{bail, Context, Result};
 
-use super::{output_of, run};
+use super::{output_of, private_apt_opts, run};
 
 /// (label, Debian suite): the kernels of Debian 11, 12 and 13, and unstable's newest.
 pub const KERNELS: [(&str, &str); 4] = [
@@ -61,19 +61,6 @@ echo "tachyon-guest: done"
 $B poweroff -f
 "#;
 
-fn apt_opts(apt: &Path) -> Vec<String> {
-    [
-        ("Dir::Etc::sourcelist", apt.join("sources.list")),
-        ("Dir::Etc::sourceparts", PathBuf::from("-")),
-        ("Dir::State::Lists", apt.join("lists")),
-        ("Dir::Cache", apt.join("cache")),
-        ("Dir::State::status", apt.join("status")),
-    ]
-    .iter()
-    .flat_map(|(k, v)| ["-o".to_string(), format!("{k}={}", v.display())])
-    .collect()
-}
-
 /// `Depends` of a package in a suite, as package names.
 fn depends(opts: &[String], pkg: &str) -> Vec<String> {
     let text = output_of(Command::new("apt-cache").args(opts).args(["show", pkg]));
@@ -110,7 +97,7 @@ pub fn setup(tools: &Path) -> Result<()> {
     }
     std::fs::write(apt.join("sources.list"), SOURCES)?;
     std::fs::write(apt.join("status"), "")?;
-    let opts = apt_opts(&apt);
+    let opts = private_apt_opts(&apt);
     run(Command::new("apt-get").args(&opts).args(["update", "-q"]))?;
     let debs = apt.join("debs");
     let _ = std::fs::remove_dir_all(&debs);

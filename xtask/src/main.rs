@@ -47,6 +47,21 @@ fn run(cmd: &mut Command) -> Result<()> {
     Ok(())
 }
 
+/// apt-get options for a package list of our own under `apt` (sources.list, lists, cache and
+/// an empty status there), so the system's apt state is never touched.
+fn private_apt_opts(apt: &Path) -> Vec<String> {
+    [
+        ("Dir::Etc::sourcelist", apt.join("sources.list")),
+        ("Dir::Etc::sourceparts", PathBuf::from("-")),
+        ("Dir::State::Lists", apt.join("lists")),
+        ("Dir::Cache", apt.join("cache")),
+        ("Dir::State::status", apt.join("status")),
+    ]
+    .iter()
+    .flat_map(|(k, v)| ["-o".to_string(), format!("{k}={}", v.display())])
+    .collect()
+}
+
 fn quiet_ok(cmd: &mut Command) -> bool {
     cmd.output().map(|o| o.status.success()).unwrap_or(false)
 }

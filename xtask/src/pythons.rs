@@ -13,7 +13,7 @@ use std::process::Command;
 
 use anyhow::{bail, Result};
 
-use super::{quiet_ok, run};
+use super::{private_apt_opts, quiet_ok, run};
 
 const SUITE: &str = "deb http://deb.debian.org/debian sid main\n";
 const PACKAGES: [&str; 12] = [
@@ -54,16 +54,7 @@ pub fn setup(tools: &Path) -> Result<PathBuf> {
     std::fs::create_dir_all(&root)?;
     std::fs::write(apt.join("sources.list"), SUITE)?;
     std::fs::write(apt.join("status"), "")?;
-    let opts: Vec<String> = [
-        ("Dir::Etc::sourcelist", apt.join("sources.list")),
-        ("Dir::Etc::sourceparts", PathBuf::from("-")),
-        ("Dir::State::Lists", apt.join("lists")),
-        ("Dir::Cache", apt.join("cache")),
-        ("Dir::State::status", apt.join("status")),
-    ]
-    .iter()
-    .flat_map(|(k, v)| ["-o".to_string(), format!("{k}={}", v.display())])
-    .collect();
+    let opts = private_apt_opts(&apt);
     run(Command::new("apt-get").args(&opts).args(["update", "-q"]))?;
     run(Command::new("apt-get")
         .current_dir(apt.join("debs"))
