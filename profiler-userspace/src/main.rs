@@ -874,24 +874,40 @@ async fn run(cli: RunArgs, sink: Sink) -> Result<i32, AppError> {
             .iter()
             .map(|(cpu, n)| format!("cpu{cpu} {n}"))
             .collect();
-        eprintln!(
-            "tachyon-bpf: {secs:.2} s, {} samples on CPU ({:.0}/s at {} Hz on {} CPUs) and {} \
-             off-CPU captures, lost {} ({}), truncated {}, bad records {}, {} processes, {} \
-             threads",
-            c.samples,
-            c.samples as f64 / secs,
-            rate,
-            capture.cpus.len(),
-            c.offcpu_captures,
-            lost,
-            lost_str.join(", "),
-            c.native_truncated,
-            c.bad_records,
-            collector.profile.all_processes().count(),
-            collector.profile.thread_count(),
-        );
+        if let Some(k) = &continuous {
+            // The counters start again each interval: the run's totals are the intervals'.
+            eprintln!(
+                "tachyon-bpf: {secs:.2} s, {} samples ({:.0}/s at {} Hz on {} CPUs) in {} \
+                 intervals, lost {} ({})",
+                k.samples,
+                k.samples as f64 / secs,
+                rate,
+                capture.cpus.len(),
+                k.intervals,
+                lost,
+                lost_str.join(", "),
+            );
+        } else {
+            eprintln!(
+                "tachyon-bpf: {secs:.2} s, {} samples on CPU ({:.0}/s at {} Hz on {} CPUs) and \
+                 {} off-CPU captures, lost {} ({}), truncated {}, bad records {}, {} processes, \
+                 {} threads",
+                c.samples,
+                c.samples as f64 / secs,
+                rate,
+                capture.cpus.len(),
+                c.offcpu_captures,
+                lost,
+                lost_str.join(", "),
+                c.native_truncated,
+                c.bad_records,
+                collector.profile.all_processes().count(),
+                collector.profile.thread_count(),
+            );
+        }
         if let Some(cost) = &run.cost {
-            eprintln!("tachyon-bpf: {}", cost.line(c.samples));
+            let n = continuous.as_ref().map_or(c.samples, |k| k.samples);
+            eprintln!("tachyon-bpf: {}", cost.line(n));
         }
         if c.max_lag_ms > output::summary::LAG_WARN_MS {
             eprintln!(
@@ -936,14 +952,11 @@ async fn run(cli: RunArgs, sink: Sink) -> Result<i32, AppError> {
         let stats = p.stats.clone();
         p.finish(Duration::from_secs(5));
         if !cli.quiet {
-            use std::sync::atomic::Ordering::Relaxed;
+            let k = stats.counts();
             eprintln!(
                 "tachyon-bpf: pushed {} intervals, {} failed, {} dropped (endpoint too slow), \
                  {} not sent by exit",
-                stats.sent.load(Relaxed),
-                stats.failed.load(Relaxed),
-                stats.dropped.load(Relaxed),
-                stats.abandoned.load(Relaxed)
+                k.sent, k.failed, k.dropped, k.abandoned
             );
         }
     }

@@ -528,3 +528,103 @@ fn a_launched_command_ends_with_the_profiling() {
         "the command is still running after the profiler exited"
     );
 }
+
+#[test]
+fn idle_connections_cannot_exhaust_the_open_server() {
+    require_root();
+    let a = Attacker::new("open");
+    let dir = scratch("sec_open");
+    let rec = dir.join("run.tbpf");
+    let o = run_profiler(
+        &[
+            "record",
+            "-q",
+            "-o",
+            rec.to_str().unwrap(),
+            "--",
+            "sleep",
+            "0.3",
+        ],
+        Duration::from_secs(30),
+    );
+    assert!(o.status.success(), "{}", stderr_of(&o));
+    let mut server = Command::new(profiler_bin())
+        .args(["convert", rec.to_str().unwrap(), "--open", "-o"])
+        .arg(dir.join("open.json"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(server.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    let port: u16 = line
+        .split("127.0.0.1%3A")
+        .nth(1)
+        .and_then(|r| r.split('%').next())
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("a from-url link with a port: {line}"));
+    let tasks = |pid: u32| {
+        std::fs::read_dir(format!("/proc/{pid}/task"))
+            .unwrap()
+            .count()
+    };
+    let before = tasks(server.id());
+    // The attacker opens many connections and sends nothing on them (tiny_http, used before,
+    // started a thread for each: 4,000 made 2,800 threads).
+    let flood = format!(
+        "import socket, time\nss = []\nfor _ in range(150):\n    try:\n        s = socket.socket(); s.settimeout(0.05); s.connect_ex(('127.0.0.1', {port})); ss.append(s)\n    except OSError:\n        pass\nprint('ready', flush=True)\ntime.sleep(60)\n"
+    );
+    let fdir = a.dir("sec_open_flood");
+    let _flood = attacker_python(&a, &fdir, &flood);
+    std::thread::sleep(Duration::from_millis(500));
+    let during = tasks(server.id());
+    assert!(
+        during <= before + 2,
+        "{during} threads with 150 idle connections, {before} before"
+    );
+    // Ctrl-C still ends serving at once.
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(server.id() as i32, libc::SIGINT) };
+    let t0 = Instant::now();
+    wait_timeout(&mut server, Duration::from_secs(10));
+    assert_eq!(server.wait().unwrap().code(), Some(0));
+    assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
+}
+
+#[test]
+fn a_continuous_run_that_can_write_nothing_fails() {
+    require_root();
+    // A directory on a file system too small for any interval profile (a full disk).
+    let dir = scratch("sec_full_disk");
+    let full = dir.join("full");
+    std::fs::create_dir_all(&full).unwrap();
+    let busy = KillOnDrop(
+        Command::new("sh")
+            .args(["-c", "exec yes"])
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let script = format!(
+        "mount -t tmpfs -o size=4k,mode=0700 none {full} && exec {bin} --continuous --rotate 1s \
+         --output-dir {full} -d 3 -q -p {pid}",
+        full = full.display(),
+        bin = profiler_bin().display(),
+        pid = busy.0.id()
+    );
+    let mut child = Command::new("unshare")
+        .args(["-m", "sh", "-c", &script])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_timeout(&mut child, Duration::from_secs(30));
+    let o = child.wait_with_output().unwrap();
+    let err = stderr_of(&o);
+    assert_eq!(o.status.code(), Some(6), "{err}");
+    assert!(err.contains("none of the"), "{err}");
+}

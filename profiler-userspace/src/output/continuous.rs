@@ -3,7 +3,6 @@
 //! ingest endpoint from a worker thread that retries with back-off and never blocks sampling.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -81,13 +80,47 @@ fn prune(dir: &Path, keep: usize) {
 /// Counts of the push worker, shown in the summary.
 #[derive(Default)]
 pub struct PushStats {
-    pub sent: AtomicU64,
-    pub failed: AtomicU64,
-    pub dropped: AtomicU64,
-    /// Queued or being sent: what is still here when the run ends is counted as abandoned, so
-    /// every interval is counted exactly once.
-    pub pending: AtomicU64,
-    pub abandoned: AtomicU64,
+    counts: std::sync::Mutex<PushCounts>,
+}
+
+/// What became of each interval: every one is counted exactly once, in one of the four.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PushCounts {
+    pub sent: u64,
+    pub failed: u64,
+    /// The queue was full (the endpoint too slow).
+    pub dropped: u64,
+    /// Still queued or being sent when the run ended.
+    pub abandoned: u64,
+    pending: u64,
+    /// The run has ended: what completes after this was already counted as abandoned.
+    closed: bool,
+}
+
+impl PushStats {
+    fn with<R>(&self, f: impl FnOnce(&mut PushCounts) -> R) -> R {
+        let mut c = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+        f(&mut c)
+    }
+
+    pub fn counts(&self) -> PushCounts {
+        self.with(|c| *c)
+    }
+
+    /// An upload finished: sent or failed, unless the run already gave up on it.
+    fn finished(&self, ok: bool) {
+        self.with(|c| {
+            if c.closed {
+                return;
+            }
+            c.pending = c.pending.saturating_sub(1);
+            if ok {
+                c.sent += 1;
+            } else {
+                c.failed += 1;
+            }
+        });
+    }
 }
 
 struct Upload {
@@ -136,12 +169,14 @@ impl Pusher {
             until_s: (until_ms / 1000.0).ceil() as u64,
         };
         if let Some(tx) = &self.tx {
-            self.stats.pending.fetch_add(1, Ordering::SeqCst);
+            self.stats.with(|c| c.pending += 1);
             match tx.try_send(u) {
                 Ok(()) => {}
                 Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
-                    self.stats.pending.fetch_sub(1, Ordering::SeqCst);
-                    self.stats.dropped.fetch_add(1, Ordering::Relaxed);
+                    self.stats.with(|c| {
+                        c.pending -= 1;
+                        c.dropped += 1;
+                    });
                 }
             }
         }
@@ -160,8 +195,11 @@ impl Pusher {
             }
         }
         // What the worker did not get to (the thread is left to the process's exit).
-        let left = self.stats.pending.swap(0, Ordering::SeqCst);
-        self.stats.abandoned.fetch_add(left, Ordering::SeqCst);
+        self.stats.with(|c| {
+            c.closed = true;
+            c.abandoned += c.pending;
+            c.pending = 0;
+        });
     }
 }
 
@@ -216,10 +254,7 @@ fn push_loop(rx: Receiver<Upload>, endpoint: &str, name: &str, stats: &PushStats
                 }
             }
         }
-        let counter = if ok { &stats.sent } else { &stats.failed };
-        // Counted, then no longer pending: `finish` never counts it twice.
-        counter.fetch_add(1, Ordering::SeqCst);
-        stats.pending.fetch_sub(1, Ordering::SeqCst);
+        stats.finished(ok);
     }
 }
 
