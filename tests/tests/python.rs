@@ -154,15 +154,7 @@ fn python_frames_names_lines_and_order_every_version() {
         };
         for deep in [false, true] {
             let out = dir.join(format!("{label}-{deep}.json"));
-            // CPU time: this test is about the content of stacks. In wall mode a thread that
-            // waits for a CPU is charged the wait with its latest stack, and when the profiler's
-            // own start-up work (reading the interpreter's symbols and unwind tables) shares
-            // the target's CPU during interpreter start-up, up to ~100 ms of start-up stacks
-            // (true wall time, but no chain) tipped the shares below in about one run in four,
-            // on any version.
             let mut args = vec![
-                "-m",
-                "cpu",
                 "-o",
                 out.to_str().unwrap(),
                 "--",
@@ -198,11 +190,16 @@ fn python_frames_names_lines_and_order_every_version() {
             } else {
                 paths.count(|n| n.windows(5).any(|w| w[0] == "main" && w[1..] == chain))
             };
-            let frac = good as f64 / paths.total as f64;
+            // Interpreter initialization runs before the script and cannot have its chain (it
+            // imports `site`, whose module code calls `site.main()`): 60-110 ms of a 2 s run on a
+            // slow machine, which alone tipped the share below 95% in about one run in four.
+            let init = paths.count(|n| n.iter().any(|f| f == "pymain_init"));
+            let frac = good as f64 / (paths.total - init) as f64;
             assert!(
                 frac >= 0.95,
-                "{label} deep={deep}: only {good}/{} samples have the full Python chain",
-                paths.total
+                "{label} deep={deep}: only {good}/{} samples after interpreter initialization \
+                 ({init} during it) have the full Python chain",
+                paths.total - init
             );
             let share = line_share(&out, method, hot);
             assert!(
