@@ -540,3 +540,22 @@ pub fn as_nobody_with(caps: &[&str], args: &[String]) -> Output {
     wait_timeout(&mut child, Duration::from_secs(60));
     child.wait_with_output().unwrap()
 }
+
+/// Starts `tachyon-bpf convert REC --open -o OUT` and returns it with the first line it printed
+/// (the from-url link).
+pub fn serve_recording(rec: &Path, out: &Path) -> (Child, String) {
+    let mut child = Command::new(profiler_bin())
+        .args(["convert", rec.to_str().unwrap(), "--open", "-o"])
+        .arg(out)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    (child, line.trim().to_string())
+}

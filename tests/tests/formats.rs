@@ -4,10 +4,10 @@
 //! schema that enforces its rules. All must agree on the total and on the hottest functions.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::time::Duration;
 
 use serde_json::Value;
@@ -440,18 +440,8 @@ fn open_serves_the_profile_to_the_firefox_profiler() {
         Duration::from_secs(60),
     );
     assert!(o.status.success(), "record: {}", stderr_of(&o));
-    let mut child = Command::new(profiler_bin())
-        .args(["convert", rec.to_str().unwrap(), "--open", "-o"])
-        .arg(dir.join("open.json"))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let link = line.trim();
+    let (mut child, link) = serve_recording(&rec, &dir.join("open.json"));
+    let link = link.as_str();
     let enc = link
         .strip_prefix("https://profiler.firefox.com/from-url/")
         .unwrap_or_else(|| panic!("a from-url link: {link}"))

@@ -103,6 +103,25 @@ fn next_pid() -> u32 {
         + 1
 }
 
+/// A recording of a short run (`record -- sleep 0.3`) in `dir`.
+fn short_recording(dir: &Path) -> PathBuf {
+    let rec = dir.join("run.tbpf");
+    let o = run_profiler(
+        &[
+            "record",
+            "-q",
+            "-o",
+            rec.to_str().unwrap(),
+            "--",
+            "sleep",
+            "0.3",
+        ],
+        Duration::from_secs(30),
+    );
+    assert!(o.status.success(), "{}", stderr_of(&o));
+    rec
+}
+
 fn one_line_error(o: &std::process::Output, code: i32, needle: &str) {
     let err = stderr_of(o);
     assert_eq!(o.status.code(), Some(code), "{err}");
@@ -446,20 +465,7 @@ fn convert_of_an_impossibly_deep_recording_is_refused() {
     let a = Attacker::new("deep");
     let d = a.dir("sec_deep");
     // A real recording, then one stack deeper than any run records.
-    let rec = d.join("run.tbpf");
-    let o = run_profiler(
-        &[
-            "record",
-            "-q",
-            "-o",
-            rec.to_str().unwrap(),
-            "--",
-            "sleep",
-            "0.3",
-        ],
-        Duration::from_secs(30),
-    );
-    assert!(o.status.success(), "{}", stderr_of(&o));
+    let rec = short_recording(&d);
     let mut json: serde_json::Value = {
         let f = std::fs::File::open(&rec).unwrap();
         serde_json::from_reader(flate2::read::GzDecoder::new(f)).unwrap()
@@ -534,33 +540,8 @@ fn idle_connections_cannot_exhaust_the_open_server() {
     require_root();
     let a = Attacker::new("open");
     let dir = scratch("sec_open");
-    let rec = dir.join("run.tbpf");
-    let o = run_profiler(
-        &[
-            "record",
-            "-q",
-            "-o",
-            rec.to_str().unwrap(),
-            "--",
-            "sleep",
-            "0.3",
-        ],
-        Duration::from_secs(30),
-    );
-    assert!(o.status.success(), "{}", stderr_of(&o));
-    let mut server = Command::new(profiler_bin())
-        .args(["convert", rec.to_str().unwrap(), "--open", "-o"])
-        .arg(dir.join("open.json"))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(server.stdout.take().unwrap()),
-        &mut line,
-    )
-    .unwrap();
+    let rec = short_recording(&dir);
+    let (mut server, line) = serve_recording(&rec, &dir.join("open.json"));
     let port: u16 = line
         .split("127.0.0.1%3A")
         .nth(1)

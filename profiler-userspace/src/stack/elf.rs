@@ -83,35 +83,16 @@ fn open_in_root(root: &File, rel: &Path) -> std::io::Result<File> {
     Ok(File::from(unsafe { OwnedFd::from_raw_fd(fd as i32) }))
 }
 
-/// `(major, minor)` of a `/proc/PID/maps` device field (`fd:01`).
-fn parse_dev(dev: &str) -> Option<(u32, u32)> {
-    let (a, b) = dev.split_once(':')?;
-    Some((
-        u32::from_str_radix(a, 16).ok()?,
-        u32::from_str_radix(b, 16).ok()?,
-    ))
-}
-
-/// Whether an opened file is a regular file of a sane size and, when `want` is given, the one a
-/// maps line names: the same inode, on the same device (overlay file systems show the
-/// underlying device in the maps, so a matching inode on another device is accepted too: the
-/// path was resolved inside the process's own root, so it cannot name a host file).
-fn plausible(f: &File, want: Option<(&str, u64)>) -> bool {
+/// Whether an opened file is a regular file of a sane size and, when `want` is given, the
+/// inode a maps line names. Only the inode is compared: overlay file systems show the underlying
+/// device in the maps and their own in `stat`, and the path was resolved inside the process's
+/// own root, so it cannot name a host file whatever the device.
+fn plausible(f: &File, inode: Option<u64>) -> bool {
     use std::os::unix::fs::MetadataExt;
     let Ok(m) = f.metadata() else {
         return false;
     };
-    if !m.file_type().is_file() || m.len() > MAX_ELF_BYTES {
-        return false;
-    }
-    match want {
-        None => true,
-        Some((dev, inode)) => {
-            let same_dev = parse_dev(dev)
-                .is_some_and(|(a, b)| libc::major(m.dev()) == a && libc::minor(m.dev()) == b);
-            m.ino() == inode && (same_dev || inode != 0)
-        }
-    }
+    m.file_type().is_file() && m.len() <= MAX_ELF_BYTES && inode.is_none_or(|i| m.ino() == i)
 }
 
 /// Opens the file behind a mapping of `pid`, as safely as a target allows: first
@@ -119,13 +100,7 @@ fn plausible(f: &File, want: Option<(&str, u64)>) -> bool {
 /// CAP_SYS_ADMIN); else the path the maps give, resolved inside the process's root (containers)
 /// and checked to be the mapped inode. Never the host's file at the same path, never through a
 /// final symlink, never a FIFO or device, and never a blocking open.
-pub fn open_mapped(
-    pid: u32,
-    dev: &str,
-    inode: u64,
-    path: &Path,
-    map_range: (u64, u64),
-) -> Option<File> {
+pub fn open_mapped(pid: u32, inode: u64, path: &Path, map_range: (u64, u64)) -> Option<File> {
     use std::os::unix::fs::OpenOptionsExt;
     let exact = format!("/proc/{pid}/map_files/{:x}-{:x}", map_range.0, map_range.1);
     if let Ok(f) = std::fs::OpenOptions::new()
@@ -144,7 +119,7 @@ pub fn open_mapped(
         .ok()?;
     let rel = path.strip_prefix("/").unwrap_or(path);
     let f = open_in_root(&root, rel).ok()?;
-    plausible(&f, Some((dev, inode))).then_some(f)
+    plausible(&f, Some(inode)).then_some(f)
 }
 
 impl ElfFile {
@@ -301,7 +276,7 @@ impl ElfCache {
         if let Some(f) = self.files.get(&key) {
             return f.clone();
         }
-        let file = open_mapped(pid, dev, inode, path, map_range)
+        let file = open_mapped(pid, inode, path, map_range)
             .and_then(|f| ElfFile::from_file(path, f))
             .map(Arc::new);
         self.files.insert(key, file.clone());
