@@ -103,17 +103,24 @@ fn recursion_share(profile: &Path, func: &str, depth: usize) -> f64 {
     for t in p["threads"].as_array().unwrap() {
         let (ft, fr, st) = (&t["funcTable"], &t["frameTable"], &t["stackTable"]);
         for s in t["samples"]["stack"].as_array().unwrap() {
-            all += 1;
-            let mut n = 0;
+            let (mut n, mut init) = (0, false);
             let mut cur = s.as_u64();
             while let Some(si) = cur {
                 let f = st["frame"][si as usize].as_u64().unwrap() as usize;
                 let fi = fr["func"][f].as_u64().unwrap() as usize;
-                if strings[ft["name"][fi].as_u64().unwrap() as usize] == func {
+                let name = &strings[ft["name"][fi].as_u64().unwrap() as usize];
+                if name == func {
                     n += 1;
                 }
+                init |= name == "pymain_init";
                 cur = st["prefix"][si as usize].as_u64();
             }
+            // Interpreter initialization runs before the script can recurse (see the chain
+            // share below): it is left out of the denominator too.
+            if init {
+                continue;
+            }
+            all += 1;
             if n == depth {
                 ok += 1;
             }
