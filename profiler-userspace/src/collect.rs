@@ -4,13 +4,23 @@
 use rustc_hash::FxHashMap;
 use std::sync::Arc;
 
+use crate::aggregate::timeline::Reuse;
 use crate::aggregate::{state, Category, Frame, FrameId, Func, LibId, Mode, Profile};
-use crate::capture::record::{Event, EventKind, RawSample, Reuse};
+use crate::capture::record::{self, Event, EventKind, RawSample};
+
+/// The capture's word for which earlier stack an off-CPU interval gets, in the aggregate's.
+fn reuse(r: record::Reuse) -> Reuse {
+    match r {
+        record::Reuse::Nothing => Reuse::Nothing,
+        record::Reuse::LastOffCpu => Reuse::LastOffCpu,
+        record::Reuse::Latest => Reuse::Latest,
+    }
+}
+use crate::process::unwind::{unwind_user, UserFrame};
 use crate::process::Process;
 use crate::python::{PythonFrames, PythonRegistry};
 use crate::stack::elf::ElfCache;
 use crate::stack::symbols::KernelSymbols;
-use crate::stack::unwind::{unwind_user, UserFrame};
 
 const KERNEL_LIB: &str = "[kernel.kallsyms]";
 
@@ -25,27 +35,9 @@ pub struct Collector {
     pub python: PythonRegistry,
     start_ns: u64,
     /// Processes that exec'd since the caller last looked (their Python state is stale).
-    pub execs: Vec<u32>,
+    execs: Vec<u32>,
     /// New child processes of targets since the caller last looked.
-    pub children: Vec<u32>,
-}
-
-/// Native functions on the path that takes the GIL, and `drop_gil`, which on a forced switch waits
-/// until the requesting thread has taken the GIL before this thread queues for it again.
-fn is_gil_acquire(name: &str) -> bool {
-    matches!(
-        name,
-        "take_gil"
-            | "drop_gil"
-            | "PyEval_RestoreThread"
-            | "PyEval_AcquireThread"
-            | "PyEval_AcquireLock"
-            | "PyGILState_Ensure"
-            | "_PyThreadState_Attach"
-            | "_PyEval_AcquireLock"
-            | "_PyEval_TakeGIL"
-    ) || name.starts_with("take_gil.")
-        || name.starts_with("drop_gil.")
+    children: Vec<u32>,
 }
 
 /// Makes sure the profile has process `pid`, named by its Python label when it is a Python
@@ -85,7 +77,7 @@ impl Collector {
         Collector {
             profile,
             procs: FxHashMap::default(),
-            elves: ElfCache::default(),
+            elves: ElfCache::new(crate::python::SPLIT_FUNCTIONS),
             kernel: KernelSymbols::load(),
             kernel_lib,
             native_frames: FxHashMap::default(),
@@ -133,7 +125,10 @@ impl Collector {
     /// condition-variable or mutex wait called straight from the Python runtime, which in
     /// CPython's glibc builds only the GIL does (its own locks use semaphores).
     fn in_gil_handoff(&self, native: &[(FrameId, Arc<str>)]) -> bool {
-        if native.iter().any(|(_, n)| is_gil_acquire(n)) {
+        if native
+            .iter()
+            .any(|(_, n)| crate::python::is_gil_function(n))
+        {
             return true;
         }
         native.windows(2).any(|w| {
@@ -247,7 +242,7 @@ impl Collector {
             }
             u
         } else {
-            crate::stack::unwind::Unwound {
+            crate::process::unwind::Unwound {
                 frames: Vec::new(),
                 truncated: false,
             }
@@ -343,13 +338,13 @@ impl Collector {
                 let t = self.profile.thread_mut(e.pid, "", e.tid, "", t_ms);
                 t.sched.switch_in(&mut t.samples, t_ms);
             }
-            EventKind::SwitchOut { reuse, .. } => {
+            EventKind::SwitchOut { reuse: r, .. } => {
                 ensure_process(&mut self.profile, &self.python, e.pid, &e.comm, t_ms);
                 let mode = self.profile.mode;
                 let t = self.profile.thread_mut(e.pid, "", e.tid, &e.comm, t_ms);
                 let start = t.start_ms.unwrap_or(0.0);
                 t.sched
-                    .switch_out(&mut t.samples, t_ms, start, None, reuse, mode);
+                    .switch_out(&mut t.samples, t_ms, start, None, reuse(r), mode);
             }
             EventKind::Fork {
                 child_pid,
@@ -409,6 +404,31 @@ impl Collector {
         let alive = |pid: u32| std::path::Path::new(&format!("/proc/{pid}")).exists();
         self.procs.retain(|&pid, _| alive(pid));
         self.python.sweep(alive);
+    }
+
+    /// Processes that exec'd, and new children of targets, since the last call.
+    pub fn take_lifetimes(&mut self) -> (Vec<u32>, Vec<u32>) {
+        (
+            std::mem::take(&mut self.execs),
+            std::mem::take(&mut self.children),
+        )
+    }
+
+    /// A record that did not decode.
+    pub fn bad_record(&mut self) {
+        self.profile.counters.bad_records += 1;
+    }
+
+    /// Reads `pid`'s mappings (again) and tries to set it up as a Python process: the BPF config
+    /// to install when it is newly found. `young`: see `PythonRegistry::try_add`.
+    pub fn try_python(&mut self, pid: u32, young: bool) -> Option<profiler_common::PyProcConfig> {
+        let elves = &mut self.elves;
+        let proc = self
+            .procs
+            .entry(pid)
+            .or_insert_with(|| Process::new(pid, ""));
+        proc.reload_maps(elves);
+        self.python.try_add(proc, young)
     }
 
     /// Ends the run at `end_ns`: closes every timeline, sorts samples, builds markers.

@@ -8,5 +8,6 @@ pub mod collect;
 pub mod output;
 pub mod process;
 pub mod python;
+pub mod session;
 pub mod stack;
 pub mod top;

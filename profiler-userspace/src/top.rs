@@ -7,7 +7,8 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::io::Stdout;
 
 use ratatui::backend::CrosstermBackend;
-use ratatui::crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers};
+use ratatui::crossterm::event::{self, Event, KeyEventKind};
+pub use ratatui::crossterm::event::{KeyCode, KeyModifiers};
 use ratatui::crossterm::terminal;
 use ratatui::crossterm::ExecutableCommand;
 use ratatui::layout::{Constraint, Layout};

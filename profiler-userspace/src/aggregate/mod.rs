@@ -1,5 +1,8 @@
 //! The aggregated profile: interned functions, frames and stacks shared by every thread, and per
 //! process/thread sample timelines and markers. Every output format is written from this.
+//!
+//! The data model: may import nothing else of the crate (the capture's words, such as which
+//! earlier stack an off-CPU interval reuses, are translated by `collect`).
 
 /// The deepest stack a run can record: kernel frames, native frames and Python frames, with room.
 pub const MAX_STACK_DEPTH: usize = 4096;
@@ -94,7 +97,7 @@ pub mod state {
 }
 
 /// What a profile counts (`--mode`), with the semantics of CPython's sampler.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Mode {
     /// On- and off-CPU time of every thread.
@@ -110,6 +113,13 @@ pub enum Mode {
 }
 
 impl Mode {
+    pub const ALL: [Mode; 5] = [Mode::Wall, Mode::Cpu, Mode::Gil, Mode::Exception, Mode::All];
+
+    /// The mode named `name` (as `name()` spells it).
+    pub fn from_name(name: &str) -> Option<Mode> {
+        Mode::ALL.into_iter().find(|m| m.name() == name)
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Mode::Wall => "wall",
@@ -694,7 +704,7 @@ mod tests {
 
     #[test]
     fn a_wait_across_a_rotation_continues_in_the_next_profile() {
-        use crate::capture::record::Reuse;
+        use crate::aggregate::timeline::Reuse;
         let mut p = Profile::new(Mode::Wall, 1.0);
         let func = p.func(Func {
             name: Arc::from("poll"),

@@ -2,7 +2,16 @@
 //! weighted by how long the thread stayed off, CPU use per sample, and On CPU / Off CPU markers.
 
 use super::{state, Category, Marker, Mode, Sample, StackId};
-use crate::capture::record::Reuse;
+/// Which earlier stack an off-CPU interval without its own capture is charged to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reuse {
+    /// None (times only).
+    Nothing,
+    /// The thread's last off-CPU capture.
+    LastOffCpu,
+    /// The thread's latest sample or capture.
+    Latest,
+}
 
 /// What the scheduler told us about one thread so far.
 #[derive(Clone, Debug, Default)]

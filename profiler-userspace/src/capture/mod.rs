@@ -1,8 +1,13 @@
-//! Loading and attaching the BPF program, the maps userspace feeds it, and the ring buffer of
-//! sample records.
+//! The kernel side seen from user space: probing the running kernel (BTF), loading and
+//! attaching the BPF programs that fit it, the maps user space feeds them, the ring buffer and
+//! the decoding of its records, and the programs' counters.
+//!
+//! The lowest layer: may import nothing else of the crate. What the records mean for a profile
+//! is `collect`'s business.
 
 pub mod btf;
 pub mod record;
+pub mod ring;
 
 use aya::maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf};
 use aya::programs::perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent};
@@ -17,10 +22,26 @@ static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(env!("TACHYON_BPF_OBJECT"
 /// The oldest kernel the programs are built and tested for (README "Kernels").
 pub const MIN_KERNEL: &str = "5.10";
 
+/// What kind of failure a `CaptureError` is, set where it happens (from the OS error, never
+/// from message text): the binary's exit code follows from it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// Not enough privilege (EPERM/EACCES from the kernel).
+    Permission,
+    /// The kernel cannot run the programs (too old, a feature missing, the verifier refused).
+    Kernel,
+    /// Anything else.
+    Other,
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum CaptureError {
-    #[error("loading the BPF programs failed: {0}")]
-    Load(String),
+    #[error("loading the BPF programs failed: {message}")]
+    Load {
+        message: String,
+        /// The kernel said EPERM or EACCES.
+        permission: bool,
+    },
     /// The kernel's verifier refused a program: `reason` is the log's conclusion, `log` the
     /// whole verifier log (shown with `--verbose`).
     #[error("kernel {kernel} refused the BPF program {program} ({purpose}): {reason}")]
@@ -54,6 +75,8 @@ pub enum CaptureError {
     Map(&'static str, String),
     #[error("listing online CPUs failed: {0}")]
     Cpus(String),
+    #[error(transparent)]
+    Btf(#[from] btf::BtfError),
 }
 
 pub struct CaptureOptions {
@@ -121,6 +144,56 @@ pub struct Capture {
     stats: Option<std::os::fd::OwnedFd>,
 }
 
+/// The errno of the first `std::io::Error` in an error's source chain.
+fn os_error(e: &(dyn std::error::Error + 'static)) -> Option<i32> {
+    let mut cur = Some(e);
+    // Bounded: source chains are short, and a cycle must not hang.
+    for _ in 0..16 {
+        let err = cur?;
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            if let Some(n) = io.raw_os_error() {
+                return Some(n);
+            }
+        }
+        cur = err.source();
+    }
+    None
+}
+
+/// A failed load, with its kind taken from the OS error.
+fn load_error(e: impl std::error::Error + 'static) -> CaptureError {
+    CaptureError::Load {
+        message: format!("{e:#}"),
+        permission: matches!(os_error(&e), Some(libc::EPERM | libc::EACCES)),
+    }
+}
+
+impl CaptureError {
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            CaptureError::Load {
+                permission: true, ..
+            }
+            | CaptureError::Refused {
+                permission: true, ..
+            } => ErrorKind::Permission,
+            CaptureError::Load { .. }
+            | CaptureError::Refused { .. }
+            | CaptureError::Missing { .. }
+            | CaptureError::Attach { .. } => ErrorKind::Kernel,
+            CaptureError::Tracepoint { source, .. } => match os_error(source) {
+                Some(libc::EPERM | libc::EACCES) => ErrorKind::Permission,
+                _ => ErrorKind::Kernel,
+            },
+            CaptureError::Btf(e) => match os_error(e) {
+                Some(libc::EPERM | libc::EACCES) => ErrorKind::Permission,
+                _ => ErrorKind::Kernel,
+            },
+            CaptureError::Map(..) | CaptureError::Cpus(_) => ErrorKind::Other,
+        }
+    }
+}
+
 fn map_err<E: std::fmt::Display>(name: &'static str) -> impl Fn(E) -> CaptureError {
     move |e| CaptureError::Map(name, e.to_string())
 }
@@ -136,7 +209,7 @@ impl Capture {
         let ring = opts.ring_bytes.next_power_of_two().max(1 << 20);
         let possible =
             aya::util::nr_cpus().map_err(|(s, e)| CaptureError::Cpus(format!("{s}: {e}")))?;
-        let kernel = btf::KernelInfo::probe().map_err(CaptureError::Load)?;
+        let kernel = btf::KernelInfo::probe()?;
         if !kernel.has_ringbuf {
             return Err(CaptureError::Missing {
                 kernel: kernel.release.clone(),
@@ -147,7 +220,7 @@ impl Capture {
         kernel.modern = kernel.modern && !opts.force_compat;
         let programs = ProgramSet::for_kernel(&kernel);
         // Parsed once, for the loader and the tracepoints (it is most of the load's CPU time).
-        let kernel_btf = Btf::from_sys_fs().map_err(|e| CaptureError::Load(e.to_string()))?;
+        let kernel_btf = Btf::from_sys_fs().map_err(load_error)?;
         let log_level = if opts.full_verifier_log {
             VerifierLogLevel::DEBUG | VerifierLogLevel::STATS
         } else {
@@ -159,7 +232,7 @@ impl Capture {
             .map_max_entries("SAMPLES", ring)
             .map_max_entries("SCRATCH", possible as u32)
             .load(BPF_OBJECT)
-            .map_err(|e| CaptureError::Load(format!("{e:#}")))?;
+            .map_err(load_error)?;
         let cfg = Config {
             all: opts.all as u32,
             ustack_size: clamp_stack_size(opts.stack_size) as u32,
@@ -191,7 +264,7 @@ impl Capture {
             .program_mut(programs.sample)
             .expect("sampling program")
             .try_into()
-            .map_err(|e: ProgramError| CaptureError::Load(e.to_string()))?;
+            .map_err(load_error)?;
         prog.load()
             .map_err(refused(programs.sample, "the sampler"))?;
         let mut tracepoints: Vec<(&'static str, &'static str, &'static str)> = LIFETIMES
@@ -206,7 +279,7 @@ impl Capture {
                 .program_mut(name)
                 .expect("tracepoint program")
                 .try_into()
-                .map_err(|e: ProgramError| CaptureError::Load(e.to_string()))?;
+                .map_err(load_error)?;
             prog.load(tp, &kernel_btf).map_err(refused(name, purpose))?;
         }
         let cpus =
@@ -266,7 +339,7 @@ impl Capture {
             .program_mut(name)
             .expect("tracepoint program")
             .try_into()
-            .map_err(|e: ProgramError| CaptureError::Load(e.to_string()))?;
+            .map_err(load_error)?;
         let link = prog
             .attach()
             .map_err(|source| CaptureError::Tracepoint { name: tp, source })?;
@@ -286,7 +359,7 @@ impl Capture {
             .program_mut(self.programs.sample)
             .expect("sampling program")
             .try_into()
-            .map_err(|e: ProgramError| CaptureError::Load(e.to_string()))?;
+            .map_err(load_error)?;
         for &cpu in &self.cpus {
             let link = prog
                 .attach(

@@ -1,5 +1,8 @@
 //! Output writers, one per format, all written from the aggregated profile: the live run and
-//! `convert` (from a recording) call the same `render`.
+//! `convert` (from a recording) call the same `render`. Files are written atomically and
+//! safely (`files`).
+//!
+//! May import `aggregate` only: formats know profiles, not how they were captured.
 
 pub mod collapsed;
 pub mod continuous;
@@ -126,7 +129,7 @@ impl Cost {
 }
 
 /// The output formats.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Format {
     /// Firefox Profiler (processed profile JSON).
     Gecko,
@@ -141,6 +144,29 @@ pub enum Format {
 }
 
 impl Format {
+    pub const ALL: [Format; 5] = [
+        Format::Gecko,
+        Format::Collapsed,
+        Format::Jsonl,
+        Format::Pprof,
+        Format::Flamegraph,
+    ];
+
+    /// The name `--format` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            Format::Gecko => "gecko",
+            Format::Collapsed => "collapsed",
+            Format::Jsonl => "jsonl",
+            Format::Pprof => "pprof",
+            Format::Flamegraph => "flamegraph",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Format> {
+        Format::ALL.into_iter().find(|f| f.name() == name)
+    }
+
     pub fn extension(self) -> &'static str {
         match self {
             Format::Gecko => "json",

@@ -1,8 +1,12 @@
 //! Per-process state: name, mappings, the ELF files behind them and a framehop unwinder over
-//! them. Mappings are re-read when a sample's address falls outside every known module
-//! (`dlopen`), at most every `REFRESH_MIN`.
+//! them, and the unwinding of a sample's copied user stack (`unwind`). Mappings are re-read
+//! when a sample's address falls outside every known module (`dlopen`), at most every
+//! `REFRESH_MIN`.
+//!
+//! May import `stack` (ELF files) and `capture` (the raw sample it unwinds); nothing above.
 
 pub mod maps;
+pub mod unwind;
 
 use std::collections::HashMap;
 use std::sync::Arc;

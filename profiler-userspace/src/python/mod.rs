@@ -1,6 +1,11 @@
-//! Python support: finding CPython 3.8-3.14 runtimes, feeding the BPF frame walk (per-process
-//! layout and the thread -> thread-state map), resolving code objects to names and lines, and
-//! merging Python frames into native stacks.
+//! Python support, and the one place that knows CPython: finding 3.8-3.14 runtimes, feeding
+//! the BPF frame walk (per-process layout and the thread -> thread-state map), resolving code
+//! objects to names and lines, merging Python frames into native stacks, and the interpreter's
+//! native functions other layers ask about (`SPLIT_FUNCTIONS`, `is_gil_function`).
+//!
+//! May import `process`, `stack` and `capture` (the raw sample), and `aggregate`: resolved
+//! frames are interned into the profile from here (a known exception to "frames go back as
+//! data"; see the README's layout section).
 
 pub mod code;
 pub mod layout;
@@ -402,10 +407,40 @@ fn task_ids(pid: u32) -> Vec<(u32, u32)> {
     .collect()
 }
 
+/// Functions the compiler may split into parts in stripped builds (GCC's hot/cold partitioning
+/// in distribution builds), named so that an eval-loop frame in either part is recognized as
+/// one when Python frames are merged into the native stack.
+pub const SPLIT_FUNCTIONS: &[&str] = &["_PyEval_EvalFrameDefault"];
+
+/// Native functions on the path that takes the GIL, and `drop_gil`, which on a forced switch
+/// waits until the requesting thread has taken the GIL before this thread queues for it again.
+pub fn is_gil_function(name: &str) -> bool {
+    matches!(
+        name,
+        "take_gil"
+            | "drop_gil"
+            | "PyEval_RestoreThread"
+            | "PyEval_AcquireThread"
+            | "PyEval_AcquireLock"
+            | "PyGILState_Ensure"
+            | "_PyThreadState_Attach"
+            | "_PyEval_AcquireLock"
+            | "_PyEval_TakeGIL"
+    ) || name.starts_with("take_gil.")
+        || name.starts_with("drop_gil.")
+}
+
+/// What changed in a Python process's threads: (tid, thread state) to install, tids to remove.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct ThreadChanges {
+    pub set: Vec<(u32, u64)>,
+    pub gone: Vec<u32>,
+}
+
 /// Everything the profiler knows about Python processes.
 #[derive(Default)]
 pub struct PythonRegistry {
-    pub procs: HashMap<u32, PyProcess>,
+    procs: HashMap<u32, PyProcess>,
     /// Processes found not to be Python, by pid, start time and executable, so a reused pid or
     /// an exec is looked at again.
     /// Attempts so far and when the last one was; a process that is still loading its
@@ -562,8 +597,43 @@ impl PythonRegistry {
         }
     }
 
-    pub fn forget(&mut self, pid: u32) {
-        self.procs.remove(&pid);
+    /// Forgets a process (gone, or exec'd into another program); returns the threads the BPF
+    /// side knew of it.
+    pub fn forget(&mut self, pid: u32) -> Vec<u32> {
+        self.procs
+            .remove(&pid)
+            .map(|p| p.threads.into_keys().collect())
+            .unwrap_or_default()
+    }
+
+    /// Whether `pid` is a known Python process.
+    pub fn contains(&self, pid: u32) -> bool {
+        self.procs.contains_key(&pid)
+    }
+
+    /// The known Python processes.
+    pub fn pids(&self) -> Vec<u32> {
+        self.procs.keys().copied().collect()
+    }
+
+    /// Reads `pid`'s threads again: the threads whose thread state is new or changed, and the
+    /// threads that are gone, since the last call. `None` for an unknown process.
+    pub fn sync_threads(&mut self, pid: u32) -> Option<ThreadChanges> {
+        let p = self.procs.get_mut(&pid)?;
+        let now = p.current_threads();
+        let set = now
+            .iter()
+            .filter(|(tid, ts)| p.threads.get(tid) != Some(ts))
+            .map(|(&tid, &ts)| (tid, ts))
+            .collect();
+        let gone = p
+            .threads
+            .keys()
+            .filter(|tid| !now.contains_key(tid))
+            .copied()
+            .collect();
+        p.threads = now;
+        Some(ThreadChanges { set, gone })
     }
 
     pub fn resolve(&mut self, s: &RawSample, profile: &mut Profile) -> Option<PythonFrames> {

@@ -123,13 +123,9 @@ pub fn open_mapped(pid: u32, inode: u64, path: &Path, map_range: (u64, u64)) -> 
 }
 
 impl ElfFile {
-    pub fn open(path: &Path) -> Option<ElfFile> {
-        let f = File::open(path).ok()?;
-        Self::from_file(path, f)
-    }
-
-    /// An ELF file from an open descriptor (`path` names it in the profile).
-    pub fn from_file(path: &Path, f: File) -> Option<ElfFile> {
+    /// An ELF file from an open descriptor (`path` names it in the profile); `split` as in
+    /// `from_mmap`.
+    pub fn from_file(path: &Path, f: File, split: &[&str]) -> Option<ElfFile> {
         use std::os::unix::fs::MetadataExt;
         let m = f.metadata().ok()?;
         let map = if m.uid() == 0 && m.mode() & 0o022 == 0 {
@@ -145,12 +141,16 @@ impl ElfFile {
             std::io::Read::read_exact(&mut f, &mut copy[..len]).ok()?;
             copy.make_read_only().ok()?
         };
-        ElfFile::from_mmap(path.to_path_buf(), Arc::new(map))
+        ElfFile::from_mmap(path.to_path_buf(), Arc::new(map), split)
     }
 
-    pub fn from_mmap(path: PathBuf, map: Arc<Mmap>) -> Option<ElfFile> {
+    /// Parses a mapped ELF file; the parts of the functions named `split` that the compiler
+    /// moved out of them are named too (`split::split_parts`).
+    pub fn from_mmap(path: PathBuf, map: Arc<Mmap>, split: &[&str]) -> Option<ElfFile> {
         let file = object::File::parse(&map[..]).ok()?;
         let symbols = SymbolTable::from_elf(&file);
+        let parts = super::split::split_parts(&file, &symbols, split);
+        let symbols = symbols.with_parts(parts);
         let segments = load_segments(&file);
         let mut sections = HashMap::new();
         for name in UNWIND_SECTIONS {
@@ -251,17 +251,25 @@ pub fn vdso() -> Option<Arc<ElfFile>> {
         // /proc/self/maps just gave; it never changes or goes away.
         copy.copy_from_slice(unsafe { std::slice::from_raw_parts(m.start as *const u8, len) });
         let map = copy.make_read_only().ok()?;
-        ElfFile::from_mmap(PathBuf::from("[vdso]"), Arc::new(map)).map(Arc::new)
+        ElfFile::from_mmap(PathBuf::from("[vdso]"), Arc::new(map), &[]).map(Arc::new)
     })
     .clone()
 }
 
-#[derive(Default)]
 pub struct ElfCache {
     files: HashMap<(String, u64), Option<Arc<ElfFile>>>,
+    /// Functions whose split-off parts are named in every file (see `ElfFile::from_mmap`).
+    split: &'static [&'static str],
 }
 
 impl ElfCache {
+    pub fn new(split: &'static [&'static str]) -> ElfCache {
+        ElfCache {
+            files: HashMap::new(),
+            split,
+        }
+    }
+
     /// Opens the file a mapping of `pid` names ([`open_mapped`]) and parses it, once per
     /// device and inode.
     pub fn get(
@@ -277,7 +285,7 @@ impl ElfCache {
             return f.clone();
         }
         let file = open_mapped(pid, inode, path, map_range)
-            .and_then(|f| ElfFile::from_file(path, f))
+            .and_then(|f| ElfFile::from_file(path, f, self.split))
             .map(Arc::new);
         self.files.insert(key, file.clone());
         file

@@ -18,21 +18,23 @@ use object::{Object, ObjectSection};
 
 use super::symbols::SymbolTable;
 
-/// Functions whose split parts are named: the eval loop, which the Python merge looks for.
-pub const SPLIT_CANDIDATES: [&str; 1] = ["_PyEval_EvalFrameDefault"];
-
 /// Bounds on untrusted files: bytes decoded per function, targets followed, FDEs walked.
 const MAX_FUNCTION: u64 = 1 << 20;
 const MAX_TARGETS: usize = 64;
 const MAX_FDES: usize = 4_000_000;
 
-/// `(start, size, "name.cold")` for every unnamed part of the candidate functions.
-pub fn split_parts(file: &object::File, table: &SymbolTable) -> Vec<(u64, u64, Arc<str>)> {
+/// `(start, size, "name.cold")` for every unnamed part of the functions named `candidates`
+/// (the interpreter support says which: they are the functions whose frames it looks for).
+pub fn split_parts(
+    file: &object::File,
+    table: &SymbolTable,
+    candidates: &[&str],
+) -> Vec<(u64, u64, Arc<str>)> {
     if file.architecture() != object::Architecture::X86_64 {
         return Vec::new();
     }
     let mut wanted: Vec<(u64, Arc<str>)> = Vec::new();
-    for name in SPLIT_CANDIDATES {
+    for &name in candidates {
         let Some((start, size)) = table.find(name) else {
             continue;
         };
@@ -195,6 +197,8 @@ int main(int argc, char **argv) { return (int)_PyEval_EvalFrameDefault(argc) & 1
         let file = object::File::parse(&bytes[..]).unwrap();
         assert!(object::Object::symbols(&file).next().is_none(), "stripped");
         let table = SymbolTable::from_elf(&file);
+        let parts = split_parts(&file, &table, &["_PyEval_EvalFrameDefault"]);
+        let table = table.with_parts(parts);
         let (start, name) = table.lookup(cold + 1).expect("cold part is named");
         assert_eq!(name.as_ref(), "_PyEval_EvalFrameDefault.cold");
         assert_eq!(start, cold);

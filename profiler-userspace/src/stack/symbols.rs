@@ -39,12 +39,15 @@ impl SymbolTable {
                 }
             }
         }
-        let table = SymbolTable::from_entries(syms);
-        let parts = super::split::split_parts(file, &table);
+        SymbolTable::from_entries(syms)
+    }
+
+    /// The table with more named ranges (`split::split_parts`).
+    pub fn with_parts(self, parts: Vec<(u64, u64, Arc<str>)>) -> SymbolTable {
         if parts.is_empty() {
-            return table;
+            return self;
         }
-        let mut syms = table.syms;
+        let mut syms = self.syms;
         syms.extend(parts);
         SymbolTable::from_entries(syms)
     }

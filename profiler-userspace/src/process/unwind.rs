@@ -3,8 +3,8 @@
 use framehop::x86_64::UnwindRegsX86_64;
 use framehop::{FrameAddress, Unwinder};
 
+use super::Process;
 use crate::capture::record::RawSample;
-use crate::process::Process;
 
 /// Native frames deeper than this are cut (and the stack marked truncated).
 pub const MAX_NATIVE_FRAMES: usize = 1024;

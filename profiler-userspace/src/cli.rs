@@ -1,0 +1,239 @@
+//! The command line: clap's derive structs and the value parsers. The domain types (`Mode`,
+//! `Format`) know nothing of clap; their names are offered here.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::builder::{PossibleValuesParser, TypedValueParser};
+use clap::Parser;
+use tachyon_bpf::aggregate::Mode;
+use tachyon_bpf::output::Format;
+
+fn mode_parser() -> impl TypedValueParser<Value = Mode> {
+    PossibleValuesParser::new(Mode::ALL.map(Mode::name))
+        .map(|s| Mode::from_name(&s).expect("a possible value"))
+}
+
+fn format_parser() -> impl TypedValueParser<Value = Format> {
+    PossibleValuesParser::new(Format::ALL.map(Format::name))
+        .map(|s| Format::from_name(&s).expect("a possible value"))
+}
+
+/// Sample every CPU and write where processes spend their time: Python, native and kernel
+/// frames, GIL and CPU state, as a Firefox Profiler profile or any other format.
+#[derive(Parser, Debug)]
+#[command(
+    name = "tachyon-bpf",
+    version,
+    about,
+    after_help = "Needs Linux 5.10 or newer with BTF (README: Kernels), and root or the \
+                  capabilities of README: Least privilege.",
+    args_conflicts_with_subcommands = true
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub cmd: Option<Cmd>,
+    #[command(flatten)]
+    pub run: RunArgs,
+}
+
+#[derive(clap::Subcommand, Debug)]
+pub enum Cmd {
+    /// Profile as the main command does, and store the run in one file (-o, default
+    /// profile.tbpf) that `convert` writes in any format later.
+    Record(RunArgs),
+    /// Write a recording in other formats: no root needed, its processes may be gone.
+    Convert(ConvertArgs),
+    /// A live table of the hottest functions (last 10 s), with GIL waits; q quits.
+    Top(RunArgs),
+}
+
+#[derive(clap::Args, Debug)]
+pub struct RunArgs {
+    /// Profile every process on the host.
+    #[arg(long, conflicts_with_all = ["pid", "all_pythons"])]
+    pub all: bool,
+    /// Profile every Python process on the host, including ones started during the run.
+    #[arg(long, conflicts_with = "pid")]
+    pub all_pythons: bool,
+    /// Profile this process, all its threads (repeatable).
+    #[arg(short, long = "pid", value_name = "PID")]
+    pub pid: Vec<u32>,
+    /// Samples per second on each CPU [default: 1000, or 49 with --continuous].
+    #[arg(short, long, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    pub rate: Option<u64>,
+    /// Stop after this many seconds (default: until Ctrl-C or the command exits).
+    #[arg(short, long, value_name = "SECS", value_parser = parse_secs)]
+    pub duration: Option<f64>,
+    /// Output file (default profile.json, or profile.<ext> for another format); with several
+    /// formats, the base name each format adds its extension to.
+    #[arg(short, long)]
+    pub output: Option<PathBuf>,
+    /// Output formats, comma-separated: gecko (Firefox Profiler), collapsed (folded stacks),
+    /// jsonl (CPython sampler JSONL), pprof, flamegraph (SVG).
+    #[arg(short, long, value_parser = format_parser(), value_delimiter = ',')]
+    pub format: Vec<Format>,
+    /// Serve the profile to profiler.firefox.com from 127.0.0.1 and print its link (until Ctrl-C).
+    #[arg(long)]
+    pub open: bool,
+    /// Permissions of the files written, in octal (profiles name every user's code paths).
+    #[arg(long, value_name = "OCTAL", default_value = "600", value_parser = parse_mode)]
+    pub output_mode: u32,
+    /// Profile until stopped, writing one profile per --rotate interval into --output-dir.
+    #[arg(long, requires = "output_dir", conflicts_with_all = ["output", "open", "command"])]
+    pub continuous: bool,
+    /// With --continuous: the length of each profile (e.g. 60s, 5m).
+    #[arg(long, value_parser = parse_rotate, default_value = "60s", requires = "continuous")]
+    pub rotate: Duration,
+    /// With --continuous: the directory the interval profiles go to (created if missing).
+    #[arg(long, value_name = "DIR")]
+    pub output_dir: Option<PathBuf>,
+    /// With --continuous: keep only the newest N intervals' files.
+    #[arg(long, value_name = "N", requires = "continuous", value_parser = clap::value_parser!(u64).range(1..))]
+    pub keep: Option<u64>,
+    /// With --continuous: send each interval's pprof to this Pyroscope-compatible server
+    /// (POST URL/ingest?name=...&from=...&until=...&format=pprof), retrying with back-off.
+    #[arg(long, value_name = "URL", requires = "continuous", value_parser = parse_push_url)]
+    pub push: Option<String>,
+    /// The application name pushed (default tachyon-bpf.MODE{host=HOSTNAME}).
+    #[arg(long, value_name = "NAME", requires = "push")]
+    pub push_name: Option<String>,
+    /// Bytes of user stack copied per sample for DWARF unwinding (4096-32768).
+    #[arg(long, default_value_t = 32768, value_parser = clap::value_parser!(u64).range(4096..=32768))]
+    pub stack_size: u64,
+    /// Ring buffer size in MiB.
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub ring_mb: u32,
+    /// What to count: wall (on- and off-CPU time of every thread), cpu (on-CPU time), gil (time
+    /// holding the GIL), exception (time with an exception raised or handled), all.
+    #[arg(short, long, value_parser = mode_parser(), default_value = "wall")]
+    pub mode: Mode,
+    /// With --pid or -- COMMAND: also profile the processes they start, and theirs.
+    #[arg(long)]
+    pub subprocesses: bool,
+    /// Show interpreter-internal native frames between Python frames.
+    #[arg(long)]
+    pub show_internal: bool,
+    /// No summary on stderr.
+    #[arg(short, long)]
+    pub quiet: bool,
+    /// Load the BPF programs made for kernels older than 5.18 even on a newer one (the kernel's
+    /// BTF chooses otherwise; this is for comparing the two, and for kernels that misreport).
+    #[arg(long, hide = true)]
+    pub compat_programs: bool,
+    /// Print more: the kernel's whole verifier log when it refuses a program.
+    #[arg(short, long)]
+    pub verbose: bool,
+    /// Command to launch and profile until it exits.
+    #[arg(last = true, value_name = "CMD")]
+    pub command: Vec<String>,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct ConvertArgs {
+    /// A recording made by `tachyon-bpf record`.
+    pub input: PathBuf,
+    /// Output formats, comma-separated (default gecko).
+    #[arg(short, long, value_parser = format_parser(), value_delimiter = ',')]
+    pub format: Vec<Format>,
+    /// Output file, or with several formats the base name (default: the recording's name).
+    #[arg(short, long)]
+    pub output: Option<PathBuf>,
+    /// Count another mode than the recording's (from a wall or all recording).
+    #[arg(short, long, value_parser = mode_parser())]
+    pub mode: Option<Mode>,
+    /// Serve the Gecko profile to profiler.firefox.com from 127.0.0.1 (until Ctrl-C).
+    #[arg(long)]
+    pub open: bool,
+    /// Permissions of the files written, in octal.
+    #[arg(long, value_name = "OCTAL", default_value = "600", value_parser = parse_mode)]
+    pub output_mode: u32,
+    /// Nothing on stderr but errors.
+    #[arg(short, long)]
+    pub quiet: bool,
+}
+
+/// The longest `-d`: a year (longer is a typo, and would overflow the timers).
+pub const MAX_SECS: f64 = 365.0 * 24.0 * 3600.0;
+
+fn parse_secs(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 && v <= MAX_SECS => Ok(v),
+        _ => Err(format!(
+            "{s:?} is not a duration: give seconds, more than 0 and at most {MAX_SECS}"
+        )),
+    }
+}
+
+fn parse_rotate(s: &str) -> Result<Duration, String> {
+    let d = humantime::parse_duration(s).map_err(|e| format!("{s:?}: {e}"))?;
+    if d < Duration::from_secs(1) || d.as_secs_f64() > MAX_SECS {
+        return Err(format!(
+            "{s:?}: an interval is at least 1s and at most a year"
+        ));
+    }
+    Ok(d)
+}
+
+/// `--push`: an http or https URL with a host; checked before anything starts.
+fn parse_push_url(s: &str) -> Result<String, String> {
+    let uri: ureq::http::Uri = s.parse().map_err(|e| format!("{s:?} is not a URL: {e}"))?;
+    match (uri.scheme_str(), uri.host()) {
+        (Some("http" | "https"), Some(h)) if !h.is_empty() => Ok(s.trim_end_matches('/').into()),
+        _ => Err(format!(
+            "{s:?} is not an http:// or https:// URL with a host"
+        )),
+    }
+}
+
+fn parse_mode(s: &str) -> Result<u32, String> {
+    u32::from_str_radix(s, 8)
+        .ok()
+        .filter(|m| *m <= 0o777)
+        .ok_or_else(|| format!("{s:?} is not an octal file mode such as 600 or 640"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Cli, String> {
+        Cli::try_parse_from(std::iter::once("tachyon-bpf").chain(args.iter().copied()))
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn modes_and_formats_by_name() {
+        let c = parse(&["--all", "-m", "cpu", "-f", "gecko,pprof"]).unwrap();
+        assert_eq!(c.run.mode, Mode::Cpu);
+        assert_eq!(c.run.format, vec![Format::Gecko, Format::Pprof]);
+        assert_eq!(parse(&["--all"]).unwrap().run.mode, Mode::Wall);
+        let e = parse(&["--all", "-m", "walls"]).unwrap_err();
+        assert!(
+            e.contains("possible values: wall, cpu, gil, exception, all"),
+            "{e}"
+        );
+        assert!(parse(&["--all", "-f", "svg"]).is_err());
+        let Some(Cmd::Convert(c)) = parse(&["convert", "x.tbpf", "-m", "gil"]).unwrap().cmd else {
+            panic!("not convert")
+        };
+        assert_eq!(c.mode, Some(Mode::Gil));
+    }
+
+    #[test]
+    fn values_out_of_range_are_refused() {
+        assert!(parse_secs("-1").is_err());
+        assert!(parse_secs("NaN").is_err());
+        assert!(parse_secs("1e12").is_err());
+        assert_eq!(parse_secs("2.5"), Ok(2.5));
+        assert!(parse_rotate("0s").is_err());
+        assert_eq!(parse_rotate("5m"), Ok(Duration::from_secs(300)));
+        assert!(parse_push_url("file:///etc/passwd").is_err());
+        assert!(parse_push_url("http://").is_err());
+        assert!(parse_push_url("https://pyroscope.example:4040").is_ok());
+        assert_eq!(parse_mode("640"), Ok(0o640));
+        assert!(parse_mode("1777").is_err() && parse_mode("9").is_err());
+        assert!(parse(&["--all", "-r", "0"]).is_err());
+        assert!(parse(&["--all", "--stack-size", "100"]).is_err());
+    }
+}

@@ -1,0 +1,194 @@
+//! The errors a user sees: one line each, with an exit code that follows from its kind
+//! (README "Exit codes"). Layers report kinds (`capture::ErrorKind`); nothing here reads
+//! message text.
+
+use tachyon_bpf::capture::{self, CaptureError};
+
+/// What went wrong, as far as the exit code is concerned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Other,
+    /// A bad command line.
+    Usage,
+    /// Not root, or capabilities missing.
+    Permission,
+    /// The kernel cannot run the profiler.
+    Kernel,
+    /// A target process: unknown pid, a kernel thread, a command that cannot start.
+    Target,
+    /// An output file or directory.
+    Output,
+    /// An input file (a recording).
+    Input,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct AppError {
+    pub kind: Kind,
+    pub message: String,
+}
+
+impl AppError {
+    pub fn new(kind: Kind, message: impl Into<String>) -> AppError {
+        AppError {
+            kind,
+            message: message.into(),
+        }
+    }
+
+    pub fn code(&self) -> i32 {
+        match self.kind {
+            Kind::Other => 1,
+            Kind::Usage => 2,
+            Kind::Permission => 3,
+            Kind::Kernel => 4,
+            Kind::Target => 5,
+            Kind::Output => 6,
+            Kind::Input => 7,
+        }
+    }
+}
+
+/// Shorthands: `usage("...")` and so on.
+pub fn usage(m: impl Into<String>) -> AppError {
+    AppError::new(Kind::Usage, m)
+}
+pub fn target(m: impl Into<String>) -> AppError {
+    AppError::new(Kind::Target, m)
+}
+pub fn output(m: impl Into<String>) -> AppError {
+    AppError::new(Kind::Output, m)
+}
+pub fn other(m: impl Into<String>) -> AppError {
+    AppError::new(Kind::Other, m)
+}
+
+const PRIVILEGE: &str =
+    "needs root, or CAP_BPF, CAP_PERFMON, CAP_SYS_PTRACE, CAP_DAC_READ_SEARCH and CAP_SYSLOG";
+
+impl From<CaptureError> for AppError {
+    fn from(e: CaptureError) -> Self {
+        match (e.kind(), &e) {
+            (capture::ErrorKind::Permission, _) => {
+                AppError::new(Kind::Permission, format!("{e}: {PRIVILEGE}"))
+            }
+            (capture::ErrorKind::Kernel, CaptureError::Refused { .. }) => AppError::new(
+                Kind::Kernel,
+                format!(
+                    "{e} (run with --verbose for the verifier's log; tachyon-bpf needs Linux {} \
+                     or newer with BTF)",
+                    capture::MIN_KERNEL
+                ),
+            ),
+            (
+                capture::ErrorKind::Kernel,
+                CaptureError::Load { .. } | CaptureError::Attach { .. },
+            ) => AppError::new(
+                Kind::Kernel,
+                format!(
+                    "{e} (tachyon-bpf needs Linux {} or newer with BTF, BPF ring buffers and \
+                         perf_event BPF programs)",
+                    capture::MIN_KERNEL
+                ),
+            ),
+            (capture::ErrorKind::Kernel, _) => AppError::new(Kind::Kernel, e.to_string()),
+            (capture::ErrorKind::Other, _) => AppError::new(Kind::Other, e.to_string()),
+        }
+    }
+}
+
+/// Effective capabilities of this process.
+fn cap_eff() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("CapEff:"))
+                .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        })
+        .unwrap_or(0)
+}
+
+const CAP_DAC_READ_SEARCH: u32 = 2;
+const CAP_SYS_PTRACE: u32 = 19;
+const CAP_SYS_ADMIN: u32 = 21;
+const CAP_SYSLOG: u32 = 34;
+const CAP_PERFMON: u32 = 38;
+const CAP_BPF: u32 = 39;
+
+/// The capabilities tachyon-bpf needs instead of root, and what each is for (README: "Least
+/// privilege"). CAP_SYS_ADMIN stands in for CAP_BPF and CAP_PERFMON, as the kernel allows.
+const NEEDED: [(u32, &str, bool); 5] = [
+    (CAP_BPF, "CAP_BPF", true),
+    (CAP_PERFMON, "CAP_PERFMON", true),
+    (CAP_SYS_PTRACE, "CAP_SYS_PTRACE", false),
+    (CAP_DAC_READ_SEARCH, "CAP_DAC_READ_SEARCH", false),
+    (CAP_SYSLOG, "CAP_SYSLOG", false),
+];
+
+/// The capabilities of `NEEDED` missing from `caps` (a CapEff mask).
+fn missing_caps(caps: u64) -> Vec<&'static str> {
+    let has = |c: u32| caps & (1u64 << c) != 0;
+    NEEDED
+        .iter()
+        .filter(|(c, _, admin_ok)| !(has(*c) || (*admin_ok && has(CAP_SYS_ADMIN))))
+        .map(|(_, name, _)| *name)
+        .collect()
+}
+
+/// Privileges and kernel BTF, checked before anything is loaded.
+pub fn check_environment() -> Result<(), AppError> {
+    let missing = missing_caps(cap_eff());
+    if !missing.is_empty() {
+        return Err(AppError::new(
+            Kind::Permission,
+            format!(
+                "tachyon-bpf needs root, or the capabilities CAP_BPF, CAP_PERFMON, \
+                 CAP_SYS_PTRACE, CAP_DAC_READ_SEARCH and CAP_SYSLOG; missing: {}",
+                missing.join(", ")
+            ),
+        ));
+    }
+    if !std::path::Path::new("/sys/kernel/btf/vmlinux").exists() {
+        return Err(AppError::new(
+            Kind::Kernel,
+            "this kernel has no BTF (/sys/kernel/btf/vmlinux is missing): tachyon-bpf needs \
+             CONFIG_DEBUG_INFO_BTF=y",
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn capability_check() {
+        assert!(missing_caps(u64::MAX).is_empty());
+        assert_eq!(missing_caps(0).len(), 5);
+        // CAP_SYS_ADMIN stands in for CAP_BPF and CAP_PERFMON, not for the others.
+        let admin = 1u64 << CAP_SYS_ADMIN;
+        assert_eq!(
+            missing_caps(admin),
+            ["CAP_SYS_PTRACE", "CAP_DAC_READ_SEARCH", "CAP_SYSLOG"]
+        );
+    }
+
+    #[test]
+    fn exit_code_follows_the_kind_not_the_text() {
+        let e: AppError = CaptureError::Load {
+            message: "Operation not permitted".into(),
+            permission: false,
+        }
+        .into();
+        assert_eq!(e.code(), 4);
+        let e: AppError = CaptureError::Load {
+            message: "map SAMPLES".into(),
+            permission: true,
+        }
+        .into();
+        assert_eq!((e.code(), e.kind), (3, Kind::Permission));
+    }
+}

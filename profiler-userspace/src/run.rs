@@ -1,0 +1,436 @@
+//! One profiling run, top to bottom: check the request, load and attach the programs, start
+//! the session, then loop (ticks, ring wake-ups, the sink's intervals and keys, signals) until
+//! the run ends, and hand the result to the sink.
+
+use std::time::{Duration, Instant};
+
+use tokio::io::unix::AsyncFd;
+use tokio::signal::unix::{signal, SignalKind};
+
+use tachyon_bpf::aggregate::Profile;
+use tachyon_bpf::capture::{self, Capture, CaptureOptions};
+use tachyon_bpf::collect::{monotonic_ns, Collector};
+use tachyon_bpf::output::{self, Format, RunInfo};
+use tachyon_bpf::session::{Scope, Session, TICK};
+use tachyon_bpf::{process, python};
+
+use crate::cli::{ConvertArgs, RunArgs};
+use crate::error::Kind;
+use crate::error::{check_environment, other, output as output_err, target, usage, AppError};
+use crate::launch;
+use crate::sinks::{self, Sink};
+
+/// Which sink the command line asked for.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Command {
+    /// The main command: profile files, or --continuous intervals.
+    Profile,
+    /// `record`.
+    Record,
+    /// `top`.
+    Top,
+}
+
+/// Checks what the command line asks to profile.
+fn check_targets(cli: &RunArgs) -> Result<(), AppError> {
+    if !cli.all && !cli.all_pythons && cli.pid.is_empty() && cli.command.is_empty() {
+        return Err(usage(
+            "nothing to profile: give --all, --all-pythons, --pid PID or -- COMMAND",
+        ));
+    }
+    if !cli.command.is_empty() && (cli.all || cli.all_pythons || !cli.pid.is_empty()) {
+        return Err(usage(
+            "-- COMMAND cannot be combined with --all, --all-pythons or --pid",
+        ));
+    }
+    if cli.subprocesses && cli.pid.is_empty() && cli.command.is_empty() {
+        return Err(usage("--subprocesses needs --pid PID or -- COMMAND"));
+    }
+    Ok(())
+}
+
+fn check_pids(pids: &[u32]) -> Result<(), AppError> {
+    for &pid in pids {
+        if pid == 0 || !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            return Err(target(format!("no process with pid {pid}")));
+        }
+        if process::is_kernel_thread(pid) {
+            return Err(target(format!(
+                "pid {pid} is a kernel thread: tachyon-bpf profiles user processes (--all \
+                 shows kernel time too)"
+            )));
+        }
+        if pid == std::process::id() {
+            return Err(target(format!("pid {pid} is tachyon-bpf itself")));
+        }
+    }
+    Ok(())
+}
+
+fn sink_for(cli: &RunArgs, command: Command) -> Result<Box<dyn Sink>, AppError> {
+    Ok(match command {
+        Command::Top => Box::new(sinks::Top::new()),
+        Command::Record => Box::new(sinks::Recording::new(cli)?),
+        Command::Profile if cli.continuous => Box::new(sinks::Continuous::new(cli)?),
+        Command::Profile => Box::new(sinks::Files::new(cli)?),
+    })
+}
+
+fn epoch_ms() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64() * 1000.0)
+        .unwrap_or(0.0)
+}
+
+pub async fn run(cli: RunArgs, command: Command) -> Result<i32, AppError> {
+    output::set_file_mode(cli.output_mode);
+    sinks::check_usage(&cli, command == Command::Top, command == Command::Record)?;
+    check_targets(&cli)?;
+    check_environment()?;
+    check_pids(&cli.pid)?;
+    let mut sink = sink_for(&cli, command)?;
+    let rate = cli.rate.unwrap_or(if cli.continuous { 49 } else { 1000 });
+
+    let mut capture = Capture::load(&CaptureOptions {
+        all: cli.all,
+        stack_size: cli.stack_size as usize,
+        ring_bytes: cli.ring_mb << 20,
+        offcpu: if cli.mode.needs_offcpu_stacks() {
+            profiler_common::OFFCPU_STACKS
+        } else {
+            profiler_common::OFFCPU_TIMES
+        },
+        follow_children: cli.subprocesses,
+        exec_all: cli.all_pythons,
+        rate_hz: rate,
+        force_compat: cli.compat_programs,
+        full_verifier_log: cli.verbose,
+    })
+    .inspect_err(|e| {
+        if let capture::CaptureError::Refused { log, .. } = e {
+            if cli.verbose {
+                eprintln!("tachyon-bpf: the verifier's log:\n{log}");
+            }
+        }
+    })?;
+    if cli.verbose {
+        eprintln!(
+            "tachyon-bpf: kernel {}: {} BPF programs",
+            capture.kernel.release,
+            capture.kernel.variant()
+        );
+        for (name, n) in capture.verified_insns() {
+            eprintln!("tachyon-bpf: {name}: {n} instructions verified");
+        }
+    }
+    capture.attach_lifetimes()?;
+    let mut launched = if cli.command.is_empty() {
+        None
+    } else {
+        Some(launch::launch(&cli.command)?)
+    };
+    let mut explicit = cli.pid.clone();
+    explicit.extend(launched.as_ref().map(|l| l.pid));
+    for &pid in &explicit {
+        capture.add_target(pid)?;
+    }
+    let start_ns = monotonic_ns();
+    let start_epoch_ms = epoch_ms();
+    let interval_ms = 1000.0 / rate as f64;
+    let collector = Collector::new(
+        start_ns,
+        python::PythonRegistry::new(cli.show_internal),
+        cli.mode,
+        interval_ms,
+    );
+    let ring = capture.take_ring();
+    let mut session = Session::new(
+        capture,
+        collector,
+        Scope {
+            all: cli.all,
+            all_pythons: cli.all_pythons,
+            subprocesses: cli.subprocesses,
+            explicit,
+        },
+    );
+    // SAFETY: the ring buffer owns its map fd and neither replaces nor closes it while the
+    // AsyncFd holds it.
+    let mut ring = unsafe { AsyncFd::register_with_interest(ring, tokio::io::Interest::READABLE) }
+        .map_err(|e| other(format!("ring buffer: {e}")))?;
+    session.targets.attach(rate)?;
+    let started = Instant::now();
+    // What the run is, as each format's metadata and the sink's intervals see it.
+    let run_info = |capture: &Capture, duration: Duration| RunInfo {
+        run_id: uuid::Uuid::new_v4().simple().to_string(),
+        start_epoch_ms,
+        interval_ms,
+        duration_ms: duration.as_secs_f64() * 1000.0,
+        mode: cli.mode.name().into(),
+        rate_hz: rate,
+        command: std::env::args().collect::<Vec<_>>().join(" "),
+        lost: capture.stats().0[profiler_common::STAT_LOST as usize],
+        cpus: capture.cpus.len() as u32,
+        cost: None,
+        kernel: Some(output::KernelMeta {
+            release: capture.kernel.release.clone(),
+            programs: capture.kernel.programs().into(),
+        }),
+    };
+
+    // Let the launched command run now that sampling is on.
+    let (child_tx, mut child_rx) = tokio::sync::oneshot::channel::<i32>();
+    let child_pid = launched.as_ref().map(|l| l.pid);
+    if let Some(l) = launched.take() {
+        l.release(child_tx)
+            .map_err(|e| target(format!("cannot start {}: {e}", cli.command[0])))?;
+    } else {
+        drop(child_tx);
+    }
+
+    let mut sigint = signal(SignalKind::interrupt()).map_err(|e| other(e.to_string()))?;
+    let mut sigterm = signal(SignalKind::terminate()).map_err(|e| other(e.to_string()))?;
+    let deadline = cli
+        .duration
+        .map(|d| tokio::time::Instant::now() + Duration::from_secs_f64(d.max(0.0)));
+    let sleep = async {
+        match deadline {
+            Some(d) => tokio::time::sleep_until(d).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(sleep);
+    let has_child = !cli.command.is_empty();
+    let mut child_status = None;
+    let mut tick = tokio::time::interval(TICK);
+    let mut ticks: u64 = 0;
+    // The live status line: on a terminal only, never with --quiet.
+    let status =
+        !cli.quiet && sink.status_line() && std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let every = sink.interval();
+    let mut intervals = tokio::time::interval_at(
+        tokio::time::Instant::now() + every.unwrap_or(Duration::MAX / 4),
+        every.unwrap_or(Duration::MAX / 4),
+    );
+    let mut keys = sink.start()?;
+    loop {
+        tokio::select! {
+            _ = intervals.tick(), if every.is_some() => {
+                session.drain(ring.get_mut());
+                let finished = session.collector.rotate(monotonic_ns());
+                let info = run_info(&session.targets, started.elapsed());
+                sink.take_interval(&finished, &info, started.elapsed());
+            }
+            Some(key) = async {
+                match keys.as_mut() {
+                    Some(k) => k.recv().await,
+                    None => std::future::pending().await,
+                }
+            } => {
+                if sink.key(key) {
+                    break;
+                }
+            }
+            _ = tick.tick() => {
+                ticks += 1;
+                session.tick(ring.get_mut());
+                if status && ticks.is_multiple_of(12) {
+                    let lost = session.targets.stats().0[profiler_common::STAT_LOST as usize];
+                    let line = output::summary::status_line(
+                        &session.collector.profile,
+                        started.elapsed().as_secs_f64(),
+                        lost,
+                        session.targets.cpus.len(),
+                        rate,
+                    );
+                    eprint!("\r\x1b[2K{line}");
+                }
+            }
+            guard = ring.readable_mut() => {
+                let mut guard = guard.map_err(|e| other(format!("ring buffer: {e}")))?;
+                session.drain(guard.get_inner_mut());
+                guard.clear_ready();
+            }
+            _ = &mut sleep => break,
+            _ = sigint.recv() => break,
+            _ = sigterm.recv() => break,
+            st = &mut child_rx, if has_child && child_status.is_none() => {
+                child_status = st.ok();
+                break;
+            }
+        }
+    }
+    // A second Ctrl-C while the profile is written exits at once. A plain signal handler, not
+    // a task: the writing below holds this (single-threaded) runtime until it is done.
+    drop(sigint);
+    launch::exit_on_second_interrupt();
+    // The command tachyon-bpf started ends with the profiling (-d, Ctrl-C, SIGTERM), as perf
+    // ends its workload: SIGTERM, then SIGKILL after a second.
+    if let (Some(pid), None) = (child_pid, child_status) {
+        launch::end_command(pid, &mut child_rx).await;
+    }
+    if status {
+        eprint!("\r\x1b[2K");
+    }
+    session.targets.detach();
+    if !sink.writes() {
+        // `top`: the terminal is restored; nothing is written.
+        sink.report(true)?;
+        return Ok(0);
+    }
+    let elapsed = started.elapsed();
+    session.drain(ring.get_mut());
+    session.collector.finish(monotonic_ns());
+    let capture = &session.targets;
+    let run = RunInfo {
+        cost: Some(output::Cost::measure(capture.bpf_cost())),
+        ..run_info(capture, elapsed)
+    };
+    sink.finish(&session.collector.profile, &run)?;
+    if !cli.quiet {
+        summary(
+            &session.collector.profile,
+            &run,
+            capture,
+            sink.as_ref(),
+            elapsed,
+        );
+    }
+    sink.report(cli.quiet)?;
+    if let Some(code) = child_status {
+        if code != 0 && !cli.quiet {
+            eprintln!("tachyon-bpf: the command exited with status {code}");
+        }
+    }
+    if cli.open {
+        open_in_browser(&session.collector.profile, &run).await?;
+    }
+    Ok(0)
+}
+
+/// The end-of-run summary on stderr.
+fn summary(p: &Profile, run: &RunInfo, capture: &Capture, sink: &dyn Sink, elapsed: Duration) {
+    let c = &p.counters;
+    let secs = elapsed.as_secs_f64().max(1e-9);
+    let (_, lost_per_cpu) = capture.stats();
+    let lost_str: Vec<String> = lost_per_cpu
+        .iter()
+        .map(|(cpu, n)| format!("cpu{cpu} {n}"))
+        .collect();
+    let samples = sink.samples(p);
+    let cpus = capture.cpus.len();
+    if let Some(intervals) = sink.intervals() {
+        // The counters start again each interval: the run's totals are the intervals'.
+        eprintln!(
+            "tachyon-bpf: {secs:.2} s, {samples} samples ({:.0}/s at {} Hz on {cpus} CPUs) in \
+             {intervals} intervals, lost {} ({})",
+            samples as f64 / secs,
+            run.rate_hz,
+            run.lost,
+            lost_str.join(", "),
+        );
+    } else {
+        eprintln!(
+            "tachyon-bpf: {secs:.2} s, {samples} samples on CPU ({:.0}/s at {} Hz on {cpus} \
+             CPUs) and {} off-CPU captures, lost {} ({}), truncated {}, bad records {}, {} \
+             processes, {} threads",
+            samples as f64 / secs,
+            run.rate_hz,
+            c.offcpu_captures,
+            run.lost,
+            lost_str.join(", "),
+            c.native_truncated,
+            c.bad_records,
+            p.all_processes().count(),
+            p.thread_count(),
+        );
+    }
+    if let Some(cost) = &run.cost {
+        eprintln!("tachyon-bpf: {}", cost.line(samples));
+    }
+    if c.max_lag_ms > output::summary::LAG_WARN_MS {
+        eprintln!(
+            "tachyon-bpf: warning: the reader fell behind by up to {:.1} s (samples were \
+             processed late: a larger --ring-mb or a lower --rate keeps up)",
+            c.max_lag_ms / 1000.0
+        );
+    }
+    if c.py_samples > 0 {
+        eprintln!(
+            "tachyon-bpf: python: {} records of Python threads (samples and off-CPU captures), \
+             {} merged, {} merge mismatches, {} thread misses, {} read failures, {} truncated",
+            c.py_samples,
+            c.py_merged,
+            c.py_merge_mismatch,
+            c.py_thread_miss,
+            c.py_read_failed,
+            c.py_truncated
+        );
+        let bad = c.py_unresolved_frames + c.py_cycles + c.py_bad_line_tables;
+        if bad > 0 {
+            eprintln!(
+                "tachyon-bpf: python: unreadable target data: {} unresolved code objects, {} \
+                 looping frame chains, {} corrupt line tables",
+                c.py_unresolved_frames, c.py_cycles, c.py_bad_line_tables
+            );
+        }
+    }
+    if sink.intervals().is_none() {
+        for l in output::summary::lines(p, 5) {
+            eprintln!("tachyon-bpf: {l}");
+        }
+    }
+}
+
+/// Serves the Gecko profile to profiler.firefox.com until Ctrl-C or SIGTERM.
+async fn open_in_browser(p: &Profile, run: &RunInfo) -> Result<(), AppError> {
+    let bytes = Format::Gecko.render(p, run).map_err(other)?;
+    let served = output::serve::start(bytes).map_err(output_err)?;
+    println!("{}", served.link);
+    eprintln!(
+        "tachyon-bpf: serving the profile to profiler.firefox.com from 127.0.0.1; Ctrl-C stops"
+    );
+    output::serve::try_browser(&served.link);
+    let mut sigint = signal(SignalKind::interrupt()).map_err(|e| other(e.to_string()))?;
+    let mut sigterm = signal(SignalKind::terminate()).map_err(|e| other(e.to_string()))?;
+    tokio::select! {
+        _ = sigint.recv() => {}
+        _ = sigterm.recv() => {}
+    }
+    drop(served);
+    Ok(())
+}
+
+/// `convert`: a recording into other formats.
+pub async fn convert(args: ConvertArgs) -> Result<i32, AppError> {
+    output::set_file_mode(args.output_mode);
+    let (mut profile, mut run) =
+        output::recording::load(&args.input).map_err(|e| AppError::new(Kind::Input, e))?;
+    if let Some(mode) = args.mode {
+        output::recording::select_mode(&mut profile, &mut run, mode).map_err(usage)?;
+    }
+    let base = args.output.clone().unwrap_or_else(|| {
+        let s = args.input.to_string_lossy();
+        std::path::PathBuf::from(s.strip_suffix(".tbpf").unwrap_or(&s).to_string())
+    });
+    let outputs = if args.output.is_none() && args.format.len() <= 1 {
+        // One format, no -o: the recording's name with the format's extension.
+        let f = args.format.first().copied().unwrap_or(Format::Gecko);
+        vec![(
+            f,
+            std::path::PathBuf::from(format!("{}.{}", base.display(), f.extension())),
+        )]
+    } else {
+        output::output_paths(Some(&base), &args.format)
+    };
+    output::write_outputs(&profile, &run, &outputs).map_err(output_err)?;
+    if !args.quiet {
+        let paths: Vec<_> = outputs.into_iter().map(|(_, p)| p).collect();
+        sinks::report_written(&paths);
+    }
+    if args.open {
+        open_in_browser(&profile, &run).await?;
+    }
+    Ok(0)
+}

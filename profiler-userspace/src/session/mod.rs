@@ -1,0 +1,259 @@
+//! A profiling session: what it profiles (its scope), how Python processes are found and the BPF
+//! side's view of them kept current, and how records read from the ring reach the collector.
+//!
+//! Owns the policy of a run (how often every process is scanned, when thread maps are re-read,
+//! when dead processes are swept). The event loop (the binary's `run.rs`) only says when a
+//! tick or a drain happens, and hands finished profiles to its sinks.
+//!
+//! May import `capture` (the records and the `Targets` seam, which `Capture` implements),
+//! `collect`, `process` and `python`. Never `output` or `top`: where samples go is the sinks'
+//! business.
+
+use std::time::{Duration, Instant};
+
+use profiler_common::PyProcConfig;
+
+use crate::capture::record::Record;
+use crate::capture::ring::RecordSource;
+use crate::capture::{Capture, CaptureError};
+use crate::collect::Collector;
+
+/// What a session tells the BPF side about its targets: the seam between the session's policy
+/// and the kernel, so the policy is tested without loading programs.
+pub trait Targets {
+    /// Samples `pid` (all its threads).
+    fn add_target(&mut self, pid: u32) -> Result<(), CaptureError>;
+    fn set_py_proc(&mut self, pid: u32, cfg: &PyProcConfig) -> Result<(), CaptureError>;
+    fn remove_py_proc(&mut self, pid: u32);
+    fn set_py_thread(&mut self, pid: u32, tid: u32, tstate: u64) -> Result<(), CaptureError>;
+    fn remove_py_thread(&mut self, pid: u32, tid: u32);
+}
+
+impl Targets for Capture {
+    fn add_target(&mut self, pid: u32) -> Result<(), CaptureError> {
+        Capture::add_target(self, pid)
+    }
+    fn set_py_proc(&mut self, pid: u32, cfg: &PyProcConfig) -> Result<(), CaptureError> {
+        Capture::set_py_proc(self, pid, cfg)
+    }
+    fn remove_py_proc(&mut self, pid: u32) {
+        Capture::remove_py_proc(self, pid)
+    }
+    fn set_py_thread(&mut self, pid: u32, tid: u32, tstate: u64) -> Result<(), CaptureError> {
+        Capture::set_py_thread(self, pid, tid, tstate)
+    }
+    fn remove_py_thread(&mut self, pid: u32, tid: u32) {
+        Capture::remove_py_thread(self, pid, tid)
+    }
+}
+
+/// What the session profiles.
+#[derive(Clone, Debug, Default)]
+pub struct Scope {
+    /// Every process (`--all`).
+    pub all: bool,
+    /// Every Python process (`--all-pythons`).
+    pub all_pythons: bool,
+    /// Children of explicit targets become explicit targets (`--subprocesses`).
+    pub subprocesses: bool,
+    /// `--pid` targets and the launched command.
+    pub explicit: Vec<u32>,
+}
+
+/// The session's clock: one tick every `TICK`.
+pub const TICK: Duration = Duration::from_millis(20);
+/// Every process is scanned once a second (every 50 ticks): new programs are found through exec
+/// events and new processes of Python programs through fork events; the scan is the safety net
+/// (reading every process's files each time is most of an idle profiler's own CPU use).
+const SCAN_TICKS: u64 = 50;
+/// Python thread maps are re-read every 100 ms.
+const THREAD_TICKS: u64 = 5;
+/// Dead processes are forgotten every 5 s.
+const SWEEP_TICKS: u64 = 250;
+/// New processes looked at on every tick at most (a fork storm waits for the periodic scan).
+const MAX_PENDING: usize = 256;
+/// Records per code-object validation epoch (a few ms of samples at high rates).
+const EPOCH_RECORDS: u32 = 256;
+
+pub struct Session<T: Targets> {
+    pub targets: T,
+    pub collector: Collector,
+    scope: Scope,
+    /// Processes that exec'd or forked during an --all/--all-pythons run, looked at on every
+    /// tick for a while.
+    pending: Vec<(u32, Instant)>,
+    ticks: u64,
+}
+
+fn alive(pid: u32) -> bool {
+    std::path::Path::new(&format!("/proc/{pid}")).exists()
+}
+
+fn list_pids() -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .map(|d| {
+            d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+impl<T: Targets> Session<T> {
+    /// A session over `scope`, with every Python process it already covers found and installed.
+    pub fn new(targets: T, collector: Collector, scope: Scope) -> Session<T> {
+        let mut s = Session {
+            targets,
+            collector,
+            scope,
+            pending: Vec::new(),
+            ticks: 0,
+        };
+        s.discover(true, true);
+        s
+    }
+
+    pub fn scope(&self) -> &Scope {
+        &self.scope
+    }
+
+    /// One tick of the session's clock (every `TICK`): records, new processes, thread maps,
+    /// and now and then the sweep of dead processes.
+    pub fn tick(&mut self, source: &mut impl RecordSource) {
+        self.ticks += 1;
+        // Records do not wake the reader until the buffer fills up a good part: poll.
+        self.drain(source);
+        self.discover(
+            self.ticks.is_multiple_of(SCAN_TICKS),
+            self.ticks.is_multiple_of(THREAD_TICKS),
+        );
+        if self.ticks.is_multiple_of(SWEEP_TICKS) {
+            self.collector.sweep();
+        }
+    }
+
+    /// Hands every waiting record to the collector, then acts on the execs and forks among
+    /// them. Returns the number of records read.
+    pub fn drain(&mut self, source: &mut impl RecordSource) -> u32 {
+        let mut n = 0u32;
+        self.collector.python.new_epoch();
+        while let Some(record) = source.next_record(Record::parse) {
+            n += 1;
+            if n.is_multiple_of(EPOCH_RECORDS) {
+                self.collector.python.new_epoch();
+            }
+            match record {
+                Ok(Record::Sample(s)) => self.collector.handle(s),
+                Ok(Record::Event(e)) => self.collector.handle_event(e),
+                Err(e) => {
+                    log::debug!("bad record: {e}");
+                    self.collector.bad_record();
+                }
+            }
+        }
+        self.follow_lifetimes();
+        n
+    }
+
+    /// A process that exec'd loses its Python state (the BPF side must not walk the old
+    /// program's layout) and is looked at again; with --subprocesses, children become explicit
+    /// targets; with --all/--all-pythons, forked children (a Python server's workers are Python
+    /// without an exec) are looked at soon.
+    fn follow_lifetimes(&mut self) {
+        let (execs, children) = self.collector.take_lifetimes();
+        let everything = self.scope.all_pythons || self.scope.all;
+        for pid in execs {
+            self.forget_python(pid);
+            if everything && !self.scope.explicit.contains(&pid) && self.pending.len() < MAX_PENDING
+            {
+                self.pending.push((pid, Instant::now()));
+            }
+        }
+        for pid in children {
+            if self.scope.subprocesses && !self.scope.explicit.contains(&pid) {
+                self.scope.explicit.push(pid);
+            } else if everything && self.pending.len() < MAX_PENDING {
+                self.pending.push((pid, Instant::now()));
+            }
+        }
+    }
+
+    fn forget_python(&mut self, pid: u32) {
+        let known = self.collector.python.contains(pid);
+        for tid in self.collector.python.forget(pid) {
+            self.targets.remove_py_thread(pid, tid);
+        }
+        if known {
+            self.targets.remove_py_proc(pid);
+        }
+    }
+
+    /// Finds new Python processes (explicit and pending ones every call; with `scan`, every
+    /// process for --all/--all-pythons), and with `refresh_threads` keeps each Python process's
+    /// thread map in the BPF program current (new processes' maps are installed at once).
+    fn discover(&mut self, scan: bool, refresh_threads: bool) {
+        let me = std::process::id();
+        let python = &self.collector.python;
+        // Pending processes stay until found, known not to be Python, gone, or two seconds old
+        // (the periodic scan looks at them from then on).
+        self.pending.retain(|&(pid, since)| {
+            !python.contains(pid)
+                && !python.finally_not_python(pid)
+                && since.elapsed() < Duration::from_secs(2)
+                && alive(pid)
+        });
+        let mut candidates: Vec<u32> = self.scope.explicit.clone();
+        candidates.extend(self.pending.iter().map(|p| p.0));
+        if scan && (self.scope.all || self.scope.all_pythons) {
+            candidates.extend(list_pids().into_iter().filter(|&p| p != me));
+        }
+        let mut found = Vec::new();
+        for pid in candidates {
+            let python = &self.collector.python;
+            if python.contains(pid)
+                || python.known_not_python(pid)
+                || !crate::python::maps_mention_python(pid)
+            {
+                continue;
+            }
+            // Just exec'd, forked or launched: its libraries may still be loading.
+            let young = self
+                .pending
+                .iter()
+                .any(|&(p, since)| p == pid && since.elapsed() < Duration::from_secs(1))
+                || (self.scope.explicit.contains(&pid)
+                    && crate::python::process_age(pid).is_some_and(|a| a < Duration::from_secs(1)));
+            if let Some(cfg) = self.collector.try_python(pid, young) {
+                if let Err(e) = self.targets.set_py_proc(pid, &cfg) {
+                    log::warn!("pid {pid}: {e}");
+                }
+                if self.scope.all_pythons {
+                    let _ = self.targets.add_target(pid);
+                }
+                found.push(pid);
+            }
+        }
+        let pids = if refresh_threads {
+            self.collector.python.pids()
+        } else {
+            found
+        };
+        for pid in pids {
+            if !alive(pid) {
+                self.forget_python(pid);
+                continue;
+            }
+            let Some(changes) = self.collector.python.sync_threads(pid) else {
+                continue;
+            };
+            for (tid, tstate) in changes.set {
+                let _ = self.targets.set_py_thread(pid, tid, tstate);
+            }
+            for tid in changes.gone {
+                self.targets.remove_py_thread(pid, tid);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

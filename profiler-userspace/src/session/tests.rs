@@ -1,0 +1,231 @@
+//! The session's policy through a fake capture: real (unprivileged) Python processes, fake BPF
+//! maps, records fed as bytes. No root needed.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use profiler_common::{EventRecord, PyProcConfig, RECORD_EXEC, RECORD_FORK};
+
+use super::*;
+use crate::aggregate::Mode;
+use crate::python::PythonRegistry;
+
+/// The BPF maps a session writes, as sets.
+#[derive(Default)]
+struct FakeTargets {
+    targets: BTreeSet<u32>,
+    procs: BTreeSet<u32>,
+    threads: BTreeMap<(u32, u32), u64>,
+}
+
+impl Targets for FakeTargets {
+    fn add_target(&mut self, pid: u32) -> Result<(), CaptureError> {
+        self.targets.insert(pid);
+        Ok(())
+    }
+    fn set_py_proc(&mut self, pid: u32, _cfg: &PyProcConfig) -> Result<(), CaptureError> {
+        self.procs.insert(pid);
+        Ok(())
+    }
+    fn remove_py_proc(&mut self, pid: u32) {
+        self.procs.remove(&pid);
+    }
+    fn set_py_thread(&mut self, pid: u32, tid: u32, tstate: u64) -> Result<(), CaptureError> {
+        self.threads.insert((pid, tid), tstate);
+        Ok(())
+    }
+    fn remove_py_thread(&mut self, pid: u32, tid: u32) {
+        self.threads.remove(&(pid, tid));
+    }
+}
+
+impl FakeTargets {
+    fn threads_of(&self, pid: u32) -> Vec<u32> {
+        self.threads
+            .keys()
+            .filter(|k| k.0 == pid)
+            .map(|k| k.1)
+            .collect()
+    }
+}
+
+/// A Python process with a second thread, once both are running; killed when dropped.
+struct Py(Child);
+
+impl Py {
+    fn start() -> Py {
+        let mut child = Command::new("python3")
+            .args([
+                "-c",
+                "import threading, time\n\
+                 threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n\
+                 print('ready', flush=True)\n\
+                 time.sleep(60)\n",
+            ])
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("python3 runs");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line.trim(), "ready");
+        Py(child)
+    }
+    fn pid(&self) -> u32 {
+        self.0.id()
+    }
+}
+
+impl Drop for Py {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn session(scope: Scope) -> Session<FakeTargets> {
+    let collector = Collector::new(
+        crate::collect::monotonic_ns(),
+        PythonRegistry::new(false),
+        Mode::Wall,
+        1.0,
+    );
+    Session::new(FakeTargets::default(), collector, scope)
+}
+
+/// Ticks (as the event loop does, every `TICK`) until `done` holds, at most 5 s.
+fn tick_until(s: &mut Session<FakeTargets>, what: &str, done: impl Fn(&FakeTargets) -> bool) {
+    let t0 = Instant::now();
+    while !done(&s.targets) {
+        assert!(t0.elapsed() < Duration::from_secs(5), "never: {what}");
+        s.tick(&mut VecDeque::new());
+        std::thread::sleep(TICK);
+    }
+}
+
+fn event(kind: u32, pid: u32, arg0: u64, arg1: u64) -> Vec<u8> {
+    let e = EventRecord {
+        kind,
+        cpu: 0,
+        pid,
+        tid: pid,
+        time_ns: crate::collect::monotonic_ns(),
+        arg0,
+        arg1,
+        comm: *b"python3\0\0\0\0\0\0\0\0\0",
+    };
+    // SAFETY: viewing a repr(C) value as bytes.
+    unsafe { std::slice::from_raw_parts(&e as *const _ as *const u8, EventRecord::SIZE).to_vec() }
+}
+
+#[test]
+fn explicit_python_target_is_installed_with_its_threads_and_removed_when_gone() {
+    let mut py = Py::start();
+    let pid = py.pid();
+    let mut s = session(Scope {
+        explicit: vec![pid],
+        ..Scope::default()
+    });
+    // Found at once, by the session's first discovery, with both threads.
+    assert!(s.targets.procs.contains(&pid));
+    let threads = s.targets.threads_of(pid);
+    assert_eq!(threads.len(), 2, "threads {threads:?}");
+    assert!(threads.contains(&pid));
+    assert!(s.targets.threads.values().all(|&ts| ts != 0));
+    // An explicit target is sampled through the targets map the launcher or --pid filled.
+    assert!(s.targets.targets.is_empty());
+    py.0.kill().unwrap();
+    py.0.wait().unwrap();
+    tick_until(&mut s, "the dead process is removed", |t| {
+        !t.procs.contains(&pid) && t.threads_of(pid).is_empty()
+    });
+}
+
+#[test]
+fn a_process_that_is_not_python_is_left_alone() {
+    let mut sleeper = Command::new("sleep").arg("30").spawn().unwrap();
+    let mut s = session(Scope {
+        explicit: vec![sleeper.id()],
+        ..Scope::default()
+    });
+    for _ in 0..(THREAD_TICKS * 2) {
+        s.tick(&mut VecDeque::new());
+    }
+    assert!(s.targets.procs.is_empty() && s.targets.threads.is_empty());
+    sleeper.kill().unwrap();
+    sleeper.wait().unwrap();
+}
+
+#[test]
+fn exec_forgets_the_old_program_and_all_pythons_finds_it_again() {
+    let py = Py::start();
+    let pid = py.pid();
+    let mut s = session(Scope {
+        all_pythons: true,
+        ..Scope::default()
+    });
+    // The first discovery scans every process.
+    assert!(s.targets.procs.contains(&pid) && s.targets.targets.contains(&pid));
+    // An exec: the BPF side must stop walking the old layout at once (in this drain)...
+    let n = s.drain(&mut VecDeque::from([event(RECORD_EXEC, pid, 0, 0)]));
+    assert_eq!(n, 1);
+    assert!(!s.targets.procs.contains(&pid));
+    assert!(s.targets.threads_of(pid).is_empty());
+    // ... and the new program (Python again here) is looked at on the next ticks, not at the
+    // next full scan a second later.
+    for _ in 0..3 {
+        s.tick(&mut VecDeque::new());
+    }
+    assert!(s.targets.procs.contains(&pid));
+    assert_eq!(s.targets.threads_of(pid).len(), 2);
+}
+
+#[test]
+fn subprocesses_makes_children_explicit_targets() {
+    let parent = std::process::id();
+    let py = Py::start();
+    let child = py.pid();
+    let fork = || VecDeque::from([event(RECORD_FORK, parent, child as u64, child as u64)]);
+    // Without --subprocesses, a child of an explicit target is not profiled as Python.
+    let mut s = session(Scope {
+        explicit: vec![parent],
+        ..Scope::default()
+    });
+    s.drain(&mut fork());
+    for _ in 0..3 {
+        s.tick(&mut VecDeque::new());
+    }
+    assert!(s.targets.procs.is_empty());
+    let mut s = session(Scope {
+        explicit: vec![parent],
+        subprocesses: true,
+        ..Scope::default()
+    });
+    s.drain(&mut fork());
+    assert_eq!(s.scope().explicit, vec![parent, child]);
+    s.tick(&mut VecDeque::new());
+    assert!(s.targets.procs.contains(&child));
+}
+
+#[test]
+fn records_that_do_not_decode_are_counted_and_skipped() {
+    let mut s = session(Scope::default());
+    let py = Py::start();
+    let mut q = VecDeque::from([
+        vec![],
+        vec![0xff; 7],
+        event(99, 1, 0, 0),
+        event(
+            RECORD_FORK,
+            std::process::id(),
+            py.pid() as u64,
+            py.pid() as u64,
+        ),
+    ]);
+    assert_eq!(s.drain(&mut q), 4);
+    assert!(q.is_empty());
+    assert_eq!(s.collector.profile.counters.bad_records, 3);
+}

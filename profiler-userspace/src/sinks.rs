@@ -1,0 +1,384 @@
+//! Where a run's samples go. Each way of running (profile files, a recording, continuous
+//! intervals, the live `top` table) is one `Sink`; the event loop (`run.rs`) knows none of them.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use tachyon_bpf::aggregate::{Mode, Profile};
+use tachyon_bpf::output::{self, Format, RunInfo};
+use tachyon_bpf::top;
+
+use crate::cli::RunArgs;
+use crate::error::{other, output as output_err, usage, AppError, Kind};
+
+/// A key typed in `top`.
+pub type Key = (top::KeyCode, top::KeyModifiers);
+
+pub trait Sink {
+    /// How often the sink wants the samples so far as a finished profile (`None`: only the
+    /// whole run, at the end).
+    fn interval(&self) -> Option<Duration> {
+        None
+    }
+    /// A finished interval (every `interval()`). `run` describes the run so far (`lost`
+    /// counts from its start); `elapsed` is the time since sampling started.
+    fn take_interval(&mut self, _p: &Profile, _run: &RunInfo, _elapsed: Duration) {}
+    /// Sampling starts: the sink may take over the terminal, and hands out the user's key
+    /// presses if it reads them (only `top` does).
+    fn start(&mut self) -> Result<Option<tokio::sync::mpsc::UnboundedReceiver<Key>>, AppError> {
+        Ok(None)
+    }
+    /// A key press: true ends the run.
+    fn key(&mut self, _key: Key) -> bool {
+        false
+    }
+    /// Whether the run ends with a written profile and a summary (`top` ends with neither).
+    fn writes(&self) -> bool {
+        true
+    }
+    /// Whether stderr may carry the live status line.
+    fn status_line(&self) -> bool {
+        true
+    }
+    /// Writes the run (what is left of it, for interval sinks).
+    fn finish(&mut self, p: &Profile, run: &RunInfo) -> Result<(), AppError>;
+    /// The summary's first line is about these many samples (the run's, or every interval's).
+    fn samples(&self, p: &Profile) -> u64 {
+        p.counters.samples
+    }
+    /// Intervals written, for the summary (`None`: not an interval sink).
+    fn intervals(&self) -> Option<u64> {
+        None
+    }
+    /// Says what was written (unless --quiet), and ends anything still running (uploads).
+    fn report(self: Box<Self>, quiet: bool) -> Result<(), AppError>;
+}
+
+/// Checks that `path` can be written, before anything is loaded.
+fn writable(path: &std::path::Path) -> Result<(), AppError> {
+    output::check_writable(path)
+        .map_err(|e| output_err(format!("cannot write {}: {e}", path.display())))
+}
+
+pub fn report_written(paths: &[PathBuf]) {
+    for p in paths {
+        let hint = match p.extension().and_then(|e| e.to_str()) {
+            Some("json") => " (open it at https://profiler.firefox.com/, or with --open)",
+            Some("tbpf") => " (tachyon-bpf convert it to any format)",
+            _ => "",
+        };
+        eprintln!("tachyon-bpf: wrote {}{hint}", p.display());
+    }
+}
+
+/// The chosen formats, written once at the end.
+pub struct Files {
+    outputs: Vec<(Format, PathBuf)>,
+}
+
+/// The command line's choices that no sink can take, checked before anything else.
+pub fn check_usage(cli: &RunArgs, top: bool, record: bool) -> Result<(), AppError> {
+    if top {
+        if cli.continuous || cli.open || !cli.format.is_empty() || cli.output.is_some() {
+            return Err(usage(
+                "top shows a live table: --continuous, --open, --format and -o do not apply",
+            ));
+        }
+        if !std::io::IsTerminal::is_terminal(&std::io::stdout()) {
+            return Err(usage("top needs a terminal"));
+        }
+    } else if record {
+        if cli.continuous {
+            return Err(usage(
+                "record writes one recording: --continuous is for the main command",
+            ));
+        }
+        if !cli.format.is_empty() || cli.open {
+            return Err(usage(
+                "record writes a recording: give --format and --open to convert",
+            ));
+        }
+    } else if !cli.continuous
+        && cli.output.as_deref().is_some_and(output::files::is_stdout)
+        && output::output_paths(cli.output.as_deref(), &cli.format).len() > 1
+    {
+        return Err(usage(
+            "-o - writes one format to standard output: give one --format",
+        ));
+    }
+    Ok(())
+}
+
+impl Files {
+    pub fn new(cli: &RunArgs) -> Result<Files, AppError> {
+        let outputs = output::output_paths(cli.output.as_deref(), &cli.format);
+        for (_, p) in &outputs {
+            writable(p)?;
+        }
+        Ok(Files { outputs })
+    }
+}
+
+impl Sink for Files {
+    fn finish(&mut self, p: &Profile, run: &RunInfo) -> Result<(), AppError> {
+        output::write_outputs(p, run, &self.outputs).map_err(output_err)
+    }
+    fn report(self: Box<Self>, quiet: bool) -> Result<(), AppError> {
+        if !quiet {
+            let paths: Vec<PathBuf> = self.outputs.into_iter().map(|(_, p)| p).collect();
+            report_written(&paths);
+        }
+        Ok(())
+    }
+}
+
+/// One recording (`record`).
+pub struct Recording {
+    path: PathBuf,
+}
+
+impl Recording {
+    pub fn new(cli: &RunArgs) -> Result<Recording, AppError> {
+        let path = cli
+            .output
+            .clone()
+            .unwrap_or_else(|| PathBuf::from("profile.tbpf"));
+        writable(&path)?;
+        Ok(Recording { path })
+    }
+}
+
+impl Sink for Recording {
+    fn finish(&mut self, p: &Profile, run: &RunInfo) -> Result<(), AppError> {
+        let bytes = output::recording::to_bytes(p, run).map_err(other)?;
+        output::write_atomic(&self.path, &bytes)
+            .map_err(|e| output_err(format!("cannot write {}: {e}", self.path.display())))
+    }
+    fn report(self: Box<Self>, quiet: bool) -> Result<(), AppError> {
+        if !quiet {
+            report_written(&[self.path]);
+        }
+        Ok(())
+    }
+}
+
+/// The live table (`top`): refreshed every second from that second's samples; nothing is
+/// written.
+pub struct Top {
+    /// Entered when sampling starts (`start`): errors before it print on a plain terminal.
+    screen: Option<top::Screen>,
+    view: top::View,
+}
+
+impl Top {
+    pub fn new() -> Top {
+        Top {
+            screen: None,
+            view: top::View::new(),
+        }
+    }
+
+    fn draw(&mut self) {
+        if let Some(screen) = self.screen.as_mut() {
+            let _ = self.view.draw(&mut screen.term);
+        }
+    }
+}
+
+impl Sink for Top {
+    fn interval(&self) -> Option<Duration> {
+        Some(Duration::from_secs(1))
+    }
+    fn take_interval(&mut self, p: &Profile, run: &RunInfo, elapsed: Duration) {
+        let line = format!(
+            "tachyon-bpf top: {:.0} s, {} samples in the last second, lost {}, {} processes, \
+             {} threads",
+            elapsed.as_secs_f64(),
+            p.counters.samples,
+            run.lost,
+            p.all_processes().count(),
+            p.thread_count(),
+        );
+        self.view.add(p, line);
+        self.draw();
+    }
+    fn start(&mut self) -> Result<Option<tokio::sync::mpsc::UnboundedReceiver<Key>>, AppError> {
+        self.screen = Some(top::Screen::enter().map_err(|e| other(format!("terminal: {e}")))?);
+        Ok(Some(top::keys()))
+    }
+    fn key(&mut self, (code, mods): Key) -> bool {
+        self.view.key(code, mods);
+        if !self.view.quit {
+            self.draw();
+        }
+        self.view.quit
+    }
+    fn writes(&self) -> bool {
+        false
+    }
+    fn status_line(&self) -> bool {
+        false
+    }
+    fn finish(&mut self, _p: &Profile, _run: &RunInfo) -> Result<(), AppError> {
+        Ok(())
+    }
+    fn report(self: Box<Self>, _quiet: bool) -> Result<(), AppError> {
+        // Dropping the screen restores the terminal.
+        Ok(())
+    }
+}
+
+/// A continuous run: one profile per --rotate interval into --output-dir, optionally pushed.
+pub struct Continuous {
+    dir: PathBuf,
+    formats: Vec<Format>,
+    keep: Option<usize>,
+    rotate: Duration,
+    pusher: Option<output::continuous::Pusher>,
+    quiet: bool,
+    /// When the current interval started.
+    start_epoch_ms: f64,
+    started: Instant,
+    /// Samples lost before the current interval (the kernel counts from the start).
+    lost_before: u64,
+    intervals: u64,
+    /// Intervals that could not be written.
+    write_failures: u64,
+    /// Samples of every interval.
+    samples: u64,
+    mode: Mode,
+}
+
+impl Continuous {
+    pub fn new(cli: &RunArgs) -> Result<Continuous, AppError> {
+        let dir = cli
+            .output_dir
+            .clone()
+            .ok_or_else(|| usage("--continuous needs --output-dir"))?;
+        output::files::prepare_output_dir(&dir, cli.output_mode)
+            .map_err(|e| output_err(format!("cannot use {}: {e}", dir.display())))?;
+        writable(&dir.join("tachyon-probe"))?;
+        Ok(Continuous {
+            dir,
+            formats: cli.format.clone(),
+            keep: cli.keep.map(|k| k as usize),
+            rotate: cli.rotate,
+            pusher: cli.push.as_deref().map(|url| {
+                let name = cli.push_name.clone().unwrap_or_else(|| {
+                    format!(
+                        "tachyon-bpf.{}{{host={}}}",
+                        cli.mode.name(),
+                        output::continuous::hostname()
+                    )
+                });
+                output::continuous::Pusher::start(url, name)
+            }),
+            quiet: cli.quiet,
+            start_epoch_ms: output::continuous::epoch_ms(),
+            started: Instant::now(),
+            lost_before: 0,
+            intervals: 0,
+            write_failures: 0,
+            samples: 0,
+            mode: cli.mode,
+        })
+    }
+
+    /// Writes a finished interval (and queues its push), then starts the next one. A failed
+    /// write is reported and profiling goes on. `template` is the run so far.
+    fn end_interval(&mut self, p: &Profile, template: &RunInfo) {
+        let lost_total = template.lost;
+        if p.counters.samples > 0 {
+            let run = RunInfo {
+                run_id: uuid::Uuid::new_v4().simple().to_string(),
+                start_epoch_ms: self.start_epoch_ms,
+                duration_ms: self.started.elapsed().as_secs_f64() * 1000.0,
+                mode: self.mode.name().into(),
+                lost: lost_total.saturating_sub(self.lost_before),
+                cost: None,
+                ..template.clone()
+            };
+            match output::continuous::write_interval(&self.dir, p, &run, &self.formats, self.keep) {
+                Ok(_) => {
+                    self.intervals += 1;
+                    self.samples += p.counters.samples;
+                }
+                Err(e) => {
+                    self.write_failures += 1;
+                    eprintln!("tachyon-bpf: {e}");
+                }
+            }
+            if let Some(pusher) = &self.pusher {
+                match Format::Pprof.render(p, &run) {
+                    Ok(bytes) => pusher.push(
+                        bytes,
+                        run.start_epoch_ms,
+                        run.start_epoch_ms + run.duration_ms,
+                    ),
+                    Err(e) => eprintln!("tachyon-bpf: pprof for {}: {e}", pusher.name()),
+                }
+            }
+            if !self.quiet {
+                log::info!("interval written: {} samples", p.counters.samples);
+            }
+        }
+        // Nothing sampled (an idle host, or the sliver of an interval at the end): nothing
+        // written, and the next interval starts now all the same.
+        self.start_epoch_ms = output::continuous::epoch_ms();
+        self.started = Instant::now();
+        self.lost_before = lost_total;
+    }
+}
+
+impl Sink for Continuous {
+    fn interval(&self) -> Option<Duration> {
+        Some(self.rotate)
+    }
+    fn take_interval(&mut self, p: &Profile, run: &RunInfo, _elapsed: Duration) {
+        self.end_interval(p, run);
+    }
+    fn finish(&mut self, p: &Profile, run: &RunInfo) -> Result<(), AppError> {
+        // The last, partial interval is written too: nothing collected is lost.
+        self.end_interval(p, run);
+        Ok(())
+    }
+    fn samples(&self, _p: &Profile) -> u64 {
+        self.samples
+    }
+    fn intervals(&self) -> Option<u64> {
+        Some(self.intervals)
+    }
+    fn report(self: Box<Self>, quiet: bool) -> Result<(), AppError> {
+        if !quiet {
+            eprintln!(
+                "tachyon-bpf: {} interval profiles in {} ({} samples)",
+                self.intervals,
+                self.dir.display(),
+                self.samples
+            );
+        }
+        if let Some(p) = self.pusher {
+            let stats = p.stats.clone();
+            p.finish(Duration::from_secs(5));
+            if !quiet {
+                let k = stats.counts();
+                eprintln!(
+                    "tachyon-bpf: pushed {} intervals, {} failed, {} dropped (endpoint too slow), \
+                     {} not sent by exit",
+                    k.sent, k.failed, k.dropped, k.abandoned
+                );
+            }
+        }
+        if self.intervals == 0 && self.write_failures > 0 {
+            return Err(AppError::new(
+                Kind::Output,
+                format!(
+                    "none of the {} interval profiles could be written to {}",
+                    self.write_failures,
+                    self.dir.display()
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
