@@ -80,7 +80,55 @@ pub const SAMPLE_PY_CYCLE: u32 = 1 << 8;
 pub const PY_LAYOUT_FRAMEOBJECT: u32 = 1; // 3.8-3.10: PyFrameObject chain, f_lasti
 pub const PY_LAYOUT_INTERP: u32 = 2; // 3.11+: _PyInterpreterFrame chain, instruction pointer
 
+/// The names both sides of the BPF boundary use: the object file's maps and programs. The BPF
+/// crate names its statics and functions after them (an identifier cannot come from a
+/// constant); user space loads by these, and a test checks the object has exactly these.
+pub mod names {
+    pub const MAP_CONFIG: &str = "CONFIG";
+    pub const MAP_TARGETS: &str = "TARGETS";
+    pub const MAP_PY_PROCS: &str = "PY_PROCS";
+    pub const MAP_PY_THREADS: &str = "PY_THREADS";
+    pub const MAP_STATS: &str = "STATS";
+    pub const MAP_SCRATCH: &str = "SCRATCH";
+    pub const MAP_FRAME: &str = "FRAME";
+    pub const MAP_WALK: &str = "WALK";
+    pub const MAP_LAST_CAPTURE: &str = "LAST_CAPTURE";
+    pub const MAP_SAMPLES: &str = "SAMPLES";
+    pub const MAPS: [&str; 10] = [
+        MAP_CONFIG,
+        MAP_TARGETS,
+        MAP_PY_PROCS,
+        MAP_PY_THREADS,
+        MAP_STATS,
+        MAP_SCRATCH,
+        MAP_FRAME,
+        MAP_WALK,
+        MAP_LAST_CAPTURE,
+        MAP_SAMPLES,
+    ];
+
+    /// The sampler: modern kernels (bpf_loop, bpf_task_pt_regs), and compat (5.10 on).
+    pub const PROG_SAMPLE: &str = "tachyon_sample";
+    pub const PROG_SAMPLE_COMPAT: &str = "tachyon_sample_compat";
+    /// `sched_switch`: modern (the `prev_state` argument) and compat.
+    pub const PROG_SWITCH: &str = "tachyon_switch";
+    pub const PROG_SWITCH_COMPAT: &str = "tachyon_switch_compat";
+    pub const PROG_FORK: &str = "tachyon_fork";
+    pub const PROG_EXEC: &str = "tachyon_exec";
+    pub const PROG_EXIT: &str = "tachyon_exit";
+    pub const PROGRAMS: [&str; 7] = [
+        PROG_SAMPLE,
+        PROG_SAMPLE_COMPAT,
+        PROG_SWITCH,
+        PROG_SWITCH_COMPAT,
+        PROG_FORK,
+        PROG_EXEC,
+        PROG_EXIT,
+    ];
+}
+
 /// Per-CPU counters in the `STATS` map, by index.
+/// Samples and off-CPU captures written to the ring buffer.
 pub const STAT_SAMPLES: u32 = 0;
 /// Records that could not be written to the ring buffer (it was full): lost samples.
 pub const STAT_LOST: u32 = 1;
@@ -101,6 +149,61 @@ pub const STAT_SWITCH_CAPTURES: u32 = 8;
 /// Samples in kernel mode whose user registers could not be read from the task.
 pub const STAT_UREGS_FAIL: u32 = 9;
 pub const STAT_COUNT: u32 = 10;
+
+/// Every counter of the `STATS` map: (index, name, meaning). The summary and each profile's
+/// `meta.tachyon.bpfCounters` show them all by these names.
+pub const STATS: [(u32, &str, &str); STAT_COUNT as usize] = [
+    (
+        STAT_SAMPLES,
+        "records",
+        "samples and off-CPU captures written to the ring buffer",
+    ),
+    (
+        STAT_LOST,
+        "lost",
+        "samples dropped: the ring buffer was full",
+    ),
+    (
+        STAT_SCRATCH_FAIL,
+        "scratchFail",
+        "samples without a scratch buffer (never expected)",
+    ),
+    (
+        STAT_KSTACK_FAIL,
+        "kstackFail",
+        "samples whose kernel stack could not be read",
+    ),
+    (
+        STAT_PY_MISS,
+        "pyThreadMiss",
+        "Python process samples of a thread not in the thread map",
+    ),
+    (
+        STAT_PY_READ_FAIL,
+        "pyReadFail",
+        "interpreter frame walks that hit a failed read",
+    ),
+    (
+        STAT_PY_TRUNCATED,
+        "pyTruncated",
+        "interpreter frame chains cut at MAX_PY_FRAMES",
+    ),
+    (
+        STAT_EVENTS_LOST,
+        "eventsLost",
+        "scheduler and lifetime events dropped: ring buffer full",
+    ),
+    (
+        STAT_SWITCH_CAPTURES,
+        "switchCaptures",
+        "off-CPU captures written with their stacks",
+    ),
+    (
+        STAT_UREGS_FAIL,
+        "uregsFail",
+        "kernel-mode samples whose user registers were unreadable",
+    ),
+];
 
 /// What the `sched_switch` program records (`Config::offcpu`).
 /// Nothing: the program is not attached.

@@ -177,6 +177,11 @@ pub async fn run(cli: RunArgs, command: Command) -> Result<i32, AppError> {
             release: capture.kernel.release.clone(),
             programs: capture.kernel.programs().into(),
         }),
+        bpf_counters: capture
+            .counters()
+            .into_iter()
+            .map(|(n, v)| (n.to_string(), v))
+            .collect(),
     };
 
     // Let the launched command run now that sampling is on.
@@ -349,6 +354,12 @@ fn summary(p: &Profile, run: &RunInfo, capture: &Capture, sink: &dyn Sink, elaps
     if let Some(cost) = &run.cost {
         eprintln!("tachyon-bpf: {}", cost.line(samples));
     }
+    let counters: Vec<String> = run
+        .bpf_counters
+        .iter()
+        .map(|(n, v)| format!("{n} {v}"))
+        .collect();
+    eprintln!("tachyon-bpf: BPF counters: {}", counters.join(", "));
     if c.max_lag_ms > output::summary::LAG_WARN_MS {
         eprintln!(
             "tachyon-bpf: warning: the reader fell behind by up to {:.1} s (samples were \

@@ -95,6 +95,35 @@ fn wall_mode_shows_sleep_and_cpu_mode_does_not() {
         n("pythonSamples") <= n("samples") + n("offCpuCaptures"),
         "Python records are samples or captures: {t}"
     );
+    // Every BPF counter is in the profile by its contract name, and agrees with what was read.
+    let bpf = &t["bpfCounters"];
+    let names: Vec<&str> = bpf
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(|k| k.as_str())
+        .collect();
+    for want in [
+        "records",
+        "lost",
+        "scratchFail",
+        "kstackFail",
+        "pyThreadMiss",
+        "pyReadFail",
+        "pyTruncated",
+        "eventsLost",
+        "switchCaptures",
+        "uregsFail",
+    ] {
+        assert!(names.contains(&want), "bpfCounters lacks {want}: {bpf}");
+    }
+    let b = |k: &str| bpf[k].as_u64().unwrap();
+    assert_eq!(
+        b("records"),
+        n("samples") + n("offCpuCaptures") + n("badRecords"),
+        "every record written was read: {t}"
+    );
+    assert!(b("switchCaptures") >= n("offCpuCaptures"), "{t}");
     let v = Viewer::load(&wall).unwrap();
     let (_, c) = thread_with(&v, "nap");
     // Python frame, the C function, down to the kernel's sleep.

@@ -14,7 +14,7 @@ use aya::programs::perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, S
 use aya::programs::{BtfTracePoint, PerfEvent, ProgramError};
 use aya::{Btf, Ebpf, EbpfLoader, VerifierLogLevel};
 use profiler_common::{
-    thread_key, Config, PyProcConfig, MAX_USTACK, OFFCPU_NONE, STAT_COUNT, USTACK_CHUNK,
+    names, thread_key, Config, PyProcConfig, MAX_USTACK, OFFCPU_NONE, STAT_COUNT, USTACK_CHUNK,
 };
 
 static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(env!("TACHYON_BPF_OBJECT"));
@@ -102,9 +102,9 @@ pub struct CaptureOptions {
 
 /// The lifetime programs: (program name, tracepoint). The scheduler program is chosen per kernel.
 const LIFETIMES: [(&str, &str); 3] = [
-    ("tachyon_fork", "sched_process_fork"),
-    ("tachyon_exec", "sched_process_exec"),
-    ("tachyon_exit", "sched_process_exit"),
+    (names::PROG_FORK, "sched_process_fork"),
+    (names::PROG_EXEC, "sched_process_exec"),
+    (names::PROG_EXIT, "sched_process_exit"),
 ];
 
 /// One set of programs that fits a kernel (see the BPF crate's documentation).
@@ -118,13 +118,13 @@ impl ProgramSet {
     pub fn for_kernel(k: &btf::KernelInfo) -> ProgramSet {
         if k.modern {
             ProgramSet {
-                sample: "tachyon_sample",
-                switch: "tachyon_switch",
+                sample: names::PROG_SAMPLE,
+                switch: names::PROG_SWITCH,
             }
         } else {
             ProgramSet {
-                sample: "tachyon_sample_compat",
-                switch: "tachyon_switch_compat",
+                sample: names::PROG_SAMPLE_COMPAT,
+                switch: names::PROG_SWITCH_COMPAT,
             }
         }
     }
@@ -229,8 +229,8 @@ impl Capture {
         let mut bpf = EbpfLoader::new()
             .btf(Some(&kernel_btf))
             .verifier_log_level(log_level)
-            .map_max_entries("SAMPLES", ring)
-            .map_max_entries("SCRATCH", possible as u32)
+            .map_max_entries(names::MAP_SAMPLES, ring)
+            .map_max_entries(names::MAP_SCRATCH, possible as u32)
             .load(BPF_OBJECT)
             .map_err(load_error)?;
         let cfg = Config {
@@ -253,9 +253,10 @@ impl Capture {
             thread_size: 16384,
             _pad: 0,
         };
-        let mut arr: Array<_, Config> = Array::try_from(bpf.map_mut("CONFIG").expect("CONFIG map"))
-            .map_err(map_err("CONFIG"))?;
-        arr.set(0, cfg, 0).map_err(map_err("CONFIG"))?;
+        let mut arr: Array<_, Config> =
+            Array::try_from(bpf.map_mut(names::MAP_CONFIG).expect("CONFIG map"))
+                .map_err(map_err(names::MAP_CONFIG))?;
+        arr.set(0, cfg, 0).map_err(map_err(names::MAP_CONFIG))?;
         let refused = |program: &'static str, purpose: &'static str| {
             let kernel = kernel.release.clone();
             move |e: ProgramError| refusal(program, purpose, kernel, e)
@@ -395,26 +396,27 @@ impl Capture {
     }
 
     pub fn take_ring(&mut self) -> RingBuf<MapData> {
-        RingBuf::try_from(self.bpf.take_map("SAMPLES").expect("SAMPLES map")).expect("ring buffer")
+        RingBuf::try_from(self.bpf.take_map(names::MAP_SAMPLES).expect("SAMPLES map"))
+            .expect("ring buffer")
     }
 
     pub fn add_target(&mut self, pid: u32) -> Result<(), CaptureError> {
         let mut m: BpfHashMap<_, u32, u32> =
-            BpfHashMap::try_from(self.bpf.map_mut("TARGETS").expect("TARGETS"))
-                .map_err(map_err("TARGETS"))?;
-        m.insert(pid, 1, 0).map_err(map_err("TARGETS"))
+            BpfHashMap::try_from(self.bpf.map_mut(names::MAP_TARGETS).expect("TARGETS"))
+                .map_err(map_err(names::MAP_TARGETS))?;
+        m.insert(pid, 1, 0).map_err(map_err(names::MAP_TARGETS))
     }
 
     pub fn set_py_proc(&mut self, pid: u32, cfg: &PyProcConfig) -> Result<(), CaptureError> {
         let mut m: BpfHashMap<_, u32, PyProcConfig> =
-            BpfHashMap::try_from(self.bpf.map_mut("PY_PROCS").expect("PY_PROCS"))
-                .map_err(map_err("PY_PROCS"))?;
-        m.insert(pid, *cfg, 0).map_err(map_err("PY_PROCS"))
+            BpfHashMap::try_from(self.bpf.map_mut(names::MAP_PY_PROCS).expect("PY_PROCS"))
+                .map_err(map_err(names::MAP_PY_PROCS))?;
+        m.insert(pid, *cfg, 0).map_err(map_err(names::MAP_PY_PROCS))
     }
 
     pub fn remove_py_proc(&mut self, pid: u32) {
         if let Ok(mut m) = BpfHashMap::<_, u32, PyProcConfig>::try_from(
-            self.bpf.map_mut("PY_PROCS").expect("PY_PROCS"),
+            self.bpf.map_mut(names::MAP_PY_PROCS).expect("PY_PROCS"),
         ) {
             let _ = m.remove(&pid);
         }
@@ -422,25 +424,34 @@ impl Capture {
 
     pub fn set_py_thread(&mut self, pid: u32, tid: u32, tstate: u64) -> Result<(), CaptureError> {
         let mut m: BpfHashMap<_, u64, u64> =
-            BpfHashMap::try_from(self.bpf.map_mut("PY_THREADS").expect("PY_THREADS"))
-                .map_err(map_err("PY_THREADS"))?;
+            BpfHashMap::try_from(self.bpf.map_mut(names::MAP_PY_THREADS).expect("PY_THREADS"))
+                .map_err(map_err(names::MAP_PY_THREADS))?;
         m.insert(thread_key(pid, tid), tstate, 0)
-            .map_err(map_err("PY_THREADS"))
+            .map_err(map_err(names::MAP_PY_THREADS))
     }
 
     pub fn remove_py_thread(&mut self, pid: u32, tid: u32) {
-        if let Ok(mut m) =
-            BpfHashMap::<_, u64, u64>::try_from(self.bpf.map_mut("PY_THREADS").expect("PY_THREADS"))
-        {
+        if let Ok(mut m) = BpfHashMap::<_, u64, u64>::try_from(
+            self.bpf.map_mut(names::MAP_PY_THREADS).expect("PY_THREADS"),
+        ) {
             let _ = m.remove(&thread_key(pid, tid));
         }
+    }
+
+    /// Every BPF counter by its contract name (`profiler_common::STATS`), summed over CPUs.
+    pub fn counters(&self) -> Vec<(&'static str, u64)> {
+        let (total, _) = self.stats();
+        profiler_common::STATS
+            .iter()
+            .map(|&(i, name, _)| (name, total[i as usize]))
+            .collect()
     }
 
     /// The BPF program's counters, summed over CPUs, and the lost count per CPU.
     pub fn stats(&self) -> ([u64; STAT_COUNT as usize], Vec<(u32, u64)>) {
         let mut total = [0u64; STAT_COUNT as usize];
         let mut lost = Vec::new();
-        let Some(map) = self.bpf.map("STATS") else {
+        let Some(map) = self.bpf.map(names::MAP_STATS) else {
             return (total, lost);
         };
         let Ok(arr) = PerCpuArray::<_, u64>::try_from(map) else {
@@ -515,5 +526,44 @@ fn refusal(
             log: String::new(),
             permission: false,
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use object::{Object, ObjectSection, ObjectSymbol, SymbolKind, SymbolSection};
+    use std::collections::BTreeSet;
+
+    /// The object the BPF crate built has exactly the maps and programs of the contract in
+    /// `profiler_common::names`: a rename on either side fails here, not at load time.
+    #[test]
+    fn the_bpf_object_matches_the_contract() {
+        let file = object::File::parse(super::BPF_OBJECT).unwrap();
+        let (mut maps, mut programs) = (BTreeSet::new(), BTreeSet::new());
+        for sym in file.symbols() {
+            let SymbolSection::Section(idx) = sym.section() else {
+                continue;
+            };
+            let section = file.section_by_index(idx).unwrap();
+            let (Ok(name), Ok(sname)) = (sym.name(), section.name()) else {
+                continue;
+            };
+            if sname == "maps" || sname == ".maps" {
+                maps.insert(name.to_string());
+            } else if sym.kind() == SymbolKind::Text && sym.is_global() && sname != ".text" {
+                programs.insert(name.to_string());
+            }
+        }
+        let want = |names: &[&str]| names.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>();
+        assert_eq!(maps, want(&profiler_common::names::MAPS));
+        assert_eq!(programs, want(&profiler_common::names::PROGRAMS));
+    }
+
+    #[test]
+    fn every_counter_is_named_at_its_index() {
+        for (i, (index, name, meaning)) in profiler_common::STATS.iter().enumerate() {
+            assert_eq!(*index as usize, i);
+            assert!(!name.is_empty() && !meaning.is_empty());
+        }
     }
 }

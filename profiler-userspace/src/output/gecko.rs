@@ -377,6 +377,12 @@ pub fn to_json(p: &Profile, run: &RunInfo) -> Value {
         })),
     });
     let mut tachyon = tachyon;
+    tachyon["bpfCounters"] = run
+        .bpf_counters
+        .iter()
+        .map(|(n, v)| (n.clone(), json!(v)))
+        .collect::<serde_json::Map<_, _>>()
+        .into();
     if let Some(k) = &run.kernel {
         tachyon["kernel"] = json!({"release": k.release, "programs": k.programs});
     }

@@ -41,6 +41,10 @@ pub struct RunInfo {
     /// The kernel the run was on and the BPF program set it got (absent in older recordings).
     #[serde(default)]
     pub kernel: Option<KernelMeta>,
+    /// Every BPF counter at the end of the run, by its name in `profiler_common::STATS`
+    /// (absent in older recordings).
+    #[serde(default)]
+    pub bpf_counters: Vec<(String, u64)>,
 }
 
 /// The kernel of a run, as the profile's `meta.tachyon.kernel` reports it.
@@ -477,6 +481,7 @@ pub(crate) mod fixture {
             cpus: 2,
             cost: None,
             kernel: None,
+            bpf_counters: vec![("samples".into(), 13), ("lost".into(), 0)],
         };
         (p, run)
     }
