@@ -34,8 +34,8 @@ use core::ffi::c_void;
 use aya_ebpf::{
     bindings::{pt_regs, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
     helpers::{
-        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_smp_processor_id,
-        bpf_ktime_get_ns, bpf_probe_read_kernel,
+        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_ns,
+        bpf_probe_read_kernel,
         generated::{
             bpf_get_current_task, bpf_get_current_task_btf, bpf_get_stack, bpf_loop,
             bpf_probe_read_user, bpf_task_pt_regs,
@@ -172,7 +172,7 @@ fn switch<const MODERN: bool>(ctx: &BtfTracePointContext) -> Option<()> {
         } else if cfg.offcpu == OFFCPU_STACKS {
             let key = thread_key(pid, tid);
             // SAFETY: the value is copied out at once.
-            let last = unsafe { LAST_CAPTURE.get(&key) }.copied().unwrap_or(0);
+            let last = unsafe { LAST_CAPTURE.get(key) }.copied().unwrap_or(0);
             if last == 0 || now.wrapping_sub(last) >= cfg.offcpu_min_gap_ns {
                 if capture::<MODERN>(
                     ctx.as_ptr(),
@@ -184,7 +184,7 @@ fn switch<const MODERN: bool>(ctx: &BtfTracePointContext) -> Option<()> {
                     None,
                     prev_state,
                 ) {
-                    let _ = LAST_CAPTURE.insert(&key, &now, 0);
+                    let _ = LAST_CAPTURE.insert(key, now, 0);
                     count(STAT_SWITCH_CAPTURES);
                     done = true;
                 }
@@ -220,11 +220,18 @@ fn fork(ctx: &BtfTracePointContext) -> Option<()> {
     }
     let (cpid, ctid) = task_ids(cfg, ctx.arg::<u64>(1))?;
     if cfg.follow_children != 0 && cpid == ctid && cpid != pid {
-        let _ = TARGETS.insert(&cpid, &1, 0);
+        let _ = TARGETS.insert(cpid, 1, 0);
     }
     // SAFETY: helper without preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
-    event(RECORD_FORK, pid, pid_tgid as u32, now, cpid as u64, ctid as u64);
+    event(
+        RECORD_FORK,
+        pid,
+        pid_tgid as u32,
+        now,
+        cpid as u64,
+        ctid as u64,
+    );
     Some(())
 }
 
@@ -266,10 +273,10 @@ pub fn tachyon_exit(_ctx: BtfTracePointContext) -> u32 {
     // SAFETY: helper without preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
     event(RECORD_EXIT, pid, tid, now, group_dead, 0);
-    let _ = LAST_CAPTURE.remove(&thread_key(pid, tid));
+    let _ = LAST_CAPTURE.remove(thread_key(pid, tid));
     if group_dead != 0 && cfg.all == 0 {
         // The pid may be reused by an unrelated program.
-        let _ = TARGETS.remove(&pid);
+        let _ = TARGETS.remove(pid);
     }
     0
 }
@@ -326,7 +333,7 @@ fn wake_flags() -> u64 {
 #[inline(always)]
 fn targeted(cfg: &Config, pid: u32) -> bool {
     // SAFETY: plain lookup; the value is only tested for presence.
-    pid != cfg.self_tgid && (cfg.all != 0 || unsafe { TARGETS.get(&pid) }.is_some())
+    pid != cfg.self_tgid && (cfg.all != 0 || unsafe { TARGETS.get(pid) }.is_some())
 }
 
 /// (tgid, pid) of a task, from the `task_struct` offsets userspace found in the kernel's BTF.
@@ -336,8 +343,8 @@ fn task_ids(cfg: &Config, task: u64) -> Option<(u32, u32)> {
         return None;
     }
     // SAFETY: kernel reads through the checked helper.
-    let tgid = unsafe { bpf_probe_read_kernel((task + cfg.task_tgid_off as u64) as *const u32) }
-        .ok()?;
+    let tgid =
+        unsafe { bpf_probe_read_kernel((task + cfg.task_tgid_off as u64) as *const u32) }.ok()?;
     // SAFETY: as above.
     let pid =
         unsafe { bpf_probe_read_kernel((task + cfg.task_pid_off as u64) as *const u32) }.ok()?;
@@ -459,10 +466,10 @@ fn capture<const MODERN: bool>(
     // frame loop (512 steps without bpf_loop) and the rest of the program are verified once,
     // not once per flag combination or possible frame count.
     // SAFETY: the value is copied out at once.
-    if let Some(pc) = unsafe { PY_PROCS.get(&pid) } {
+    if let Some(pc) = unsafe { PY_PROCS.get(pid) } {
         let pc = *pc;
         // SAFETY: as above.
-        match unsafe { PY_THREADS.get(&thread_key(pid, tid)) } {
+        match unsafe { PY_THREADS.get(thread_key(pid, tid)) } {
             None => {
                 hdr.flags |= SAMPLE_PY_MISS;
                 count(STAT_PY_MISS);
@@ -515,8 +522,7 @@ fn capture<const MODERN: bool>(
             } else {
                 USTACK_CHUNK
             };
-            if copied + chunk > want || copied > MAX_USTACK - USTACK_CHUNK || chunk > USTACK_CHUNK
-            {
+            if copied + chunk > want || copied > MAX_USTACK - USTACK_CHUNK || chunk > USTACK_CHUNK {
                 break;
             }
             // SAFETY: area + copied + chunk <= SCRATCH_SIZE (bounded above); the source is a

@@ -366,12 +366,32 @@ mod tests {
                 .chain([0xff; 12])
                 .collect(),
         ] {
-            let c = code(3, t);
+            let c = code(3, t.clone());
             for minor in [8, 10, 11, 13] {
                 for i in [-5, 0, 1, 100, i32::MAX] {
-                    let _ = line_for(minor, &c, i);
+                    let (line, corrupt) = line_lookup(minor, &c, i);
+                    // A corrupt table gives the function's first line, flagged; a table that
+                    // decodes moves at most 127 lines per byte from it.
+                    assert!(!corrupt || line == 3, "{t:x?} 3.{minor} @{i}: line {line}");
+                    assert!(
+                        (1..=3 + 127 * t.len() as u32).contains(&line),
+                        "{t:x?} 3.{minor} @{i}: line {line}"
+                    );
                 }
             }
         }
+        // Varints that never end are seen as corrupt where an instruction is looked up in them.
+        let endless = code(
+            3,
+            std::iter::once(0x80 | (14 << 3))
+                .chain([0xff; 12])
+                .collect(),
+        );
+        for minor in [11, 13] {
+            for i in [0, 1, 100] {
+                assert_eq!(line_lookup(minor, &endless, i), (3, true), "3.{minor} @{i}");
+            }
+        }
+        assert_eq!(line_lookup(10, &code(3, vec![0x7f]), 1), (3, true));
     }
 }
