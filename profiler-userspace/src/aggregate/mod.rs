@@ -273,8 +273,10 @@ pub struct Counters {
     pub last_lag_ms: f64,
 }
 
-/// Serialized as a recording: the index maps are rebuilt on load (`reindex`).
-#[derive(Serialize, Deserialize)]
+/// Read back from version-1 recordings, which were this structure's serde dump (today's
+/// recordings have their own schema, `output::recording`); the index maps are rebuilt on load
+/// (`reindex`).
+#[derive(Deserialize)]
 pub struct Profile {
     pub libs: Vec<Lib>,
     #[serde(skip)]

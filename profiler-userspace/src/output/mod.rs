@@ -597,6 +597,75 @@ mod tests {
         );
     }
 
+    /// Recordings of earlier releases stay readable: frozen files of each version, converted
+    /// to every format, give what the same run gives today.
+    #[test]
+    fn recordings_of_every_version_still_convert() {
+        let (p, run) = fixture::profile(Mode::Wall);
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/src/output/testdata");
+        for v in [1, 2] {
+            let path = PathBuf::from(format!("{dir}/v{v}-wall.tbpf"));
+            let (q, qrun) = recording::load(&path)
+                .unwrap_or_else(|e| panic!("version {v}: {}: {e}", path.display()));
+            for f in Format::ALL {
+                let (want, got) = (f.render(&p, &run).unwrap(), f.render(&q, &qrun).unwrap());
+                if f == Format::Gecko {
+                    // Version 1 predates the BPF counters in the metadata.
+                    let strip = |b: &[u8]| {
+                        let mut v: serde_json::Value = serde_json::from_slice(b).unwrap();
+                        v["meta"]["tachyon"]
+                            .as_object_mut()
+                            .unwrap()
+                            .remove("bpfCounters");
+                        v
+                    };
+                    assert_eq!(strip(&want), strip(&got), "version {v}, {f:?}");
+                } else {
+                    assert!(want == got, "version {v}, {f:?} differs");
+                }
+            }
+        }
+        // The current version is what is written: a change to the schema must add a version
+        // (and a frozen file here), not rewrite this one. TACHYON_FREEZE_RECORDING=1 writes
+        // the frozen file of a new version.
+        if std::env::var_os("TACHYON_FREEZE_RECORDING").is_some() {
+            let b = recording::to_bytes(&p, &run).unwrap();
+            std::fs::write(format!("{dir}/v2-wall.tbpf"), b).unwrap();
+        }
+        let v2 = std::fs::read(format!("{dir}/v2-wall.tbpf")).unwrap();
+        let mut a = String::new();
+        let mut b = String::new();
+        std::io::Read::read_to_string(&mut flate2::read::GzDecoder::new(&v2[..]), &mut a).unwrap();
+        let now = recording::to_bytes(&p, &run).unwrap();
+        std::io::Read::read_to_string(&mut flate2::read::GzDecoder::new(&now[..]), &mut b).unwrap();
+        assert_eq!(a, b, "the version-2 schema changed: add version 3 instead");
+    }
+
+    #[test]
+    fn recordings_of_unknown_versions_are_refused() {
+        let text = br#"{"format":"tachyon-bpf recording","version":9}"#;
+        let e = recording::from_json(text).err().unwrap();
+        assert!(e.contains("version 9 recording"), "{e}");
+        // Version 2 refuses fields it does not know rather than dropping them.
+        let (p, run) = fixture::profile(Mode::Wall);
+        let mut v: serde_json::Value = {
+            let b = recording::to_bytes(&p, &run).unwrap();
+            serde_json::from_reader(flate2::read::GzDecoder::new(&b[..])).unwrap()
+        };
+        v["surprise"] = serde_json::json!(1);
+        let e = recording::from_json(v.to_string().as_bytes())
+            .err()
+            .unwrap();
+        assert!(e.contains("damaged"), "{e}");
+        // Columns of one table must agree.
+        v.as_object_mut().unwrap().remove("surprise");
+        v["frames"]["line"].as_array_mut().unwrap().pop();
+        let e = recording::from_json(v.to_string().as_bytes())
+            .err()
+            .unwrap();
+        assert!(e.contains("frame table"), "{e}");
+    }
+
     #[test]
     fn damaged_recordings_are_refused() {
         let dir = std::env::temp_dir().join(format!("tbpf-bad-{}", std::process::id()));

@@ -1,5 +1,5 @@
 //! Recordings (`tachyon-bpf record`): the finished, symbolized profile of a run with its run
-//! information, as gzipped JSON. Everything a format needs is resolved before it is stored
+//! information, as gzipped JSON in a versioned schema of its own (`docs/recording.md`). Everything a format needs is resolved before it is stored
 //! (native symbols, Python names and lines, process and thread names), so `convert` needs
 //! neither root nor the processes, and writes with the same code as a live run.
 
@@ -8,19 +8,502 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+use std::sync::Arc;
+
 use super::RunInfo;
-use crate::aggregate::{Mode, Profile};
+use crate::aggregate::{
+    Category, Counters, Frame, Func, Lib, Marker, Mode, ProcessData, Profile, Sample, ThreadData,
+    MARKER_NAMES,
+};
 
 const FORMAT: &str = "tachyon-bpf recording";
-const VERSION: u32 = 1;
+/// The version written. Version 1 (the first release's recordings, a dump of the profiler's
+/// internal profile) is still read; see `docs/recording.md` for both.
+const VERSION: u32 = 2;
 
-#[derive(Serialize)]
-struct RecordingRef<'a> {
-    format: &'static str,
+// ---- Version 2: the recording's own schema (docs/recording.md). Tables are columns; ids are
+// indexes into them; categories and marker names are stored by their display names. Nothing
+// here is an internal type, so the profiler's own structures can change without changing it.
+
+#[derive(Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct V2 {
+    format: String,
     version: u32,
-    run: &'a RunInfo,
-    profile: &'a Profile,
+    run: V2Run,
+    mode: String,
+    interval_ms: f64,
+    end_ms: f64,
+    /// The profile's counters by name (unknown names are ignored on reading).
+    counters: std::collections::BTreeMap<String, f64>,
+    libs: Vec<V2Lib>,
+    funcs: V2Funcs,
+    frames: V2Frames,
+    stacks: V2Stacks,
+    processes: Vec<V2Process>,
 }
+
+#[derive(Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct V2Run {
+    run_id: String,
+    start_epoch_ms: f64,
+    interval_ms: f64,
+    duration_ms: f64,
+    mode: String,
+    rate_hz: u64,
+    command: String,
+    lost: u64,
+    cpus: u32,
+    #[serde(default)]
+    cost: Option<V2Cost>,
+    #[serde(default)]
+    kernel: Option<V2Kernel>,
+    #[serde(default)]
+    bpf_counters: Vec<(String, u64)>,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct V2Cost {
+    user_cpu_ms: f64,
+    bpf_ms: Option<f64>,
+    bpf_runs: u64,
+    peak_rss_kib: u64,
+}
+
+#[derive(Serialize, Deserialize)]
+struct V2Kernel {
+    release: String,
+    programs: String,
+}
+
+#[derive(Serialize, Deserialize)]
+struct V2Lib {
+    name: String,
+    path: String,
+}
+
+#[derive(Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct V2Funcs {
+    name: Vec<String>,
+    file: Vec<Option<String>>,
+    line: Vec<Option<u32>>,
+    lib: Vec<Option<usize>>,
+    category: Vec<String>,
+    is_python: Vec<bool>,
+}
+
+#[derive(Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct V2Frames {
+    func: Vec<usize>,
+    line: Vec<Option<u32>>,
+    address: Vec<Option<u64>>,
+    symbol_address: Vec<Option<u64>>,
+    category: Vec<String>,
+}
+
+#[derive(Default, Serialize, Deserialize)]
+struct V2Stacks {
+    frame: Vec<usize>,
+    prefix: Vec<Option<usize>>,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct V2Process {
+    pid: u32,
+    name: String,
+    python: Option<String>,
+    first_ms: f64,
+    last_ms: f64,
+    start_ms: Option<f64>,
+    end_ms: Option<f64>,
+    generation: u32,
+    /// Ended by an exec, or its pid was reused, during the run.
+    retired: bool,
+    threads: Vec<V2Thread>,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct V2Thread {
+    tid: u32,
+    name: String,
+    first_ms: f64,
+    last_ms: f64,
+    start_ms: Option<f64>,
+    end_ms: Option<f64>,
+    samples: V2Samples,
+    markers: V2Markers,
+}
+
+#[derive(Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct V2Samples {
+    time_ms: Vec<f64>,
+    stack: Vec<Option<usize>>,
+    state: Vec<u8>,
+    weight_ms: Vec<f64>,
+    in_mode: Vec<bool>,
+    cpu_delta_us: Vec<f64>,
+}
+
+#[derive(Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct V2Markers {
+    name: Vec<String>,
+    category: Vec<String>,
+    start_ms: Vec<f64>,
+    end_ms: Vec<f64>,
+}
+
+fn category_name(c: Category) -> String {
+    Category::ALL
+        .iter()
+        .find(|e| e.0 == c)
+        .map_or("Other", |e| e.1)
+        .to_string()
+}
+
+fn category_of(name: &str) -> Result<Category, String> {
+    Category::ALL
+        .iter()
+        .find(|e| e.1 == name)
+        .map(|e| e.0)
+        .ok_or_else(|| format!("has an unknown category {name:?}"))
+}
+
+/// The counters a recording stores, by name: (name, getter, setter) over `Counters`.
+macro_rules! counter_fields {
+    ($($f:ident),*) => {
+        fn counters_out(c: &Counters) -> std::collections::BTreeMap<String, f64> {
+            let mut m = std::collections::BTreeMap::new();
+            $( m.insert(stringify!($f).to_string(), c.$f as f64); )*
+            m
+        }
+        fn counters_in(m: &std::collections::BTreeMap<String, f64>) -> Counters {
+            let mut c = Counters::default();
+            $( if let Some(&v) = m.get(stringify!($f)) { c.$f = v as _; } )*
+            c
+        }
+    };
+}
+counter_fields!(
+    samples,
+    offcpu_captures,
+    bad_records,
+    native_truncated,
+    kernel_only,
+    py_samples,
+    py_merged,
+    py_merge_mismatch,
+    py_unresolved_frames,
+    py_thread_miss,
+    py_read_failed,
+    py_truncated,
+    py_cycles,
+    py_bad_line_tables,
+    max_lag_ms,
+    last_lag_ms
+);
+
+fn v2_process(p: &ProcessData, retired: bool) -> V2Process {
+    V2Process {
+        pid: p.pid,
+        name: p.name.clone(),
+        python: p.python.clone(),
+        first_ms: p.first_ms,
+        last_ms: p.last_ms,
+        start_ms: p.start_ms,
+        end_ms: p.end_ms,
+        generation: p.generation,
+        retired,
+        threads: p
+            .threads
+            .values()
+            .map(|t| {
+                let mut samples = V2Samples::default();
+                for s in &t.samples {
+                    samples.time_ms.push(s.time_ms);
+                    samples.stack.push(s.stack);
+                    samples.state.push(s.state);
+                    samples.weight_ms.push(s.weight_ms);
+                    samples.in_mode.push(s.in_mode);
+                    samples.cpu_delta_us.push(s.cpu_delta_us);
+                }
+                let mut markers = V2Markers::default();
+                for m in &t.markers {
+                    markers.name.push(m.name.to_string());
+                    markers.category.push(category_name(m.category));
+                    markers.start_ms.push(m.start_ms);
+                    markers.end_ms.push(m.end_ms);
+                }
+                V2Thread {
+                    tid: t.tid,
+                    name: t.name.clone(),
+                    first_ms: t.first_ms,
+                    last_ms: t.last_ms,
+                    start_ms: t.start_ms,
+                    end_ms: t.end_ms,
+                    samples,
+                    markers,
+                }
+            })
+            .collect(),
+    }
+}
+
+fn to_v2(p: &Profile, run: &RunInfo) -> V2 {
+    let mut funcs = V2Funcs::default();
+    for f in &p.funcs {
+        funcs.name.push(f.name.to_string());
+        funcs.file.push(f.file.as_deref().map(str::to_string));
+        funcs.line.push(f.line);
+        funcs.lib.push(f.lib);
+        funcs.category.push(category_name(f.category));
+        funcs.is_python.push(f.is_python);
+    }
+    let mut frames = V2Frames::default();
+    for f in &p.frames {
+        frames.func.push(f.func);
+        frames.line.push(f.line);
+        frames.address.push(f.address);
+        frames.symbol_address.push(f.symbol_address);
+        frames.category.push(category_name(f.category));
+    }
+    let mut stacks = V2Stacks::default();
+    for &(frame, prefix) in &p.stacks {
+        stacks.frame.push(frame);
+        stacks.prefix.push(prefix);
+    }
+    V2 {
+        format: FORMAT.into(),
+        version: VERSION,
+        run: V2Run {
+            run_id: run.run_id.clone(),
+            start_epoch_ms: run.start_epoch_ms,
+            interval_ms: run.interval_ms,
+            duration_ms: run.duration_ms,
+            mode: run.mode.clone(),
+            rate_hz: run.rate_hz,
+            command: run.command.clone(),
+            lost: run.lost,
+            cpus: run.cpus,
+            cost: run.cost.map(|c| V2Cost {
+                user_cpu_ms: c.user_cpu_ms,
+                bpf_ms: c.bpf_ms,
+                bpf_runs: c.bpf_runs,
+                peak_rss_kib: c.peak_rss_kib,
+            }),
+            kernel: run.kernel.as_ref().map(|k| V2Kernel {
+                release: k.release.clone(),
+                programs: k.programs.clone(),
+            }),
+            bpf_counters: run.bpf_counters.clone(),
+        },
+        mode: p.mode.name().into(),
+        interval_ms: p.interval_ms,
+        end_ms: p.end_ms,
+        counters: counters_out(&p.counters),
+        libs: p
+            .libs
+            .iter()
+            .map(|l| V2Lib {
+                name: l.name.to_string(),
+                path: l.path.to_string(),
+            })
+            .collect(),
+        funcs,
+        frames,
+        stacks,
+        processes: p
+            .processes
+            .values()
+            .map(|q| v2_process(q, false))
+            .chain(p.retired.iter().map(|q| v2_process(q, true)))
+            .collect(),
+    }
+}
+
+/// Every column of a table has the table's length.
+fn same_len(what: &str, lens: &[usize]) -> Result<(), String> {
+    if lens.windows(2).all(|w| w[0] == w[1]) {
+        Ok(())
+    } else {
+        Err(format!(
+            "is damaged: the {what} table's columns differ in length"
+        ))
+    }
+}
+
+fn from_v2(r: V2) -> Result<(Profile, RunInfo), String> {
+    let mode =
+        Mode::from_name(&r.mode).ok_or_else(|| format!("has an unknown mode {:?}", r.mode))?;
+    let mut p = Profile::new(mode, r.interval_ms);
+    p.end_ms = r.end_ms;
+    p.counters = counters_in(&r.counters);
+    p.libs = r
+        .libs
+        .into_iter()
+        .map(|l| Lib {
+            name: Arc::from(l.name),
+            path: Arc::from(l.path),
+        })
+        .collect();
+    let f = r.funcs;
+    same_len(
+        "function",
+        &[
+            f.name.len(),
+            f.file.len(),
+            f.line.len(),
+            f.lib.len(),
+            f.category.len(),
+            f.is_python.len(),
+        ],
+    )?;
+    for i in 0..f.name.len() {
+        p.funcs.push(Func {
+            name: Arc::from(f.name[i].as_str()),
+            file: f.file[i].as_deref().map(Arc::from),
+            line: f.line[i],
+            lib: f.lib[i],
+            category: category_of(&f.category[i])?,
+            is_python: f.is_python[i],
+        });
+    }
+    let fr = r.frames;
+    same_len(
+        "frame",
+        &[
+            fr.func.len(),
+            fr.line.len(),
+            fr.address.len(),
+            fr.symbol_address.len(),
+            fr.category.len(),
+        ],
+    )?;
+    for i in 0..fr.func.len() {
+        p.frames.push(Frame {
+            func: fr.func[i],
+            line: fr.line[i],
+            address: fr.address[i],
+            symbol_address: fr.symbol_address[i],
+            category: category_of(&fr.category[i])?,
+        });
+    }
+    same_len("stack", &[r.stacks.frame.len(), r.stacks.prefix.len()])?;
+    p.stacks = r.stacks.frame.into_iter().zip(r.stacks.prefix).collect();
+    for q in r.processes {
+        let mut threads = std::collections::BTreeMap::new();
+        for t in q.threads {
+            let s = t.samples;
+            same_len(
+                "sample",
+                &[
+                    s.time_ms.len(),
+                    s.stack.len(),
+                    s.state.len(),
+                    s.weight_ms.len(),
+                    s.in_mode.len(),
+                    s.cpu_delta_us.len(),
+                ],
+            )?;
+            let samples = (0..s.time_ms.len())
+                .map(|i| Sample {
+                    time_ms: s.time_ms[i],
+                    stack: s.stack[i],
+                    state: s.state[i],
+                    weight_ms: s.weight_ms[i],
+                    in_mode: s.in_mode[i],
+                    cpu_delta_us: s.cpu_delta_us[i],
+                })
+                .collect();
+            let m = t.markers;
+            same_len(
+                "marker",
+                &[
+                    m.name.len(),
+                    m.category.len(),
+                    m.start_ms.len(),
+                    m.end_ms.len(),
+                ],
+            )?;
+            let mut markers = Vec::with_capacity(m.name.len());
+            for i in 0..m.name.len() {
+                let name = MARKER_NAMES
+                    .iter()
+                    .find(|n| **n == m.name[i])
+                    .ok_or_else(|| format!("has an unknown marker {:?}", m.name[i]))?;
+                markers.push(Marker {
+                    name,
+                    category: category_of(&m.category[i])?,
+                    start_ms: m.start_ms[i],
+                    end_ms: m.end_ms[i],
+                });
+            }
+            threads.insert(
+                t.tid,
+                ThreadData {
+                    tid: t.tid,
+                    name: t.name,
+                    samples,
+                    markers,
+                    first_ms: t.first_ms,
+                    last_ms: t.last_ms,
+                    start_ms: t.start_ms,
+                    end_ms: t.end_ms,
+                    sched: Default::default(),
+                },
+            );
+        }
+        let data = ProcessData {
+            pid: q.pid,
+            name: q.name,
+            python: q.python,
+            threads,
+            first_ms: q.first_ms,
+            last_ms: q.last_ms,
+            start_ms: q.start_ms,
+            end_ms: q.end_ms,
+            generation: q.generation,
+        };
+        if q.retired {
+            p.retired.push(data);
+        } else {
+            p.processes.insert(data.pid, data);
+        }
+    }
+    let k = r.run;
+    let run = RunInfo {
+        run_id: k.run_id,
+        start_epoch_ms: k.start_epoch_ms,
+        interval_ms: k.interval_ms,
+        duration_ms: k.duration_ms,
+        mode: k.mode,
+        rate_hz: k.rate_hz,
+        command: k.command,
+        lost: k.lost,
+        cpus: k.cpus,
+        cost: k.cost.map(|c| super::Cost {
+            user_cpu_ms: c.user_cpu_ms,
+            bpf_ms: c.bpf_ms,
+            bpf_runs: c.bpf_runs,
+            peak_rss_kib: c.peak_rss_kib,
+        }),
+        kernel: k.kernel.map(|k| super::KernelMeta {
+            release: k.release,
+            programs: k.programs,
+        }),
+        bpf_counters: k.bpf_counters,
+    };
+    Ok((p, run))
+}
+
+// ---- Version 1: the first release's recordings, a dump of the internal profile of then.
 
 #[derive(Deserialize)]
 struct Header {
@@ -29,23 +512,14 @@ struct Header {
 }
 
 #[derive(Deserialize)]
-struct Recording {
+struct V1 {
     run: RunInfo,
     profile: Profile,
 }
 
 pub fn to_bytes(p: &Profile, run: &RunInfo) -> Result<Vec<u8>, String> {
     let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
-    serde_json::to_writer(
-        &mut gz,
-        &RecordingRef {
-            format: FORMAT,
-            version: VERSION,
-            run,
-            profile: p,
-        },
-    )
-    .map_err(|e| e.to_string())?;
+    serde_json::to_writer(&mut gz, &to_v2(p, run)).map_err(|e| e.to_string())?;
     gz.flush().map_err(|e| e.to_string())?;
     gz.finish().map_err(|e| e.to_string())
 }
@@ -101,18 +575,23 @@ pub fn from_json(text: &[u8]) -> Result<(Profile, RunInfo), String> {
     if h.format != FORMAT {
         return Err("is not a tachyon-bpf recording".into());
     }
-    if h.version != VERSION {
-        return Err(format!(
-            "is a version {} recording; this tachyon-bpf reads version {VERSION}",
-            h.version
-        ));
-    }
-    let mut rec: Recording =
-        serde_json::from_slice(text).map_err(|e| format!("is damaged: {e}"))?;
-    rec.profile
-        .reindex()
-        .map_err(|e| format!("is damaged: {e}"))?;
-    Ok((rec.profile, rec.run))
+    let (mut profile, run) = match h.version {
+        1 => {
+            let rec: V1 = serde_json::from_slice(text).map_err(|e| format!("is damaged: {e}"))?;
+            (rec.profile, rec.run)
+        }
+        VERSION => {
+            let rec: V2 = serde_json::from_slice(text).map_err(|e| format!("is damaged: {e}"))?;
+            from_v2(rec)?
+        }
+        v => {
+            return Err(format!(
+                "is a version {v} recording; this tachyon-bpf reads versions 1 to {VERSION}"
+            ))
+        }
+    };
+    profile.reindex().map_err(|e| format!("is damaged: {e}"))?;
+    Ok((profile, run))
 }
 
 /// Re-selects the samples of a recording for another mode. Wall and all recordings hold every
