@@ -3,6 +3,7 @@
 //! message text.
 
 use tachyon_bpf::capture::{self, CaptureError};
+use tachyon_bpf::output;
 
 /// What went wrong, as far as the exit code is concerned.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -95,6 +96,18 @@ impl From<CaptureError> for AppError {
             (capture::ErrorKind::Kernel, _) => AppError::new(Kind::Kernel, e.to_string()),
             (capture::ErrorKind::Other, _) => AppError::new(Kind::Other, e.to_string()),
         }
+    }
+}
+
+impl From<output::Error> for AppError {
+    fn from(e: output::Error) -> Self {
+        let kind = match e.kind {
+            output::ErrorKind::Output => Kind::Output,
+            output::ErrorKind::Input => Kind::Input,
+            output::ErrorKind::Usage => Kind::Usage,
+            output::ErrorKind::Encode => Kind::Other,
+        };
+        AppError::new(kind, e.message)
     }
 }
 

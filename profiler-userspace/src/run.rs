@@ -15,8 +15,7 @@ use tachyon_bpf::session::{Scope, Session, TICK};
 use tachyon_bpf::{process, python};
 
 use crate::cli::{ConvertArgs, RunArgs};
-use crate::error::Kind;
-use crate::error::{check_environment, other, output as output_err, target, usage, AppError};
+use crate::error::{check_environment, other, target, usage, AppError};
 use crate::launch;
 use crate::sinks::{self, Sink};
 
@@ -396,8 +395,8 @@ fn summary(p: &Profile, run: &RunInfo, capture: &Capture, sink: &dyn Sink, elaps
 
 /// Serves the Gecko profile to profiler.firefox.com until Ctrl-C or SIGTERM.
 async fn open_in_browser(p: &Profile, run: &RunInfo) -> Result<(), AppError> {
-    let bytes = Format::Gecko.render(p, run).map_err(other)?;
-    let served = output::serve::start(bytes).map_err(output_err)?;
+    let bytes = Format::Gecko.render(p, run)?;
+    let served = output::serve::start(bytes)?;
     println!("{}", served.link);
     eprintln!(
         "tachyon-bpf: serving the profile to profiler.firefox.com from 127.0.0.1; Ctrl-C stops"
@@ -416,10 +415,9 @@ async fn open_in_browser(p: &Profile, run: &RunInfo) -> Result<(), AppError> {
 /// `convert`: a recording into other formats.
 pub async fn convert(args: ConvertArgs) -> Result<i32, AppError> {
     output::set_file_mode(args.output_mode);
-    let (mut profile, mut run) =
-        output::recording::load(&args.input).map_err(|e| AppError::new(Kind::Input, e))?;
+    let (mut profile, mut run) = output::recording::load(&args.input)?;
     if let Some(mode) = args.mode {
-        output::recording::select_mode(&mut profile, &mut run, mode).map_err(usage)?;
+        output::recording::select_mode(&mut profile, &mut run, mode)?;
     }
     let base = args.output.clone().unwrap_or_else(|| {
         let s = args.input.to_string_lossy();
@@ -435,7 +433,7 @@ pub async fn convert(args: ConvertArgs) -> Result<i32, AppError> {
     } else {
         output::output_paths(Some(&base), &args.format)
     };
-    output::write_outputs(&profile, &run, &outputs).map_err(output_err)?;
+    output::write_outputs(&profile, &run, &outputs)?;
     if !args.quiet {
         let paths: Vec<_> = outputs.into_iter().map(|(_, p)| p).collect();
         sinks::report_written(&paths);

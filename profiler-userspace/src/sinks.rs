@@ -121,7 +121,7 @@ impl Files {
 
 impl Sink for Files {
     fn finish(&mut self, p: &Profile, run: &RunInfo) -> Result<(), AppError> {
-        output::write_outputs(p, run, &self.outputs).map_err(output_err)
+        Ok(output::write_outputs(p, run, &self.outputs)?)
     }
     fn report(self: Box<Self>, quiet: bool) -> Result<(), AppError> {
         if !quiet {
@@ -150,7 +150,7 @@ impl Recording {
 
 impl Sink for Recording {
     fn finish(&mut self, p: &Profile, run: &RunInfo) -> Result<(), AppError> {
-        let bytes = output::recording::to_bytes(p, run).map_err(other)?;
+        let bytes = output::recording::to_bytes(p, run)?;
         output::write_atomic(&self.path, &bytes)
             .map_err(|e| output_err(format!("cannot write {}: {e}", self.path.display())))
     }

@@ -26,7 +26,7 @@ pub fn write_interval(
     run: &RunInfo,
     formats: &[Format],
     keep: Option<usize>,
-) -> Result<Vec<PathBuf>, String> {
+) -> Result<Vec<PathBuf>, super::Error> {
     let base = dir.join(stem(run.start_epoch_ms));
     let mut formats = formats.to_vec();
     if formats.is_empty() {

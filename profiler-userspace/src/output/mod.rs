@@ -21,6 +21,36 @@ use serde::{Deserialize, Serialize};
 
 use crate::aggregate::{Category, FrameId, ProcessData, Profile, StackId, ThreadData};
 
+/// What kind of failure an output `Error` is, set where it happens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// A file could not be written, or the profile could not be served.
+    Output,
+    /// An input file (a recording) is unreadable, damaged, or of an unknown version.
+    Input,
+    /// The input cannot give what was asked (another mode from a cpu recording).
+    Usage,
+    /// A format could not be encoded.
+    Encode,
+}
+
+/// An error of the output layer: its kind, and one line for the user.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct Error {
+    pub kind: ErrorKind,
+    pub message: String,
+}
+
+impl Error {
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Error {
+        Error {
+            kind,
+            message: message.into(),
+        }
+    }
+}
+
 /// What the run was: stored in recordings and written into each format's metadata.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct RunInfo {
@@ -181,14 +211,15 @@ impl Format {
         }
     }
 
-    pub fn render(self, p: &Profile, run: &RunInfo) -> Result<Vec<u8>, String> {
-        match self {
+    pub fn render(self, p: &Profile, run: &RunInfo) -> Result<Vec<u8>, Error> {
+        let encoded = match self {
             Format::Gecko => serde_json::to_vec(&gecko::to_json(p, run)).map_err(|e| e.to_string()),
             Format::Collapsed => Ok(collapsed::to_text(p).into_bytes()),
             Format::Jsonl => Ok(jsonl::to_text(p, run).into_bytes()),
             Format::Pprof => pprof::to_bytes(p, run),
             Format::Flamegraph => collapsed::flamegraph(p, run),
-        }
+        };
+        encoded.map_err(|e| Error::new(ErrorKind::Encode, format!("{self:?}: {e}")))
     }
 }
 
@@ -228,10 +259,15 @@ pub fn write_outputs(
     p: &Profile,
     run: &RunInfo,
     outputs: &[(Format, PathBuf)],
-) -> Result<(), String> {
+) -> Result<(), Error> {
     for (format, path) in outputs {
         let bytes = format.render(p, run)?;
-        write_atomic(path, &bytes).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        write_atomic(path, &bytes).map_err(|e| {
+            Error::new(
+                ErrorKind::Output,
+                format!("cannot write {}: {e}", path.display()),
+            )
+        })?;
     }
     Ok(())
 }
@@ -645,7 +681,7 @@ mod tests {
     fn recordings_of_unknown_versions_are_refused() {
         let text = br#"{"format":"tachyon-bpf recording","version":9}"#;
         let e = recording::from_json(text).err().unwrap();
-        assert!(e.contains("version 9 recording"), "{e}");
+        assert!(e.message.contains("version 9 recording") && e.kind == ErrorKind::Input, "{e}");
         // Version 2 refuses fields it does not know rather than dropping them.
         let (p, run) = fixture::profile(Mode::Wall);
         let mut v: serde_json::Value = {
@@ -656,14 +692,14 @@ mod tests {
         let e = recording::from_json(v.to_string().as_bytes())
             .err()
             .unwrap();
-        assert!(e.contains("damaged"), "{e}");
+        assert!(e.message.contains("damaged") && e.kind == ErrorKind::Input, "{e}");
         // Columns of one table must agree.
         v.as_object_mut().unwrap().remove("surprise");
         v["frames"]["line"].as_array_mut().unwrap().pop();
         let e = recording::from_json(v.to_string().as_bytes())
             .err()
             .unwrap();
-        assert!(e.contains("frame table"), "{e}");
+        assert!(e.message.contains("frame table") && e.kind == ErrorKind::Input, "{e}");
     }
 
     #[test]
@@ -673,20 +709,20 @@ mod tests {
         let plain = dir.join("plain.tbpf");
         std::fs::write(&plain, b"{\"format\":1}").unwrap();
         let e = recording::load(&plain).err().unwrap();
-        assert!(e.contains("not a tachyon-bpf recording"), "{e}");
+        assert!(e.message.contains("not a tachyon-bpf recording") && e.kind == ErrorKind::Input, "{e}");
         // A stack whose prefix points forward (a cycle) is refused before any writer walks it.
         let (mut p, run) = fixture::profile(Mode::Wall);
         p.stacks[0].1 = Some(p.stacks.len() - 1);
         let cyc = dir.join("cycle.tbpf");
         std::fs::write(&cyc, recording::to_bytes(&p, &run).unwrap()).unwrap();
         let e = recording::load(&cyc).err().unwrap();
-        assert!(e.contains("damaged"), "{e}");
+        assert!(e.message.contains("damaged") && e.kind == ErrorKind::Input, "{e}");
         let cut = dir.join("cut.tbpf");
         let (p, run) = fixture::profile(Mode::Wall);
         let b = recording::to_bytes(&p, &run).unwrap();
         std::fs::write(&cut, &b[..b.len() / 2]).unwrap();
         let e = recording::load(&cut).err().unwrap();
-        assert!(e.contains("damaged"), "{e}");
+        assert!(e.message.contains("damaged") && e.kind == ErrorKind::Input, "{e}");
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use std::sync::Arc;
 
-use super::RunInfo;
+use super::{Error, ErrorKind, RunInfo};
 use crate::aggregate::{
     Category, Counters, Frame, Func, Lib, Marker, Mode, ProcessData, Profile, Sample, ThreadData,
     MARKER_NAMES,
@@ -517,48 +517,54 @@ struct V1 {
     profile: Profile,
 }
 
-pub fn to_bytes(p: &Profile, run: &RunInfo) -> Result<Vec<u8>, String> {
+fn input(message: String) -> Error {
+    Error::new(ErrorKind::Input, message)
+}
+
+pub fn to_bytes(p: &Profile, run: &RunInfo) -> Result<Vec<u8>, Error> {
+    let encode =
+        |e: &dyn std::fmt::Display| Error::new(ErrorKind::Encode, format!("recording: {e}"));
     let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
-    serde_json::to_writer(&mut gz, &to_v2(p, run)).map_err(|e| e.to_string())?;
-    gz.flush().map_err(|e| e.to_string())?;
-    gz.finish().map_err(|e| e.to_string())
+    serde_json::to_writer(&mut gz, &to_v2(p, run)).map_err(|e| encode(&e))?;
+    gz.flush().map_err(|e| encode(&e))?;
+    gz.finish().map_err(|e| encode(&e))
 }
 
 /// Reads a recording back; any problem is one line naming the file.
-pub fn load(path: &Path) -> Result<(Profile, RunInfo), String> {
+pub fn load(path: &Path) -> Result<(Profile, RunInfo), Error> {
     let what = path.display();
-    let f = std::fs::File::open(path).map_err(|e| format!("cannot read {what}: {e}"))?;
+    let f = std::fs::File::open(path).map_err(|e| input(format!("cannot read {what}: {e}")))?;
     let mut r = BufReader::new(f);
     let mut magic = [0u8; 2];
     if r.read_exact(&mut magic).is_err() || magic != [0x1f, 0x8b] {
-        return Err(format!("{what} is not a tachyon-bpf recording"));
+        return Err(input(format!("{what} is not a tachyon-bpf recording")));
     }
-    let f = std::fs::File::open(path).map_err(|e| format!("cannot read {what}: {e}"))?;
+    let f = std::fs::File::open(path).map_err(|e| input(format!("cannot read {what}: {e}")))?;
     // Decompressed size is capped (a gzip bomb expands a thousandfold), as is the size of the
     // file itself.
     let len = f.metadata().map(|m| m.len()).unwrap_or(0);
     if len > MAX_DECOMPRESSED {
-        return Err(format!(
+        return Err(input(format!(
             "{what} is larger than a recording can be ({} MiB)",
             MAX_DECOMPRESSED >> 20
-        ));
+        )));
     }
-    from_gzip(BufReader::new(f)).map_err(|e| format!("{what} {e}"))
+    from_gzip(BufReader::new(f)).map_err(|e| input(format!("{what} {e}")))
 }
 
 /// A recording from its gzipped bytes, decompressing at most [`MAX_DECOMPRESSED`] (what `load`
 /// does after opening the file; the fuzz targets feed this directly).
-pub fn from_gzip(r: impl Read) -> Result<(Profile, RunInfo), String> {
+pub fn from_gzip(r: impl Read) -> Result<(Profile, RunInfo), Error> {
     let mut text = Vec::new();
     flate2::read::GzDecoder::new(r)
         .take(MAX_DECOMPRESSED + 1)
         .read_to_end(&mut text)
-        .map_err(|e| format!("is damaged: {e}"))?;
+        .map_err(|e| input(format!("is damaged: {e}")))?;
     if text.len() as u64 > MAX_DECOMPRESSED {
-        return Err(format!(
+        return Err(input(format!(
             "decompresses to more than {} MiB, the limit of a recording",
             MAX_DECOMPRESSED >> 20
-        ));
+        )));
     }
     from_json(&text)
 }
@@ -569,7 +575,11 @@ pub fn from_gzip(r: impl Read) -> Result<(Profile, RunInfo), String> {
 pub const MAX_DECOMPRESSED: u64 = 512 << 20;
 
 /// A recording's decompressed JSON, checked (the fuzz targets feed this directly).
-pub fn from_json(text: &[u8]) -> Result<(Profile, RunInfo), String> {
+pub fn from_json(text: &[u8]) -> Result<(Profile, RunInfo), Error> {
+    checked(text).map_err(input)
+}
+
+fn checked(text: &[u8]) -> Result<(Profile, RunInfo), String> {
     let h: Header =
         serde_json::from_slice(text).map_err(|_| "is not a tachyon-bpf recording".to_string())?;
     if h.format != FORMAT {
@@ -597,14 +607,18 @@ pub fn from_json(text: &[u8]) -> Result<(Profile, RunInfo), String> {
 /// Re-selects the samples of a recording for another mode. Wall and all recordings hold every
 /// sample with its stack and state, so any mode can be taken from them; the others only hold
 /// what their mode kept.
-pub fn select_mode(p: &mut Profile, run: &mut RunInfo, mode: Mode) -> Result<(), String> {
+pub fn select_mode(p: &mut Profile, run: &mut RunInfo, mode: Mode) -> Result<(), Error> {
     if mode == p.mode {
         return Ok(());
     }
     if !matches!(p.mode, Mode::Wall | Mode::All) {
-        return Err(format!(
-            "this recording was made in {} mode; only wall and all recordings convert to other modes",
-            p.mode.name()
+        return Err(Error::new(
+            ErrorKind::Usage,
+            format!(
+                "this recording was made in {} mode; only wall and all recordings convert to \
+                 other modes",
+                p.mode.name()
+            ),
         ));
     }
     p.mode = mode;

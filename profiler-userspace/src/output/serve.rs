@@ -96,13 +96,15 @@ fn serve_one(mut s: TcpStream, path: &str, profile: &[u8]) {
 }
 
 /// Starts serving `profile` (Gecko JSON bytes) on a free port of 127.0.0.1.
-pub fn start(profile: Vec<u8>) -> Result<Served, String> {
-    let listener = TcpListener::bind("127.0.0.1:0")
-        .map_err(|e| format!("cannot serve the profile on 127.0.0.1: {e}"))?;
-    let port = listener
-        .local_addr()
-        .map(|a| a.port())
-        .map_err(|e| format!("cannot serve the profile: {e}"))?;
+pub fn start(profile: Vec<u8>) -> Result<Served, super::Error> {
+    let failed = |e: std::io::Error| {
+        super::Error::new(
+            super::ErrorKind::Output,
+            format!("cannot serve the profile on 127.0.0.1: {e}"),
+        )
+    };
+    let listener = TcpListener::bind("127.0.0.1:0").map_err(failed)?;
+    let port = listener.local_addr().map(|a| a.port()).map_err(failed)?;
     let token = uuid::Uuid::new_v4().simple().to_string();
     let path = format!("/{token}/profile.json");
     let url = format!("http://127.0.0.1:{port}{path}");
@@ -112,9 +114,7 @@ pub fn start(profile: Vec<u8>) -> Result<Served, String> {
     let profile: Arc<[u8]> = profile.into();
     let mut threads = Vec::new();
     for _ in 0..WORKERS {
-        let l = listener
-            .try_clone()
-            .map_err(|e| format!("cannot serve the profile: {e}"))?;
+        let l = listener.try_clone().map_err(failed)?;
         let (stop, path, profile) = (stop.clone(), path.clone(), profile.clone());
         threads.push(std::thread::spawn(move || {
             for conn in l.incoming() {
