@@ -18,7 +18,7 @@ fn reuse(r: record::Reuse) -> Reuse {
 }
 use crate::process::unwind::{unwind_user, UserFrame};
 use crate::process::Process;
-use crate::python::{PythonFrames, PythonRegistry};
+use crate::python::{FrameRef, ProfileSink, PyEvent, PyThreadState, PythonFrames, PythonRegistry};
 use crate::stack::elf::ElfCache;
 use crate::stack::symbols::KernelSymbols;
 
@@ -38,6 +38,86 @@ pub struct Collector {
     execs: Vec<u32>,
     /// New child processes of targets since the caller last looked.
     children: Vec<u32>,
+}
+
+/// Python resolution's output, interned into the profile and counted in its counters.
+struct PySink<'a>(&'a mut Profile);
+
+impl ProfileSink for PySink<'_> {
+    fn python_function(&mut self, name: &Arc<str>, file: &Arc<str>, first_line: u32) -> FrameRef {
+        self.0.func(Func {
+            name: name.clone(),
+            file: Some(file.clone()),
+            line: Some(first_line),
+            lib: None,
+            category: Category::Python,
+            is_python: true,
+        })
+    }
+
+    fn python_frame(&mut self, func: FrameRef, line: u32) -> FrameRef {
+        self.0.frame(Frame {
+            func,
+            line: Some(line),
+            address: None,
+            symbol_address: None,
+            category: Category::Python,
+        })
+    }
+
+    fn unresolved_frame(&mut self) -> FrameRef {
+        let func = self.0.func(Func {
+            name: Arc::from("<unresolved Python frame>"),
+            file: None,
+            line: None,
+            lib: None,
+            category: Category::Python,
+            is_python: true,
+        });
+        self.python_frame_unlined(func)
+    }
+
+    fn count(&mut self, event: PyEvent) {
+        let c = &mut self.0.counters;
+        *match event {
+            PyEvent::Record => &mut c.py_samples,
+            PyEvent::ThreadMiss => &mut c.py_thread_miss,
+            PyEvent::ReadFailed => &mut c.py_read_failed,
+            PyEvent::Truncated => &mut c.py_truncated,
+            PyEvent::Cycle => &mut c.py_cycles,
+            PyEvent::Unresolved => &mut c.py_unresolved_frames,
+            PyEvent::BadLineTable => &mut c.py_bad_line_tables,
+            PyEvent::Merged => &mut c.py_merged,
+            PyEvent::MergeMismatch => &mut c.py_merge_mismatch,
+        } += 1;
+    }
+}
+
+impl PySink<'_> {
+    fn python_frame_unlined(&mut self, func: FrameRef) -> FrameRef {
+        self.0.frame(Frame {
+            func,
+            line: None,
+            address: None,
+            symbol_address: None,
+            category: Category::Python,
+        })
+    }
+}
+
+/// A Python thread's state as the profile's state bits.
+fn state_bits(s: PyThreadState) -> u8 {
+    let mut st = state::PYTHON;
+    if s.has_gil {
+        st |= state::HAS_GIL;
+    }
+    if s.gc {
+        st |= state::GC;
+    }
+    if s.main_thread {
+        st |= state::MAIN_THREAD;
+    }
+    st
 }
 
 /// Makes sure the profile has process `pid`, named by its Python label when it is a Python
@@ -252,7 +332,7 @@ impl Collector {
         }
 
         // Python frames of this instant, resolved to names and lines.
-        let py = self.python.resolve(&s, &mut self.profile);
+        let py = self.python.resolve(&s, &mut PySink(&mut self.profile));
         let is_python_proc = py.is_some();
         let native_cat = if is_python_proc {
             Category::Native
@@ -272,7 +352,7 @@ impl Collector {
                 &native,
                 activations,
                 unwound.truncated,
-                &mut self.profile.counters,
+                &mut PySink(&mut self.profile),
             ),
             _ => native.iter().map(|(f, _)| *f).collect(),
         };
@@ -293,12 +373,12 @@ impl Collector {
         }
         let stack = self.profile.stack(&root_first);
         let mut st = 0u8;
-        if let Some(p) = &py {
-            st = p.state;
+        if let Some(py_state) = py.as_ref().and_then(|p| p.state) {
+            st = state_bits(py_state);
             // Waiting for the GIL: in the GIL hand-off path. A thread inside `drop_gil` may still
             // be the recorded holder while it blocks on the GIL's mutex to release it; it is
             // giving the GIL up (3.13+ clears `holds_gil` on entry), so it does not hold it.
-            if st & state::PYTHON != 0 && self.in_gil_handoff(&native) {
+            if self.in_gil_handoff(&native) {
                 st &= !state::HAS_GIL;
                 st |= state::GIL_WAIT;
             }

@@ -11,8 +11,8 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("stack", &[]),
     ("aggregate", &[]),
     ("process", &["stack", "capture"]),
-    // Python frames are interned into the profile from `python/` itself (see its mod.rs).
-    ("python", &["process", "stack", "capture", "aggregate"]),
+    // Resolved frames go back through `python::ProfileSink`, never into the profile directly.
+    ("python", &["process", "stack", "capture"]),
     ("output", &["aggregate"]),
     (
         "collect",

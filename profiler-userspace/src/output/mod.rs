@@ -681,7 +681,10 @@ mod tests {
     fn recordings_of_unknown_versions_are_refused() {
         let text = br#"{"format":"tachyon-bpf recording","version":9}"#;
         let e = recording::from_json(text).err().unwrap();
-        assert!(e.message.contains("version 9 recording") && e.kind == ErrorKind::Input, "{e}");
+        assert!(
+            e.message.contains("version 9 recording") && e.kind == ErrorKind::Input,
+            "{e}"
+        );
         // Version 2 refuses fields it does not know rather than dropping them.
         let (p, run) = fixture::profile(Mode::Wall);
         let mut v: serde_json::Value = {
@@ -692,14 +695,20 @@ mod tests {
         let e = recording::from_json(v.to_string().as_bytes())
             .err()
             .unwrap();
-        assert!(e.message.contains("damaged") && e.kind == ErrorKind::Input, "{e}");
+        assert!(
+            e.message.contains("damaged") && e.kind == ErrorKind::Input,
+            "{e}"
+        );
         // Columns of one table must agree.
         v.as_object_mut().unwrap().remove("surprise");
         v["frames"]["line"].as_array_mut().unwrap().pop();
         let e = recording::from_json(v.to_string().as_bytes())
             .err()
             .unwrap();
-        assert!(e.message.contains("frame table") && e.kind == ErrorKind::Input, "{e}");
+        assert!(
+            e.message.contains("frame table") && e.kind == ErrorKind::Input,
+            "{e}"
+        );
     }
 
     #[test]
@@ -709,20 +718,29 @@ mod tests {
         let plain = dir.join("plain.tbpf");
         std::fs::write(&plain, b"{\"format\":1}").unwrap();
         let e = recording::load(&plain).err().unwrap();
-        assert!(e.message.contains("not a tachyon-bpf recording") && e.kind == ErrorKind::Input, "{e}");
+        assert!(
+            e.message.contains("not a tachyon-bpf recording") && e.kind == ErrorKind::Input,
+            "{e}"
+        );
         // A stack whose prefix points forward (a cycle) is refused before any writer walks it.
         let (mut p, run) = fixture::profile(Mode::Wall);
         p.stacks[0].1 = Some(p.stacks.len() - 1);
         let cyc = dir.join("cycle.tbpf");
         std::fs::write(&cyc, recording::to_bytes(&p, &run).unwrap()).unwrap();
         let e = recording::load(&cyc).err().unwrap();
-        assert!(e.message.contains("damaged") && e.kind == ErrorKind::Input, "{e}");
+        assert!(
+            e.message.contains("damaged") && e.kind == ErrorKind::Input,
+            "{e}"
+        );
         let cut = dir.join("cut.tbpf");
         let (p, run) = fixture::profile(Mode::Wall);
         let b = recording::to_bytes(&p, &run).unwrap();
         std::fs::write(&cut, &b[..b.len() / 2]).unwrap();
         let e = recording::load(&cut).err().unwrap();
-        assert!(e.message.contains("damaged") && e.kind == ErrorKind::Input, "{e}");
+        assert!(
+            e.message.contains("damaged") && e.kind == ErrorKind::Input,
+            "{e}"
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

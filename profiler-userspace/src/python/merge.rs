@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use crate::aggregate::{Counters, FrameId};
+use super::{FrameRef as FrameId, PyEvent};
 
 /// Native functions that run one interpreter activation.
 pub fn is_eval_frame(name: &str) -> bool {
@@ -50,8 +50,7 @@ pub fn merge(
     activations: &[Vec<FrameId>],
     native_truncated: bool,
     show_internal: bool,
-    counters: &mut Counters,
-) -> Vec<FrameId> {
+) -> (Vec<FrameId>, Option<PyEvent>) {
     let evals: Vec<usize> = native
         .iter()
         .enumerate()
@@ -72,12 +71,14 @@ pub fn merge(
     } else {
         evals.iter().zip(0..a).map(|(&n, p)| (n, p)).collect()
     };
-    if e == a && !native_truncated {
-        counters.py_merged += 1;
+    let outcome = if e == a && !native_truncated {
+        Some(PyEvent::Merged)
     } else if (!native_truncated && e != a) || (native_truncated && e > a) {
         // A truncated native stack explains missing eval frames, never extra ones.
-        counters.py_merge_mismatch += 1;
-    }
+        Some(PyEvent::MergeMismatch)
+    } else {
+        None
+    };
     let paired_act: std::collections::HashMap<usize, usize> = pairs.iter().copied().collect();
     let min_act = pairs.iter().map(|p| p.1).min();
     let max_act = pairs.iter().map(|p| p.1).max();
@@ -113,7 +114,7 @@ pub fn merge(
         }
         out.push(*frame);
     }
-    out
+    (out, outcome)
 }
 
 #[cfg(test)]
@@ -141,11 +142,12 @@ mod tests {
             "leaf_c",
         ]);
         let acts = vec![vec![1, 2], vec![3]];
-        let mut c = Counters::default();
-        let m = merge(&native, &acts, false, false, &mut c);
-        assert_eq!(m, vec![100, 101, 1, 2, 104, 3, 107]);
-        assert_eq!(c.py_merged, 1);
-        let m = merge(&native, &acts, false, true, &mut c);
+        let m = merge(&native, &acts, false, false);
+        assert_eq!(
+            m,
+            (vec![100, 101, 1, 2, 104, 3, 107], Some(PyEvent::Merged))
+        );
+        let (m, _) = merge(&native, &acts, false, true);
         assert_eq!(m, vec![100, 101, 102, 1, 2, 103, 104, 105, 106, 3, 107]);
     }
 
@@ -153,11 +155,11 @@ mod tests {
     fn truncated_native_keeps_outer_python_at_root() {
         let native = nat(&["_PyEval_EvalFrameDefault", "leaf_c"]);
         let acts = vec![vec![1], vec![2], vec![3]];
-        let mut c = Counters::default();
-        let m = merge(&native, &acts, true, false, &mut c);
-        assert_eq!(m, vec![1, 2, 3, 101]);
-        assert_eq!(c.py_merge_mismatch, 0);
-        assert_eq!(c.py_merged, 0);
+        // Neither merged nor a mismatch: the truncation explains the unpaired activations.
+        assert_eq!(
+            merge(&native, &acts, true, false),
+            (vec![1, 2, 3, 101], None)
+        );
     }
 
     #[test]
@@ -170,33 +172,26 @@ mod tests {
             "leaf_c",
         ]);
         let acts = vec![vec![1], vec![2], vec![3]];
-        let mut c = Counters::default();
-        assert_eq!(
-            merge(&native, &acts, true, false, &mut c),
-            vec![1, 2, 3, 104]
-        );
+        assert_eq!(merge(&native, &acts, true, false).0, vec![1, 2, 3, 104]);
     }
 
     #[test]
     fn no_eval_frames_keeps_every_python_frame() {
         let native = nat(&["a", "b"]);
         let acts = vec![vec![1, 2]];
-        let mut c = Counters::default();
         assert_eq!(
-            merge(&native, &acts, false, false, &mut c),
-            vec![1, 2, 100, 101]
+            merge(&native, &acts, false, false),
+            (vec![1, 2, 100, 101], Some(PyEvent::MergeMismatch))
         );
-        assert_eq!(c.py_merge_mismatch, 1);
     }
 
     #[test]
     fn extra_eval_frame_stays_native() {
         let native = nat(&["_PyEval_EvalFrameDefault", "x", "_PyEval_EvalFrameDefault"]);
         let acts = vec![vec![1]];
-        let mut c = Counters::default();
         assert_eq!(
-            merge(&native, &acts, false, false, &mut c),
-            vec![1, 101, 102]
+            merge(&native, &acts, false, false),
+            (vec![1, 101, 102], Some(PyEvent::MergeMismatch))
         );
     }
 }

@@ -3,9 +3,9 @@
 //! objects to names and lines, merging Python frames into native stacks, and the interpreter's
 //! native functions other layers ask about (`SPLIT_FUNCTIONS`, `is_gil_function`).
 //!
-//! May import `process`, `stack` and `capture` (the raw sample), and `aggregate`: resolved
-//! frames are interned into the profile from here (a known exception to "frames go back as
-//! data"; see the README's layout section).
+//! May import `process`, `stack` and `capture` (the raw sample); never `aggregate`. Resolved
+//! frames and counted events go to the caller through `ProfileSink`, which `collect`
+//! implements over its profile: this module hands over what it knows and gets ids back.
 
 pub mod code;
 pub mod layout;
@@ -22,7 +22,54 @@ use profiler_common::{
     SAMPLE_PY_TRUNCATED,
 };
 
-use crate::aggregate::{state, Category, Counters, Frame, FrameId, Func, FuncId, Profile};
+/// An id the caller's `ProfileSink` gave a function or a frame.
+pub type FrameRef = usize;
+
+/// What Python resolution counts, one event at a time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PyEvent {
+    /// A record of a Python thread (a sample or an off-CPU capture).
+    Record,
+    /// A thread of a Python process missing from the BPF thread map.
+    ThreadMiss,
+    /// The BPF frame walk hit a failed read.
+    ReadFailed,
+    /// The frame chain was longer than the BPF side walks.
+    Truncated,
+    /// The frame chain looped back on itself.
+    Cycle,
+    /// A code object that could not be read.
+    Unresolved,
+    /// A corrupt line table (the frame shows the function's first line).
+    BadLineTable,
+    /// Every activation paired with an eval-loop frame of the native stack.
+    Merged,
+    /// Activations and eval-loop frames did not pair up.
+    MergeMismatch,
+}
+
+/// Where resolved Python frames and counted events go: `collect` implements it over its
+/// profile. The ids it returns are opaque here.
+pub trait ProfileSink {
+    /// A Python function: its code object's name, file and first line.
+    fn python_function(&mut self, name: &Arc<str>, file: &Arc<str>, first_line: u32) -> FrameRef;
+    /// A frame of function `func` (an id from `python_function`) at `line`.
+    fn python_frame(&mut self, func: FrameRef, line: u32) -> FrameRef;
+    /// The frame shown for a code object that could not be read.
+    fn unresolved_frame(&mut self) -> FrameRef;
+    fn count(&mut self, event: PyEvent);
+}
+
+/// The interpreter's state of a thread at a sample.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PyThreadState {
+    /// The thread holds the GIL.
+    pub has_gil: bool,
+    /// The thread runs the garbage collector (and holds the GIL).
+    pub gc: bool,
+    /// The process's main thread.
+    pub main_thread: bool,
+}
 use crate::capture::record::RawSample;
 use crate::process::Process;
 use code::CodeInfo;
@@ -42,9 +89,9 @@ const NO_RUNTIME_RETRY: std::time::Duration = std::time::Duration::from_millis(5
 /// The Python frames of one sample, grouped by interpreter activation.
 pub struct PythonFrames {
     /// Outermost activation first; frames inside one activation root-first.
-    pub activations: Vec<Vec<FrameId>>,
-    /// `aggregate::state` bits.
-    pub state: u8,
+    pub activations: Vec<Vec<FrameRef>>,
+    /// `None` for a thread without a Python thread state.
+    pub state: Option<PyThreadState>,
 }
 
 /// Why a process is not profiled as Python.
@@ -71,8 +118,8 @@ pub struct PyProcess {
     pub threads: HashMap<u32, u64>,
     /// Code objects by address, with the epoch they were last validated in.
     codes: FxHashMap<u64, (Arc<CodeInfo>, u64)>,
-    funcs: FxHashMap<(u64, [u64; 3]), FuncId>,
-    frames: FxHashMap<(FuncId, u32), FrameId>,
+    funcs: FxHashMap<(u64, [u64; 3]), FrameRef>,
+    frames: FxHashMap<(FrameRef, u32), FrameRef>,
     /// Offset of the kernel tid in the C library's thread struct (found once, <= 3.10).
     pthread_tid_offset: Option<u64>,
     pub label: String,
@@ -340,30 +387,25 @@ impl PyProcess {
         out
     }
 
-    fn frame_for(&mut self, profile: &mut Profile, addr: u64, c: &CodeInfo, instr: i32) -> FrameId {
-        let func = *self.funcs.entry((addr, c.ident)).or_insert_with(|| {
-            profile.func(Func {
-                name: c.name.clone(),
-                file: Some(c.file.clone()),
-                line: Some(c.firstlineno),
-                lib: None,
-                category: Category::Python,
-                is_python: true,
-            })
-        });
+    fn frame_for(
+        &mut self,
+        out: &mut impl ProfileSink,
+        addr: u64,
+        c: &CodeInfo,
+        instr: i32,
+    ) -> FrameRef {
+        let func = *self
+            .funcs
+            .entry((addr, c.ident))
+            .or_insert_with(|| out.python_function(&c.name, &c.file, c.firstlineno));
         let (line, corrupt) = code::line_lookup(self.layout.minor, c, instr);
         if corrupt {
-            profile.counters.py_bad_line_tables += 1;
+            out.count(PyEvent::BadLineTable);
         }
-        *self.frames.entry((func, line)).or_insert_with(|| {
-            profile.frame(Frame {
-                func,
-                line: Some(line),
-                address: None,
-                symbol_address: None,
-                category: Category::Python,
-            })
-        })
+        *self
+            .frames
+            .entry((func, line))
+            .or_insert_with(|| out.python_frame(func, line))
     }
 }
 
@@ -636,39 +678,35 @@ impl PythonRegistry {
         Some(ThreadChanges { set, gone })
     }
 
-    pub fn resolve(&mut self, s: &RawSample, profile: &mut Profile) -> Option<PythonFrames> {
+    /// The Python frames of a sample of a known Python process (`None` for other processes);
+    /// frames are interned and events counted through `out`.
+    pub fn resolve(&mut self, s: &RawSample, out: &mut impl ProfileSink) -> Option<PythonFrames> {
         let p = self.procs.get_mut(&s.pid)?;
-        let c: &mut Counters = &mut profile.counters;
         if s.flags & SAMPLE_PY_MISS != 0 {
-            c.py_thread_miss += 1;
+            out.count(PyEvent::ThreadMiss);
         }
         if s.flags & SAMPLE_PY_THREAD == 0 {
             return Some(PythonFrames {
                 activations: Vec::new(),
-                state: 0,
+                state: None,
             });
         }
-        c.py_samples += 1;
-        if s.flags & SAMPLE_PY_READ_FAILED != 0 {
-            c.py_read_failed += 1;
-        }
-        if s.flags & SAMPLE_PY_TRUNCATED != 0 {
-            c.py_truncated += 1;
-        }
-        if s.flags & SAMPLE_PY_CYCLE != 0 {
-            c.py_cycles += 1;
-        }
-        let mut st = state::PYTHON;
-        let has_gil = s.py_gil_locked != 0 && s.py_gil_holder == s.py_tstate && s.py_tstate != 0;
-        if has_gil {
-            st |= state::HAS_GIL;
-            if s.py_gc_collecting != 0 {
-                st |= state::GC;
+        out.count(PyEvent::Record);
+        for (flag, event) in [
+            (SAMPLE_PY_READ_FAILED, PyEvent::ReadFailed),
+            (SAMPLE_PY_TRUNCATED, PyEvent::Truncated),
+            (SAMPLE_PY_CYCLE, PyEvent::Cycle),
+        ] {
+            if s.flags & flag != 0 {
+                out.count(event);
             }
         }
-        if s.tid == s.pid {
-            st |= state::MAIN_THREAD;
-        }
+        let has_gil = s.py_gil_locked != 0 && s.py_gil_holder == s.py_tstate && s.py_tstate != 0;
+        let st = PyThreadState {
+            has_gil,
+            gc: has_gil && s.py_gc_collecting != 0,
+            main_thread: s.tid == s.pid,
+        };
 
         // Innermost first from BPF: group into activations (shims and entry flags delimit).
         let activation_rule = p.layout.activations;
@@ -694,8 +732,8 @@ impl PythonRegistry {
             .zip(p.code(&uniq, self.epoch))
             .collect();
 
-        let mut activations: Vec<Vec<FrameId>> = Vec::new();
-        let mut cur: Vec<FrameId> = Vec::new(); // innermost first
+        let mut activations: Vec<Vec<FrameRef>> = Vec::new();
+        let mut cur: Vec<FrameRef> = Vec::new(); // innermost first
         for (f, (_, shim)) in s.py_frames.iter().zip(&real) {
             if *shim {
                 if !cur.is_empty() {
@@ -704,10 +742,10 @@ impl PythonRegistry {
                 continue;
             }
             let frame = match infos.get(&f.code).cloned().flatten() {
-                Some(ci) => p.frame_for(profile, f.code, &ci, f.instr),
+                Some(ci) => p.frame_for(out, f.code, &ci, f.instr),
                 None => {
-                    profile.counters.py_unresolved_frames += 1;
-                    unresolved_frame(profile)
+                    out.count(PyEvent::Unresolved);
+                    out.unresolved_frame()
                 }
             };
             cur.push(frame);
@@ -730,18 +768,24 @@ impl PythonRegistry {
         }
         Some(PythonFrames {
             activations,
-            state: st,
+            state: Some(st),
         })
     }
 
+    /// Merges a sample's activations into its native frames (root first) at the eval-loop
+    /// frames, counting whether they paired up.
     pub fn merge(
         &self,
-        native: &[(FrameId, Arc<str>)],
-        activations: &[Vec<FrameId>],
+        native: &[(FrameRef, Arc<str>)],
+        activations: &[Vec<FrameRef>],
         truncated: bool,
-        counters: &mut Counters,
-    ) -> Vec<FrameId> {
-        merge::merge(native, activations, truncated, self.show_internal, counters)
+        out: &mut impl ProfileSink,
+    ) -> Vec<FrameRef> {
+        let (frames, outcome) = merge::merge(native, activations, truncated, self.show_internal);
+        if let Some(e) = outcome {
+            out.count(e);
+        }
+        frames
     }
 
     /// The process's label and Python version, if it is a Python process.
@@ -750,24 +794,6 @@ impl PythonRegistry {
             .get(&pid)
             .map(|p| (p.label.as_str(), p.version.as_str()))
     }
-}
-
-fn unresolved_frame(profile: &mut Profile) -> FrameId {
-    let func = profile.func(Func {
-        name: Arc::from("<unresolved Python frame>"),
-        file: None,
-        line: None,
-        lib: None,
-        category: Category::Python,
-        is_python: true,
-    });
-    profile.frame(Frame {
-        func,
-        line: None,
-        address: None,
-        symbol_address: None,
-        category: Category::Python,
-    })
 }
 
 #[cfg(test)]
