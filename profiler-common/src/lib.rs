@@ -251,7 +251,9 @@ pub struct Config {
     pub signal_live_off: u32,
     /// Size of a task's kernel stack (`THREAD_SIZE`: 16 KiB on x86_64 without KASAN).
     pub thread_size: u32,
-    pub _pad: u32,
+    /// Byte offset of `thread.fsbase` in `task_struct` (the thread pointer, which glibc's
+    /// `pthread_self` returns and CPython stores as a thread state's `thread_id`), or 0.
+    pub task_fsbase_off: u32,
 }
 
 /// Where a Python process keeps what the frame walk needs. Offsets are byte offsets into the
@@ -299,6 +301,14 @@ pub struct PyProcConfig {
     pub err_previous: u32,
     /// Address of `_Py_NoneStruct` (an `exc_value` of None means no exception), or 0.
     pub none_addr: u64,
+    /// Address of the main interpreter state, and offsets of its thread list's head, of a
+    /// thread state's `next` and `thread_id`: a thread missing from `PY_THREADS` (it started
+    /// moments ago) is found by its thread pointer there.
+    pub interp: u64,
+    pub interp_threads_head: u32,
+    pub tstate_next: u32,
+    pub tstate_thread_id: u32,
+    pub _pad: u32,
 }
 
 /// One interpreter frame as read at the sampled instant.
@@ -392,7 +402,7 @@ pub const fn thread_key(pid: u32, tid: u32) -> u64 {
 }
 
 const _: () = assert!(core::mem::size_of::<Config>() == 72);
-const _: () = assert!(core::mem::size_of::<PyProcConfig>() == 96);
+const _: () = assert!(core::mem::size_of::<PyProcConfig>() == 120);
 const _: () = assert!(EventRecord::SIZE == 56);
 const _: () = assert!(core::mem::size_of::<PyFrame>() == 16);
 const _: () = assert!(SampleHeader::SIZE == 120 + MAX_KSTACK * 8);

@@ -74,9 +74,10 @@ static FRAME: PerCpuArray<[u8; FRAME_BUF]> = PerCpuArray::with_max_entries(1, 0)
 /// the bounded loop of the compat set would be verified many times over.
 #[map]
 static WALK: PerCpuArray<Walk> = PerCpuArray::with_max_entries(1, 0);
-/// `thread_key(pid, tid)` -> time of the thread's last full off-CPU capture.
+/// `thread_key(pid, tid)` -> [time, block signature] of the thread's last full off-CPU capture,
+/// and the rate limiter's theoretical time of the next capture (see `switch`).
 #[map]
-static LAST_CAPTURE: LruHashMap<u64, u64> = LruHashMap::with_max_entries(65536, 0);
+static LAST_CAPTURE: LruHashMap<u64, [u64; 3]> = LruHashMap::with_max_entries(65536, 0);
 /// Sample records. Userspace sets the size at load time.
 #[map]
 static SAMPLES: RingBuf = RingBuf::with_byte_size(1 << 24, 0);
@@ -172,8 +173,23 @@ fn switch<const MODERN: bool>(ctx: &BtfTracePointContext) -> Option<()> {
         } else if cfg.offcpu == OFFCPU_STACKS {
             let key = thread_key(pid, tid);
             // SAFETY: the value is copied out at once.
-            let last = unsafe { LAST_CAPTURE.get(key) }.copied().unwrap_or(0);
-            if last == 0 || now.wrapping_sub(last) >= cfg.offcpu_min_gap_ns {
+            let [last, last_sig, tat] = unsafe { LAST_CAPTURE.get(key) }
+                .copied()
+                .unwrap_or([0, 0, 0]);
+            let gap = cfg.offcpu_min_gap_ns;
+            // Captures are rate-limited to one per sampling period per thread, and a block
+            // without one is charged to the last capture's stack. That is only right when the
+            // thread blocks where it blocked then: a different place (another syscall site or
+            // C stack depth, another Python function or line) is captured anyway, so a long
+            // sleep right after a short GIL wait is not charged to the GIL wait. Those captures
+            // are bounded too (a thread alternating between blocking points at a high rate):
+            // by a cell-rate limiter, 16 a period with bursts of 16. `tat` is when the next
+            // capture is due at that rate.
+            let sig = block_signature::<MODERN>(cfg, pid, tid);
+            if last == 0
+                || now.wrapping_sub(last) >= gap
+                || (sig != last_sig && tat <= now.saturating_add(gap))
+            {
                 if capture::<MODERN>(
                     ctx.as_ptr(),
                     cfg,
@@ -184,7 +200,8 @@ fn switch<const MODERN: bool>(ctx: &BtfTracePointContext) -> Option<()> {
                     None,
                     prev_state,
                 ) {
-                    let _ = LAST_CAPTURE.insert(key, now, 0);
+                    let next = if tat > now { tat } else { now };
+                    let _ = LAST_CAPTURE.insert(key, [now, sig, next + gap / 16], 0);
                     count(STAT_SWITCH_CAPTURES);
                     done = true;
                 }
@@ -274,6 +291,8 @@ pub fn tachyon_exit(_ctx: BtfTracePointContext) -> u32 {
     let now = unsafe { bpf_ktime_get_ns() };
     event(RECORD_EXIT, pid, tid, now, group_dead, 0);
     let _ = LAST_CAPTURE.remove(thread_key(pid, tid));
+    // A thread state the BPF side found itself (`thread_state`) is not user space's to remove.
+    let _ = PY_THREADS.remove(thread_key(pid, tid));
     if group_dead != 0 && cfg.all == 0 {
         // The pid may be reused by an unrelated program.
         let _ = TARGETS.remove(pid);
@@ -328,6 +347,74 @@ fn wake_flags() -> u64 {
     } else {
         BPF_RB_NO_WAKEUP as u64
     }
+}
+
+/// Where the current thread blocks, as one word: its user-mode instruction and stack pointers
+/// (the syscall site and C stack depth) and, for a Python thread, its innermost interpreter
+/// frame, that frame's code object and instruction. Equal words: the same blocking point, so
+/// the same stack. A few reads: no walk, no copy.
+#[inline(always)]
+fn block_signature<const MODERN: bool>(cfg: &Config, pid: u32, tid: u32) -> u64 {
+    let mut sig = 0u64;
+    if let Some(u) = read_kernel::<pt_regs>(user_regs::<MODERN>(cfg)) {
+        sig = u.rip ^ u.rsp.rotate_left(17);
+    }
+    // SAFETY: the values are copied out at once.
+    let Some(pc) = (unsafe { PY_PROCS.get(pid) }) else {
+        return sig;
+    };
+    let Some(tstate) = thread_state(cfg, pc, pid, tid) else {
+        return sig ^ 1;
+    };
+    let Some(mut frame) = read_user::<u64>(tstate + pc.tstate_frame as u64) else {
+        return sig;
+    };
+    if pc.cframe_frame != NO_OFFSET && frame != 0 {
+        frame = read_user::<u64>(frame + pc.cframe_frame as u64).unwrap_or(0);
+    }
+    if frame == 0 {
+        return sig ^ 2;
+    }
+    let code = read_user::<u64>(frame + pc.frame_code as u64).unwrap_or(0) & pc.code_mask;
+    let instr = read_user::<u64>(frame + pc.frame_instr as u64).unwrap_or(0);
+    sig ^ frame.rotate_left(7) ^ code.rotate_left(29) ^ instr.rotate_left(43)
+}
+
+/// Thread states looked at when a thread is missing from `PY_THREADS`.
+const MAX_TSTATE_SCAN: usize = 32;
+
+/// The thread state of the current thread of Python process `pid`: from `PY_THREADS`, or for a
+/// thread user space has not seen yet (it started moments ago, and may block at once for a long
+/// time), from the main interpreter's thread list, where its `thread_id` is its thread pointer
+/// (`fsbase`). A state found that way is added to `PY_THREADS`; `tachyon_exit` removes it.
+#[inline(always)]
+fn thread_state(cfg: &Config, pc: &PyProcConfig, pid: u32, tid: u32) -> Option<u64> {
+    let key = thread_key(pid, tid);
+    // SAFETY: the value is copied out at once.
+    if let Some(&t) = unsafe { PY_THREADS.get(key) } {
+        return Some(t);
+    }
+    if pc.interp == 0 || cfg.task_fsbase_off == 0 {
+        return None;
+    }
+    // SAFETY: helper without preconditions.
+    let task = unsafe { bpf_get_current_task() };
+    let fsbase = read_kernel::<u64>(task + cfg.task_fsbase_off as u64)?;
+    if fsbase == 0 {
+        return None;
+    }
+    let mut t = read_user::<u64>(pc.interp + pc.interp_threads_head as u64)?;
+    for _ in 0..MAX_TSTATE_SCAN {
+        if t == 0 {
+            return None;
+        }
+        if read_user::<u64>(t + pc.tstate_thread_id as u64)? == fsbase {
+            let _ = PY_THREADS.insert(key, t, 0);
+            return Some(t);
+        }
+        t = read_user::<u64>(t + pc.tstate_next as u64)?;
+    }
+    None
 }
 
 #[inline(always)]
@@ -468,13 +555,12 @@ fn capture<const MODERN: bool>(
     // SAFETY: the value is copied out at once.
     if let Some(pc) = unsafe { PY_PROCS.get(pid) } {
         let pc = *pc;
-        // SAFETY: as above.
-        match unsafe { PY_THREADS.get(thread_key(pid, tid)) } {
+        match thread_state(cfg, &pc, pid, tid) {
             None => {
                 hdr.flags |= SAMPLE_PY_MISS;
                 count(STAT_PY_MISS);
             }
-            Some(&tstate) => {
+            Some(tstate) => {
                 hdr.flags |= SAMPLE_PY_THREAD;
                 hdr.py_tstate = tstate;
                 walk_python::<MODERN>(cpu, &pc, tstate);

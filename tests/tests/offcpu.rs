@@ -161,6 +161,128 @@ fn wall_mode_shows_sleep_and_cpu_mode_does_not() {
     assert!(c.count(|n| n.iter().any(|f| f == "burn")) as f64 / c.total as f64 > 0.9);
 }
 
+const SHORT_THEN_LONG: &str = r#"
+import threading, time
+
+def burn(stop):
+    while time.time() < stop:
+        pass
+
+def short_wait():
+    time.sleep(0.001)   # then waits for the GIL the burner holds
+
+def long_wait():
+    time.sleep(1.0)
+
+threading.Thread(target=burn, args=(time.time() + 8,), daemon=True).start()
+long_total = 0.0
+for i in range(5):
+    short_wait()
+    t0 = time.perf_counter()
+    long_wait()
+    long_total += time.perf_counter() - t0
+print(long_total)
+"#;
+
+/// A thread that blocks again right after a short block (here a 1 ms sleep and its GIL wait)
+/// gets the stack it blocks in, not the earlier one: captures are rate-limited per thread, and
+/// a rate-limited block used to be charged to the last capture, so the 1 s sleeps were shown
+/// under `short_wait` and as "Waiting for GIL".
+#[test]
+fn a_block_right_after_another_gets_its_own_stack() {
+    require_root();
+    let dir = scratch("offcpu_short_then_long");
+    for label in ["3.8.18", "3.12.1"] {
+        let py = python(label);
+        let (wall, out) = profile_script(&dir, "short_long", &py, SHORT_THEN_LONG, &["-m", "wall"]);
+        let long_ms: f64 = out
+            .trim()
+            .parse::<f64>()
+            .expect("the script prints its sleep time")
+            * 1000.0;
+        let v = Viewer::load(&wall).unwrap();
+        let (t, c) = thread_with(&v, "long_wait");
+        let long = c.count(|n| n.iter().any(|f| f == "long_wait")) as f64;
+        let short = c.count(|n| n.iter().any(|f| f == "short_wait")) as f64;
+        assert!(
+            (long - long_ms).abs() <= 0.03 * long_ms,
+            "{label}: {long:.0} ms under long_wait, the script slept {long_ms:.0} ms there \
+             ({short:.0} ms under short_wait)"
+        );
+        // Five 1 ms sleeps and GIL waits of at most a switch interval (5 ms) each.
+        assert!(short < 200.0, "{label}: {short:.0} ms under short_wait");
+        // The GIL waits are the short ones only.
+        let gil = v
+            .marker_totals(&t.handle)
+            .unwrap()
+            .get("Waiting for GIL")
+            .map_or(0.0, |m| m.1);
+        assert!(
+            gil < 200.0,
+            "{label}: {gil:.0} ms of Waiting for GIL markers"
+        );
+    }
+}
+
+const WAITERS: &str = r#"
+import threading, time
+
+ev = threading.Event()
+
+def waiter():
+    ev.wait()
+
+ts = [threading.Thread(target=waiter) for _ in range(4)]
+for t in ts:
+    t.start()
+time.sleep(2.0)
+ev.set()
+for t in ts:
+    t.join()
+print(" ".join(str(t.native_id) for t in ts))
+"#;
+
+/// Threads that block right after they start (before the profiler has read the interpreter's
+/// thread list) keep their Python frames for the whole block: the BPF side finds a thread's
+/// state itself when it is not in the map yet.
+#[test]
+fn threads_that_block_at_once_keep_their_python_frames() {
+    require_root();
+    let dir = scratch("offcpu_waiters");
+    for label in ["3.8.18", "3.12.1", "3.13.0"] {
+        let (profile, out) = profile_script(&dir, "waiters", &python(label), WAITERS, &[]);
+        let tids: Vec<u64> = out
+            .split_whitespace()
+            .map(|t| t.parse().expect("the script prints its threads"))
+            .collect();
+        assert_eq!(tids.len(), 4, "{label}: {out}");
+        let v = Viewer::load(&profile).unwrap();
+        let threads: Vec<ThreadInfo> = v
+            .processes()
+            .unwrap()
+            .into_iter()
+            .flat_map(|p| p.threads)
+            .collect();
+        for tid in tids {
+            let t = threads
+                .iter()
+                .find(|t| t.tid == tid)
+                .unwrap_or_else(|| panic!("{label}: thread {tid} is in the profile"));
+            let c = v.call_paths(&t.handle).unwrap();
+            // `wait` before 3.11, `Event.wait` (its qualified name) after.
+            let with_frames = c.count(|n| {
+                n.iter().any(|f| f == "waiter")
+                    && n.iter().any(|f| f == "wait" || f == "Event.wait")
+            });
+            assert!(
+                c.total >= 1900 && with_frames as f64 >= 0.97 * c.total as f64,
+                "{label} thread {tid}: {with_frames} of {} ms under waiter and Event.wait",
+                c.total
+            );
+        }
+    }
+}
+
 const CONTEND: &str = r#"
 import json, threading, time
 

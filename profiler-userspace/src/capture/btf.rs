@@ -223,6 +223,8 @@ pub struct KernelInfo {
     pub task_stack: u32,
     pub task_signal: u32,
     pub signal_live: u32,
+    /// Offset of `thread.fsbase` in `task_struct`, or 0.
+    pub task_fsbase: u32,
     /// BPF helpers the kernel knows.
     pub has_bpf_loop: bool,
     pub has_task_pt_regs: bool,
@@ -260,6 +262,13 @@ impl KernelInfo {
             btf.struct_offsets("task_struct", &["pid", "tgid", "flags", "stack", "signal"])?;
         let task_state = btf.member_offset_any("task_struct", &["__state", "state"])?;
         let signal_live = btf.struct_offsets("signal_struct", &["live"])?["live"];
+        // x86_64's thread pointer; 0 (no lookup of new threads) where the layout differs.
+        let task_fsbase = btf
+            .struct_offsets("task_struct", &["thread"])
+            .and_then(|t| {
+                Ok(t["thread"] + btf.struct_offsets("thread_struct", &["fsbase"])?["fsbase"])
+            })
+            .unwrap_or(0);
         let switch = btf
             .tracepoint_args("sched_switch")
             .ok_or(BtfError::NoTracepoint("sched_switch"))?;
@@ -278,6 +287,7 @@ impl KernelInfo {
             task_stack: task["stack"],
             task_signal: task["signal"],
             signal_live,
+            task_fsbase,
             has_bpf_loop,
             has_task_pt_regs,
             has_current_task_btf,

@@ -251,7 +251,7 @@ impl Capture {
             signal_live_off: kernel.signal_live,
             // x86_64: PAGE_SIZE << THREAD_SIZE_ORDER (2); distribution kernels build no KASAN.
             thread_size: 16384,
-            _pad: 0,
+            task_fsbase_off: kernel.task_fsbase,
         };
         let mut arr: Array<_, Config> =
             Array::try_from(bpf.map_mut(names::MAP_CONFIG).expect("CONFIG map"))

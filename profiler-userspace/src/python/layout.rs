@@ -342,6 +342,7 @@ impl Layout {
         gil: Option<(u64, u64)>,
         gc_collecting: Option<u64>,
         none_addr: u64,
+        interp: u64,
     ) -> PyProcConfig {
         PyProcConfig {
             layout: if self.minor <= 10 {
@@ -367,6 +368,11 @@ impl Layout {
             err_exc_value: self.err_exc_value,
             err_previous: self.err_previous,
             none_addr,
+            interp,
+            interp_threads_head: self.interp_threads_head as u32,
+            tstate_next: self.tstate_next as u32,
+            tstate_thread_id: self.thread_id as u32,
+            _pad: 0,
         }
     }
 

@@ -228,7 +228,7 @@ impl PyProcess {
                 .gc_collecting_runtime
                 .map(|o| runtime + o)
                 .or(layout.gc_collecting_interp.map(|o| interp + o));
-            let config = layout.proc_config(gil, gc, addr("_Py_NoneStruct"));
+            let config = layout.proc_config(gil, gc, addr("_Py_NoneStruct"), interp);
             return Ok(PyProcess {
                 pid: proc.pid,
                 label: format!(
