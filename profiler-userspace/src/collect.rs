@@ -23,6 +23,8 @@ use crate::stack::elf::ElfCache;
 use crate::stack::symbols::KernelSymbols;
 
 const KERNEL_LIB: &str = "[kernel.kallsyms]";
+/// The root frame of a stack whose native part was not unwound to its end.
+pub const TRUNCATED: &str = "[truncated]";
 
 pub struct Collector {
     pub profile: Profile,
@@ -173,6 +175,25 @@ impl Collector {
         (ns as i64 - self.start_ns as i64) as f64 / 1e6
     }
 
+    /// The frame at the root of a stack whose native part could not be unwound to its end.
+    fn truncated_frame(&mut self) -> FrameId {
+        let func = self.profile.func(Func {
+            name: Arc::from(TRUNCATED),
+            file: None,
+            line: None,
+            lib: None,
+            category: Category::Other,
+            is_python: false,
+        });
+        self.profile.frame(Frame {
+            func,
+            line: None,
+            address: None,
+            symbol_address: None,
+            category: Category::Other,
+        })
+    }
+
     fn kernel_frame(&mut self, addr: u64) -> FrameId {
         if let Some(&f) = self.kernel_frames.get(&addr) {
             return f;
@@ -216,7 +237,7 @@ impl Collector {
             matches!(
                 callee.1.as_ref(),
                 "pthread_cond_wait" | "pthread_cond_timedwait" | "pthread_mutex_lock"
-            ) && caller.1.starts_with("0x")
+            ) && caller.1.contains("+0x")
                 && self.profile.funcs[self.profile.frames[caller.0].func]
                     .lib
                     .is_some_and(|l| self.profile.libs[l].name.contains("python"))
@@ -272,7 +293,11 @@ impl Collector {
         let lib = self.profile.lib(&m.path);
         let (name, sym) = match m.elf.as_ref().and_then(|e| e.symbols.lookup(svma)) {
             Some((start, name)) => (name, Some(start)),
-            None => (Arc::from(format!("0x{svma:x}").as_str()), None),
+            // No symbol (a stripped library): named by library and offset, as perf does.
+            None => (
+                Arc::from(format!("{}+0x{svma:x}", self.profile.libs[lib].name).as_str()),
+                None,
+            ),
         };
         let func = self.profile.func(Func {
             name: name.clone(),
@@ -320,6 +345,19 @@ impl Collector {
                     u = unwind_user(proc, &s);
                 }
             }
+            // A return address in no module is junk the unwinder read where a frame without
+            // unwind information (hand-written assembly, such as OpenBLAS kernels) kept no
+            // return address: the stack ends before it, truncated, rather than with invented
+            // frames. The interrupted instruction itself may be in anonymous code (a JIT).
+            if let Some(i) = u
+                .frames
+                .iter()
+                .skip(1)
+                .position(|f| proc.module_for(f.addr).is_none())
+            {
+                u.frames.truncate(i + 1);
+                u.truncated = true;
+            }
             u
         } else {
             crate::process::unwind::Unwound {
@@ -356,6 +394,11 @@ impl Collector {
             ),
             _ => native.iter().map(|(f, _)| *f).collect(),
         };
+        if unwound.truncated {
+            // The native stack's root part is missing: said at the root, so such stacks are
+            // not mistaken for whole ones (and do not root at a Python or library frame).
+            root_first.insert(0, self.truncated_frame());
+        }
         // The innermost kernel frames of an off-CPU capture are the profiler's own BPF program
         // and the tracepoint that ran it; the thread's stack ends at the scheduler.
         let mut kstack: &[u64] = &s.kstack;

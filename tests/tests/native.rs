@@ -213,3 +213,143 @@ fn all_mode_sees_every_program() {
         );
     }
 }
+
+const JUNK_C: &str = r#"
+#include <stdlib.h>
+#include <time.h>
+volatile unsigned long sink;
+double secs;
+struct timespec t0;
+__attribute__((noinline)) void spin(void) {
+    struct timespec t;
+    do {
+        for (int i = 0; i < 100000; i++) sink += i;
+        clock_gettime(CLOCK_MONOTONIC, &t);
+    } while ((t.tv_sec - t0.tv_sec) + (t.tv_nsec - t0.tv_nsec) / 1e9 < secs);
+}
+/* A hand-written function without unwind information whose frame pointer points at junk, as
+   in assembly kernels (OpenBLAS): nothing tells an unwinder where its return address is. */
+__attribute__((used)) unsigned long junk[4] = {
+    0x3fc33c32a4c4e434UL, 0x3fc33c32a4c4e434UL, 0x3fc33c32a4c4e434UL, 0};
+void junk_frame(void);
+__asm__(".text\n.globl junk_frame\n.type junk_frame,@function\njunk_frame:\n"
+        "  push %rbp\n  push %rbx\n  sub $8, %rsp\n"
+        "  lea junk(%rip), %rbp\n  call spin\n"
+        "  add $8, %rsp\n  pop %rbx\n  pop %rbp\n  ret\n"
+        ".size junk_frame, .-junk_frame\n");
+int main(int argc, char **argv) {
+    secs = argc > 1 ? atof(argv[1]) : 2.0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    junk_frame();
+    return 0;
+}
+"#;
+
+/// A native stack the unwinder cannot finish is marked `[truncated]` at its root, and no frame
+/// is made from the junk it would read past the frame without unwind information.
+#[test]
+fn truncated_stacks_are_marked_and_junk_is_not_a_frame() {
+    require_root();
+    let dir = scratch("native_junk");
+    let prog = compile_c(&dir, "junk", JUNK_C, &["-O2"]);
+    let out = dir.join("junk.json");
+    profile_command(&out, &["-m", "cpu"], &[prog.to_str().unwrap(), "2"]);
+    let v = Viewer::load(&out).unwrap();
+    let procs = v.processes().unwrap();
+    let p = procs
+        .iter()
+        .find(|p| p.name == "junk")
+        .expect("process junk");
+    let paths = v.call_paths(&p.threads[0].handle).unwrap();
+    let in_spin = paths.count(|n| n.iter().any(|f| f == "spin"));
+    let marked = paths.count(|n| {
+        n.first().is_some_and(|f| f == "[truncated]")
+            && n.get(1).is_some_and(|f| f == "junk_frame")
+            && n.iter().any(|f| f == "spin")
+    });
+    assert!(in_spin > 1000, "{in_spin} samples in spin");
+    assert!(
+        marked as f64 >= 0.95 * in_spin as f64,
+        "{marked} of {in_spin} samples in spin are [truncated];junk_frame;...;spin"
+    );
+    let junk = paths.count(|n| n.iter().any(|f| f.contains("3fc33c32")));
+    assert_eq!(junk, 0, "frames made of junk");
+}
+
+const STRIPPED_LIB_C: &str = r#"
+#include <time.h>
+volatile unsigned long sink;
+static __attribute__((noinline)) void hidden_spin(double secs) {
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    do {
+        for (int i = 0; i < 100000; i++) sink += i;
+        clock_gettime(CLOCK_MONOTONIC, &t);
+    } while ((t.tv_sec - t0.tv_sec) + (t.tv_nsec - t0.tv_nsec) / 1e9 < secs);
+}
+void run_stripped(double secs) { hidden_spin(secs); sink++; }
+"#;
+
+const STRIPPED_MAIN_C: &str = r#"
+#include <dlfcn.h>
+#include <stdlib.h>
+int main(int argc, char **argv) {
+    void *h = dlopen(argv[1], RTLD_NOW);
+    if (!h) return 2;
+    void (*run)(double) = (void (*)(double))dlsym(h, "run_stripped");
+    run(atof(argv[2]));
+    return 0;
+}
+"#;
+
+/// A function without a symbol (a stripped library's static function) is named by its library
+/// and offset, `libname+0xoffset`, as perf does, never a bare address.
+#[test]
+fn functions_without_symbols_are_named_by_library_and_offset() {
+    require_root();
+    let dir = scratch("native_stripped");
+    let lib = compile_c(
+        &dir,
+        "libstripped.so",
+        STRIPPED_LIB_C,
+        &["-O2", "-shared", "-fPIC"],
+    );
+    assert!(Command::new("strip")
+        .arg(&lib)
+        .status()
+        .expect("strip")
+        .success());
+    let prog = compile_c(&dir, "stripped_main", STRIPPED_MAIN_C, &["-O2", "-ldl"]);
+    let out = dir.join("stripped.json");
+    profile_command(
+        &out,
+        &["-m", "cpu"],
+        &[prog.to_str().unwrap(), lib.to_str().unwrap(), "2"],
+    );
+    let v = Viewer::load(&out).unwrap();
+    let procs = v.processes().unwrap();
+    let p = procs
+        .iter()
+        .find(|p| p.name == "stripped_main")
+        .expect("process stripped_main");
+    let paths = v.call_paths(&p.threads[0].handle).unwrap();
+    let named = |f: &str| {
+        f.strip_prefix("libstripped.so+0x")
+            .is_some_and(|h| !h.is_empty() && h.chars().all(|c| c.is_ascii_hexdigit()))
+    };
+    let hidden = paths.count(|n| {
+        let i = n.iter().position(|f| f == "run_stripped");
+        let j = n.iter().position(|f| named(f));
+        matches!((i, j), (Some(i), Some(j)) if i < j)
+    });
+    assert!(
+        hidden as f64 >= 0.8 * paths.total as f64,
+        "{hidden} of {} samples in run_stripped > libstripped.so+0x...",
+        paths.total
+    );
+    let bare = paths.count(|n| n.iter().any(|f| f.starts_with("0x")));
+    assert!(
+        (bare as f64) < 0.01 * paths.total as f64,
+        "{bare} samples with a bare address"
+    );
+}
