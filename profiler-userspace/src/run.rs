@@ -130,6 +130,23 @@ pub async fn run(cli: RunArgs, command: Command) -> Result<i32, AppError> {
         Some(launch::launch(&cli.command)?)
     };
     let mut explicit = cli.pid.clone();
+    if cli.subprocesses {
+        // The processes a --pid target has started already are profiled too; new ones are
+        // followed through fork events.
+        for &pid in &cli.pid {
+            let found: Vec<u32> = process::descendants(pid)
+                .into_iter()
+                .filter(|p| !explicit.contains(p) && *p != std::process::id())
+                .collect();
+            if !cli.quiet {
+                eprintln!(
+                    "tachyon-bpf: --pid {pid} --subprocesses: {} running descendants profiled too",
+                    found.len()
+                );
+            }
+            explicit.extend(found);
+        }
+    }
     explicit.extend(launched.as_ref().map(|l| l.pid));
     for &pid in &explicit {
         capture.add_target(pid)?;

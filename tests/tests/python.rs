@@ -540,3 +540,83 @@ fn newer_python_is_reported_once_and_keeps_native_stacks() {
         "Python frames on an unsupported version: {cats:?}"
     );
 }
+
+const PARENT_OF_WORKERS: &str = r#"
+import subprocess, sys, time
+CHILD = """
+import time
+def child_work():
+    t0 = time.time()
+    while time.time() - t0 < 30:
+        sum(range(1000))
+child_work()
+"""
+kids = [subprocess.Popen([sys.executable, "-c", CHILD]) for _ in range(2)]
+print(" ".join(str(k.pid) for k in kids), flush=True)
+time.sleep(30)
+"#;
+
+/// `--pid P --subprocesses` profiles the processes P started before the profiler did (a
+/// server's workers, a pool's children), not only later ones.
+#[test]
+fn subprocesses_of_a_pid_include_running_children() {
+    require_root();
+    let dir = scratch("py_subprocesses");
+    let script = dir.join("parent.py");
+    std::fs::write(&script, PARENT_OF_WORKERS).unwrap();
+    let mut parent = Command::new(python("3.12.1"))
+        .arg(&script)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(parent.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    let kids: Vec<String> = line.split_whitespace().map(str::to_string).collect();
+    assert_eq!(kids.len(), 2, "{line}");
+    let out = dir.join("workers.json");
+    let pid = parent.id().to_string();
+    let o = run_profiler(
+        &[
+            "-o",
+            out.to_str().unwrap(),
+            "--pid",
+            &pid,
+            "--subprocesses",
+            "-d",
+            "2",
+        ],
+        Duration::from_secs(60),
+    );
+    let _ = parent.kill();
+    for k in &kids {
+        let _ = Command::new("kill").arg(k).status();
+    }
+    let _ = parent.wait();
+    assert!(o.status.success(), "{}", stderr_of(&o));
+    let err = stderr_of(&o);
+    assert!(
+        err.contains(&format!(
+            "--pid {pid} --subprocesses: 2 running descendants"
+        )),
+        "{err}"
+    );
+    let v = Viewer::load(&out).unwrap();
+    let procs = v.processes().unwrap();
+    for k in &kids {
+        let p = procs
+            .iter()
+            .find(|p| &p.pid == k)
+            .unwrap_or_else(|| panic!("worker {k} is in the profile"));
+        let c = v.call_paths(&p.threads[0].handle).unwrap();
+        let work = c.count(|n| n.iter().any(|f| f == "child_work"));
+        assert!(
+            work as f64 >= 0.9 * c.total as f64 && c.total > 1000,
+            "worker {k}: {work} of {} ms in child_work",
+            c.total
+        );
+    }
+}

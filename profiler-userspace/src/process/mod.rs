@@ -60,6 +60,50 @@ pub fn is_kernel_thread(pid: u32) -> bool {
         .is_some_and(|flags| flags & 0x0020_0000 != 0)
 }
 
+/// The parent of `pid` (field 4 of `/proc/PID/stat`).
+fn parent_of(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rfind(')')
+        .and_then(|i| stat[i + 1..].split_whitespace().nth(1))
+        .and_then(|f| f.parse().ok())
+}
+
+/// Processes look at most this many levels down for descendants.
+const MAX_GENERATIONS: usize = 64;
+
+/// Every process descending from `root` now (children, their children, ...), from the host's
+/// (pid, parent) pairs.
+pub fn descendants(root: u32) -> Vec<u32> {
+    let pairs: Vec<(u32, u32)> = std::fs::read_dir("/proc")
+        .map(|d| {
+            d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+                .filter_map(|pid: u32| Some((pid, parent_of(pid)?)))
+                .collect()
+        })
+        .unwrap_or_default();
+    descendants_in(&pairs, root)
+}
+
+/// The descendants of `root` among (pid, parent) pairs, nearest first; bounded, and a loop in
+/// the pairs (pid reuse between reads) ends.
+fn descendants_in(pairs: &[(u32, u32)], root: u32) -> Vec<u32> {
+    let mut out: Vec<u32> = Vec::new();
+    let mut level = vec![root];
+    for _ in 0..MAX_GENERATIONS {
+        let next: Vec<u32> = pairs
+            .iter()
+            .filter(|(pid, parent)| level.contains(parent) && *pid != root && !out.contains(pid))
+            .map(|p| p.0)
+            .collect();
+        if next.is_empty() {
+            break;
+        }
+        out.extend(&next);
+        level = next;
+    }
+    out
+}
+
 pub fn read_comm(pid: u32) -> Option<String> {
     std::fs::read_to_string(format!("/proc/{pid}/comm"))
         .ok()
@@ -215,5 +259,38 @@ impl Process {
             .checked_sub(1)?;
         let m = &self.modules[i];
         (addr < m.end).then_some(m)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn descendants_of_a_process_tree() {
+        // 1 -> 10 -> {11, 12}; 12 -> 13; 20 is unrelated; 30 <-> 31 loop.
+        let pairs = [
+            (10, 1),
+            (11, 10),
+            (12, 10),
+            (13, 12),
+            (20, 1),
+            (30, 31),
+            (31, 30),
+        ];
+        assert_eq!(descendants_in(&pairs, 10), vec![11, 12, 13]);
+        assert_eq!(descendants_in(&pairs, 13), Vec::<u32>::new());
+        assert_eq!(descendants_in(&pairs, 30), vec![31]);
+    }
+
+    #[test]
+    fn descendants_of_this_process() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("5")
+            .spawn()
+            .unwrap();
+        assert!(descendants(std::process::id()).contains(&child.id()));
+        child.kill().unwrap();
+        child.wait().unwrap();
     }
 }
