@@ -66,10 +66,16 @@ fn status_line_on_a_terminal_only_and_a_summary() {
     assert!((1..=2).contains(&threads), "threads in {last:?}");
     assert!(shown.contains("top 5 by self time (wall mode):"), "{shown}");
     let total = shown
-        .split("top 5 by total time:")
+        .split("top 5 Python functions by total time:")
         .nth(1)
-        .expect("a top by total time");
+        .expect("a top of Python functions by total time");
     assert!(total.contains("hottest (app.py:3)"), "{shown}");
+    // No native scaffolding among them.
+    let listed = total.split("per process").next().unwrap_or(total);
+    assert!(
+        !listed.contains("_start") && !listed.contains("Py_RunMain"),
+        "{listed}"
+    );
     assert!(
         shown.contains("app.py (Python 3.12.1) [pid ") && shown.contains("holding the GIL"),
         "{shown}"

@@ -67,14 +67,22 @@ pub fn lines(p: &Profile, top: usize) -> Vec<String> {
     }
     let mut by_total = funcs.clone();
     by_total.sort_by(|a, b| b.2.total_cmp(&a.2).then(a.0.cmp(&b.0)));
+    // With Python in the profile, its functions are what a user scans the totals for (the
+    // native scaffolding under them, _start to the eval loop, is in every stack).
+    let python = by_total.iter().any(|(f, _, _)| p.funcs[*f].is_python);
     // Pass-through roots (_start, the main module: in nearly every stack, no time of their own)
     // tell nothing.
     let informative: Vec<_> = by_total
         .iter()
+        .filter(|(f, _, _)| !python || p.funcs[*f].is_python)
         .filter(|(_, s, t)| pct(*t) < 95.0 || *s > 0.005 * t)
         .take(top)
         .collect();
-    out.push(format!("top {top} by total time:"));
+    out.push(if python {
+        format!("top {top} Python functions by total time:")
+    } else {
+        format!("top {top} by total time:")
+    });
     for (f, _, t) in informative {
         out.push(format!("  {:5.1}%  {}", pct(*t), func_label(p, *f)));
     }
@@ -166,8 +174,14 @@ mod tests {
             "{text}"
         );
         assert!(l[2].contains("32.1%  work (app.py:20)"), "{text}");
-        assert!(text.contains("top 3 by total time:"), "{text}");
-        assert!(text.contains("82.1%  main (app.py:10)"), "{text}");
+        // Totals list Python functions only: no native scaffolding such as `_start`.
+        let i = l
+            .iter()
+            .position(|x| x == "top 3 Python functions by total time:")
+            .unwrap_or_else(|| panic!("{text}"));
+        assert_eq!(l[i + 1], "   82.1%  main (app.py:10)", "{text}");
+        assert_eq!(l[i + 2], "   32.1%  work (app.py:20)", "{text}");
+        assert!(l[i + 3].starts_with("per process"), "{text}");
         assert!(
             text.contains(
                 "app.py (Python 3.12.1) [pid 100]: on CPU 39%, holding the GIL 39%, waiting for it 0%"
