@@ -16,8 +16,12 @@ fuzz_target!(|data: &[u8]| {
     let addr = buf.as_ptr() as u64;
     for minor in 8..=14 {
         let l = layout::builtin(minor).expect("a built-in layout for every supported version");
-        let _ = read_unicode(&me, &l, addr);
+        if let Some(s) = read_unicode(&me, &l, addr, 0) {
+            assert!(s.chars().count() <= 4096);
+        }
         let head = &buf[..header_len(&l).min(buf.len())];
-        let _ = read_code(&me, &l, head, 0);
+        if let Some(c) = read_code(&me, &l, head, Default::default()) {
+            assert!(tachyon_bpf::python::code::plausible_name(&c.name));
+        }
     }
 });

@@ -620,3 +620,111 @@ fn subprocesses_of_a_pid_include_running_children() {
         );
     }
 }
+
+/// Writes a package of `n` small modules, each doing a little work as it is imported, and a
+/// driver that imports it in fresh interpreters `rounds` times (from `.pyc` after the first).
+fn many_modules(dir: &Path, n: usize) -> std::path::PathBuf {
+    let pkg = dir.join("manymods");
+    std::fs::create_dir_all(&pkg).unwrap();
+    let mut init = String::new();
+    for i in 0..n {
+        std::fs::write(
+            pkg.join(format!("m{i}.py")),
+            format!(
+                "def build_{i}(k):\n    return sorted(str(x * {i}) for x in range(k))\n\
+                 TABLE_{i} = build_{i}(300)\n"
+            ),
+        )
+        .unwrap();
+        init.push_str(&format!("from . import m{i}\n"));
+    }
+    std::fs::write(pkg.join("__init__.py"), init).unwrap();
+    let driver = dir.join("import_many.py");
+    std::fs::write(
+        &driver,
+        "import subprocess, sys\n\
+         for _ in range(int(sys.argv[1])):\n\
+         \x20   subprocess.run([sys.executable, '-c', 'import manymods'], check=True)\n",
+    )
+    .unwrap();
+    driver
+}
+
+/// Import-heavy, short-lived code: code objects that live only while a module is imported.
+/// Every Python name in the profile is a real one (no garbage from freed memory: strings are
+/// checked against the target's str type, their flags and what a name can be).
+#[test]
+fn import_heavy_code_has_no_garbage_names() {
+    require_root();
+    let dir = scratch("py_imports");
+    let driver = many_modules(&dir, 300);
+    for label in ["3.12.1", "3.13.0"] {
+        let out = dir.join(format!("imports-{label}.json"));
+        let py = python(label);
+        let o = Command::new(profiler_bin())
+            .current_dir(&dir)
+            .args([
+                "-o",
+                out.to_str().unwrap(),
+                "-m",
+                "cpu",
+                "--subprocesses",
+                "--",
+            ])
+            .arg(&py)
+            .arg(&driver)
+            .arg("6")
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{label}: {}", stderr_of(&o));
+        let p: serde_json::Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+        let strings = p["shared"]["stringArray"].as_array().unwrap();
+        let (mut py_samples, mut unresolved) = (0u64, 0u64);
+        for t in p["threads"].as_array().unwrap() {
+            let (ft, fr, st) = (&t["funcTable"], &t["frameTable"], &t["stackTable"]);
+            let is_js = ft["isJS"].as_array().unwrap();
+            for (fi, js) in is_js.iter().enumerate() {
+                let name = strings[ft["name"][fi].as_u64().unwrap() as usize]
+                    .as_str()
+                    .unwrap();
+                if js.as_bool() == Some(true) && !name.starts_with("<unresolved") {
+                    assert!(
+                        !name.chars().any(|c| c.is_control() || c == '\u{fffd}')
+                            && !name.contains(' ')
+                            && !name.is_empty(),
+                        "{label}: garbage Python name {name:?}"
+                    );
+                }
+            }
+            for s in t["samples"]["stack"].as_array().unwrap() {
+                let (mut any_py, mut bad) = (false, false);
+                let mut cur = s.as_u64();
+                while let Some(si) = cur {
+                    let f = st["frame"][si as usize].as_u64().unwrap() as usize;
+                    let fi = fr["func"][f].as_u64().unwrap() as usize;
+                    if is_js[fi].as_bool() == Some(true) {
+                        any_py = true;
+                        let name = strings[ft["name"][fi].as_u64().unwrap() as usize]
+                            .as_str()
+                            .unwrap();
+                        bad |= name.starts_with("<unresolved");
+                    }
+                    cur = st["prefix"][si as usize].as_u64();
+                }
+                py_samples += any_py as u64;
+                unresolved += bad as u64;
+            }
+        }
+        assert!(
+            py_samples > 500,
+            "{label}: {py_samples} samples with Python frames"
+        );
+        // Code objects that live a few hundred microseconds (module bodies), and processes that
+        // exit before their last records are read, still leave frames unresolved: 15-22% of
+        // these samples, measured (issue 16 keeps it open). Bounded so that it cannot grow.
+        assert!(
+            (unresolved as f64) < 0.30 * py_samples as f64,
+            "{label}: {unresolved} of {py_samples} samples have an unresolved Python frame"
+        );
+    }
+}

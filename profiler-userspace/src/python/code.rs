@@ -23,8 +23,12 @@ pub struct CodeInfo {
 }
 
 /// Decodes a `str` object (any kind, compact or not).
-pub fn read_unicode(remote: &Remote, layout: &Layout, addr: u64) -> Option<String> {
+pub fn read_unicode(remote: &Remote, layout: &Layout, addr: u64, str_type: u64) -> Option<String> {
     let head = remote.read(addr, 80)?;
+    // Memory that was a string when the sample was taken may be anything now.
+    if str_type != 0 && le_u64(&head, 8)? != str_type {
+        return None;
+    }
     let length = le_u64(&head, 16)? as usize;
     let state = le_u32(&head, 32)?;
     let kind = ((state >> 2) & 7) as usize;
@@ -43,10 +47,16 @@ pub fn read_unicode(remote: &Remote, layout: &Layout, addr: u64) -> Option<Strin
         // Legacy (non-compact) strings keep their data behind a pointer after the compact part.
         le_u64(&head, layout.unicode_compact_data)?
     };
+    if ascii && kind != 1 {
+        return None;
+    }
     if length == 0 {
         return Some(String::new());
     }
     let bytes = remote.read(data, length * kind)?;
+    if ascii && !bytes.is_ascii() {
+        return None;
+    }
     Some(match kind {
         1 => bytes.iter().map(|&b| b as char).collect(),
         2 => bytes
@@ -99,14 +109,32 @@ pub fn ident(layout: &Layout, head: &[u8]) -> Option<[u64; 3]> {
 }
 
 /// Reads a whole code object given its header bytes.
-pub fn read_code(
-    remote: &Remote,
-    layout: &Layout,
-    head: &[u8],
-    code_type: u64,
-) -> Option<CodeInfo> {
+/// The type objects of the target's interpreter that objects read from it are checked against
+/// (0: unknown, not checked).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Types {
+    pub code: u64,
+    pub str: u64,
+}
+
+/// A function's (qualified) name as CPython makes them: identifiers joined by dots, with
+/// `<module>`, `<lambda>`, `<locals>`... Anything else read from a target is garbage (freed and
+/// reused memory, a torn read) and is never shown.
+pub fn plausible_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= MAX_STR
+        && s.chars()
+            .all(|c| c.is_alphanumeric() || matches!(c, '_' | '.' | '<' | '>' | '-' | '$'))
+}
+
+/// A file name as shown: no control characters and no replacement characters.
+pub fn plausible_file(s: &str) -> bool {
+    !s.is_empty() && !s.chars().any(|c| c.is_control() || c == '\u{fffd}')
+}
+
+pub fn read_code(remote: &Remote, layout: &Layout, head: &[u8], types: Types) -> Option<CodeInfo> {
     let id = ident(layout, head)?;
-    if code_type != 0 && id[0] != code_type {
+    if types.code != 0 && id[0] != types.code {
         return None;
     }
     let name_ptr = layout
@@ -114,9 +142,13 @@ pub fn read_code(
         .and_then(|q| le_u64(head, q))
         .filter(|&p| p != 0)
         .unwrap_or(id[2]);
-    let name =
-        read_unicode(remote, layout, name_ptr).or_else(|| read_unicode(remote, layout, id[2]))?;
-    let file = read_unicode(remote, layout, id[1]).unwrap_or_else(|| "<unknown>".into());
+    let read = |p: u64| read_unicode(remote, layout, p, types.str);
+    let name = read(name_ptr)
+        .filter(|n| plausible_name(n))
+        .or_else(|| read(id[2]).filter(|n| plausible_name(n)))?;
+    let file = read(id[1])
+        .filter(|f| plausible_file(f))
+        .unwrap_or_else(|| "<unknown>".into());
     let firstlineno = le_u32(head, layout.code_firstlineno)? as i32;
     let linetable = le_u64(head, layout.code_linetable)
         .and_then(|p| read_bytes_object(remote, p))
@@ -393,5 +425,50 @@ mod tests {
             }
         }
         assert_eq!(line_lookup(10, &code(3, vec![0x7f]), 1), (3, true));
+    }
+
+    #[test]
+    fn garbage_names_are_not_names() {
+        for good in [
+            "f",
+            "Klass.méthode",
+            "<module>",
+            "outer.<locals>.<lambda>",
+            "__init__",
+        ] {
+            assert!(plausible_name(good), "{good:?}");
+        }
+        for bad in ["", "\0", "a\u{1}b", "f\u{fffd}", "two words", "x\ny"] {
+            assert!(!plausible_name(bad), "{bad:?}");
+        }
+        assert!(plausible_file("/srv/app/é.py") && plausible_file("<frozen importlib._bootstrap>"));
+        assert!(!plausible_file("a\0.py") && !plausible_file("\u{fffd}.py") && !plausible_file(""));
+    }
+
+    /// A compact ASCII str object laid out in this process's memory, read back as from a
+    /// target: only an object of the given type, with bytes that agree with its flags, reads.
+    #[test]
+    fn strings_are_checked_against_their_type_and_flags() {
+        let l = crate::python::layout::builtin(12).unwrap();
+        let me = Remote {
+            pid: std::process::id(),
+        };
+        let make = |text: &[u8]| {
+            let mut b = vec![0u8; l.unicode_ascii_data + text.len() + 1];
+            b[8..16].copy_from_slice(&0x5555u64.to_le_bytes());
+            b[16..24].copy_from_slice(&(text.len() as u64).to_le_bytes());
+            // kind 1, compact, ascii
+            b[32..36].copy_from_slice(&((1u32 << 2) | (1 << 5) | (1 << 6)).to_le_bytes());
+            b[l.unicode_ascii_data..l.unicode_ascii_data + text.len()].copy_from_slice(text);
+            b
+        };
+        let ok = make(b"run");
+        assert_eq!(
+            read_unicode(&me, &l, ok.as_ptr() as u64, 0x5555).as_deref(),
+            Some("run")
+        );
+        assert_eq!(read_unicode(&me, &l, ok.as_ptr() as u64, 0x6666), None);
+        let torn = make(b"r\xe9n");
+        assert_eq!(read_unicode(&me, &l, torn.as_ptr() as u64, 0x5555), None);
     }
 }

@@ -113,6 +113,8 @@ pub struct PyProcess {
     runtime: u64,
     none_addr: u64,
     code_type: u64,
+    /// Address of `PyUnicode_Type` (0 if unknown): a string read from the target must be one.
+    str_type: u64,
     pub config: PyProcConfig,
     /// Host tid -> thread state, as last pushed to the BPF map.
     pub threads: HashMap<u32, u64>,
@@ -159,7 +161,13 @@ impl PyProcess {
     /// Finds the CPython runtime of `proc` (its mappings must be loaded).
     pub fn discover(proc: &Process) -> Result<PyProcess, NotPython> {
         let remote = Remote { pid: proc.pid };
-        let wanted = ["_PyRuntime", "Py_Version", "_Py_NoneStruct", "PyCode_Type"];
+        let wanted = [
+            "_PyRuntime",
+            "Py_Version",
+            "_Py_NoneStruct",
+            "PyCode_Type",
+            "PyUnicode_Type",
+        ];
         for m in &proc.modules {
             let Some(elf) = &m.elf else { continue };
             let file_name = m.path.rsplit('/').next().unwrap_or("");
@@ -241,6 +249,7 @@ impl PyProcess {
                 runtime,
                 none_addr: addr("_Py_NoneStruct"),
                 code_type: addr("PyCode_Type"),
+                str_type: addr("PyUnicode_Type"),
                 config,
                 threads: HashMap::new(),
                 codes: FxHashMap::default(),
@@ -375,7 +384,10 @@ impl PyProcess {
                     &self.remote,
                     &self.layout,
                     &head,
-                    self.code_type,
+                    code::Types {
+                        code: self.code_type,
+                        str: self.str_type,
+                    },
                 )?);
                 self.codes.insert(a, (c.clone(), epoch));
                 Some(c)
