@@ -728,3 +728,52 @@ fn import_heavy_code_has_no_garbage_names() {
         );
     }
 }
+
+const SORT_WITH_KEY: &str = r#"
+import time
+def key(x):
+    return -x
+def work():
+    data = list(range(20000))
+    sorted(data, key=key)
+t0 = time.time()
+while time.time() - t0 < 2:
+    work()
+"#;
+
+/// One logical call, one node: `sorted` calling `list.sort` shows `builtin_sorted > list_sort`
+/// whether the sample is in `key` (called back from C) or in the sort's own C code; the
+/// interpreter's call machinery between them (`PyObject_Vectorcall`,
+/// `cfunction_vectorcall_FASTCALL_KEYWORDS`) is hidden in both. It was kept where no Python
+/// frame followed: two sibling nodes for one call, about 2:1.
+#[test]
+fn a_call_path_has_one_shape_whatever_runs_below() {
+    require_root();
+    let dir = scratch("py_one_shape");
+    let script = dir.join("sort_key.py");
+    std::fs::write(&script, SORT_WITH_KEY).unwrap();
+    let out = dir.join("sort_key.json");
+    profile_command(
+        &out,
+        &["-m", "cpu"],
+        &[python("3.12.1").to_str().unwrap(), script.to_str().unwrap()],
+    );
+    let v = Viewer::load(&out).unwrap();
+    let procs = v.processes().unwrap();
+    let t = main_thread(&procs, "sort_key.py");
+    let paths = v.call_paths(&t.handle).unwrap();
+    let in_sort = paths.count(|n| n.iter().any(|f| f == "list_sort"));
+    let direct = paths.count(|n| {
+        n.windows(3)
+            .any(|w| w[0] == "work" && w[1] == "builtin_sorted" && w[2] == "list_sort")
+    });
+    let in_key = paths.count(|n| n.iter().any(|f| f == "key"));
+    assert!(
+        in_sort > 1000 && in_key > 100,
+        "{in_sort} in list.sort, {in_key} in key"
+    );
+    assert!(
+        direct as f64 >= 0.97 * in_sort as f64,
+        "{direct} of {in_sort} samples in list.sort have work > builtin_sorted > list_sort"
+    );
+}

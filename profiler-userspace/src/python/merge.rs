@@ -1,6 +1,7 @@
 //! Splicing Python frames into native stacks: each interpreter activation replaces the native
-//! eval-loop frame that runs it. Interpreter call machinery between Python frames is hidden
-//! unless asked for; mismatches are counted and no Python frame is ever dropped.
+//! eval-loop frame that runs it. Interpreter call machinery under a Python frame is hidden
+//! unless asked for (wherever real code follows it, so one call path has one shape); mismatches
+//! are counted and no Python frame is ever dropped.
 
 use std::sync::Arc;
 
@@ -15,7 +16,7 @@ pub fn is_eval_frame(name: &str) -> bool {
 
 /// Interpreter call machinery: hidden between Python frames by default.
 pub fn is_internal(name: &str) -> bool {
-    const PREFIXES: [&str; 24] = [
+    const PREFIXES: [&str; 29] = [
         "_PyEval_",
         "_PyFunction_",
         "PyObject_Vectorcall",
@@ -40,6 +41,13 @@ pub fn is_internal(name: &str) -> bool {
         "_Py_HandlePending",
         "object_vacall",
         "PyObject_VectorcallMethod",
+        // Attribute access reaching a property or descriptor: a specialized instruction calls
+        // the getter from the eval loop directly, the generic one through these.
+        "PyObject_GetAttr",
+        "_PyObject_GenericGetAttrWithDict",
+        "PyObject_GenericGetAttr",
+        "property_descr_get",
+        "slot_tp_getattr_hook",
     ];
     PREFIXES.iter().any(|p| name.starts_with(p))
 }
@@ -84,6 +92,8 @@ pub fn merge(
     let max_act = pairs.iter().map(|p| p.1).max();
     let first_eval = pairs.iter().map(|p| p.0).min();
     let last_eval = pairs.iter().map(|p| p.0).max();
+    // The innermost native frame that is not machinery.
+    let last_real = native.iter().rposition(|(_, n)| !is_internal(n));
 
     let mut out =
         Vec::with_capacity(native.len() + activations.iter().map(Vec::len).sum::<usize>());
@@ -106,10 +116,13 @@ pub fn merge(
             }
             continue;
         }
-        // Between Python frames: between two paired eval frames, or below the first one when
-        // unpaired outer activations were put at the root.
-        let between = matches!((first_eval, last_eval), (Some(f), Some(l)) if (i > f || leading > 0) && i < l);
-        if between && !show_internal && is_internal(name) {
+        // Machinery under a Python frame is hidden wherever real code follows it: between two
+        // Python frames, and above a native callee (a C function that may or may not call back
+        // into Python). So a call path has one shape whatever runs below it. Machinery at the
+        // leaf (the time spent in it) stays.
+        let below_python = first_eval.is_some_and(|f| i > f) || leading > 0;
+        let followed = last_eval.is_some_and(|l| i < l) || last_real.is_some_and(|r| i < r);
+        if below_python && followed && !show_internal && is_internal(name) {
             continue;
         }
         out.push(*frame);
@@ -193,5 +206,32 @@ mod tests {
             merge(&native, &acts, false, false),
             (vec![1, 101, 102], Some(PyEvent::MergeMismatch))
         );
+    }
+
+    /// The same call has one shape whether the C function under it calls back into Python
+    /// (`sorted(key=...)` reaching `key`) or not (a comparison as the leaf).
+    #[test]
+    fn one_shape_whatever_runs_below() {
+        let machinery = [
+            "_start",
+            "Py_RunMain",
+            "_PyEval_EvalFrameDefault",
+            "PyObject_Vectorcall",
+            "cfunction_vectorcall_FASTCALL_KEYWORDS",
+            "builtin_sorted",
+            "list_sort_impl",
+        ];
+        let mut a = machinery.to_vec();
+        a.push("_PyEval_EvalFrameDefault");
+        let (with_key, _) = merge(&nat(&a), &[vec![1], vec![2]], false, false);
+        let mut b = machinery.to_vec();
+        b.push("unsafe_long_compare");
+        let (with_leaf, _) = merge(&nat(&b), &[vec![1]], false, false);
+        // _start, Py_RunMain, f, builtin_sorted, list_sort_impl in both.
+        assert_eq!(with_key, vec![100, 101, 1, 105, 106, 2]);
+        assert_eq!(with_leaf, vec![100, 101, 1, 105, 106, 107]);
+        // Time spent in the machinery itself stays visible.
+        let (leaf_machinery, _) = merge(&nat(&machinery[..5]), &[vec![1]], false, false);
+        assert_eq!(leaf_machinery, vec![100, 101, 1, 103, 104]);
     }
 }
