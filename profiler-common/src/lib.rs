@@ -308,7 +308,8 @@ pub struct PyProcConfig {
     pub interp_threads_head: u32,
     pub tstate_next: u32,
     pub tstate_thread_id: u32,
-    pub _pad: u32,
+    /// Bytes of a code object's head copied into `SampleHeader::code_snaps` (<= PY_CODE_SNAP).
+    pub code_head_len: u32,
 }
 
 /// One interpreter frame as read at the sampled instant.
@@ -363,7 +364,18 @@ pub struct SampleHeader {
     pub sched_state: u64,
     /// Kernel return addresses, innermost first.
     pub kstack: [u64; MAX_KSTACK],
+    /// The first bytes of the code objects of the innermost `PY_CODE_SNAPS` Python frames, as
+    /// they were at the sampled instant (`PyProcConfig::code_head_len` of each; the type word
+    /// zeroed where the read failed). A code object that lives only moments (a module body run
+    /// by an import) may be freed, and its memory reused, before user space reads it.
+    pub code_snaps: [[u8; PY_CODE_SNAP]; PY_CODE_SNAPS],
 }
+
+/// Innermost Python frames whose code object's head is copied into the sample.
+pub const PY_CODE_SNAPS: usize = 8;
+/// Bytes of a code object's head copied (covers type, names, first line and line table
+/// pointers on every supported version).
+pub const PY_CODE_SNAP: usize = 192;
 
 impl SampleHeader {
     pub const SIZE: usize = core::mem::size_of::<SampleHeader>();
@@ -405,7 +417,7 @@ const _: () = assert!(core::mem::size_of::<Config>() == 72);
 const _: () = assert!(core::mem::size_of::<PyProcConfig>() == 120);
 const _: () = assert!(EventRecord::SIZE == 56);
 const _: () = assert!(core::mem::size_of::<PyFrame>() == 16);
-const _: () = assert!(SampleHeader::SIZE == 120 + MAX_KSTACK * 8);
+const _: () = assert!(SampleHeader::SIZE == 120 + MAX_KSTACK * 8 + PY_CODE_SNAPS * PY_CODE_SNAP);
 const _: () = assert!(SampleHeader::SIZE.is_multiple_of(8));
 
 #[cfg(feature = "user")]

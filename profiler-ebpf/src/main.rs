@@ -829,6 +829,27 @@ fn step(index: u64) -> i64 {
         };
     }
     hdr.py_len = i as u32 + 1;
+    if i < PY_CODE_SNAPS {
+        // The head of the code object as it is now: one read. A code object run once (a
+        // module body) may be freed before user space reads it.
+        let snap = &mut hdr.code_snaps[i & (PY_CODE_SNAPS - 1)];
+        let mut n = pc.code_head_len as usize;
+        if n > PY_CODE_SNAP {
+            n = PY_CODE_SNAP;
+        }
+        // SAFETY: n <= PY_CODE_SNAP, the size of the destination; the source is a user address.
+        let r = unsafe {
+            bpf_probe_read_user(
+                snap.as_mut_ptr() as *mut c_void,
+                n as u32,
+                code as *const c_void,
+            )
+        };
+        if r != 0 {
+            // The type word: a zero one marks the copy as failed.
+            snap[8..16].copy_from_slice(&[0; 8]);
+        }
+    }
     let previous = frame_u64(fbuf, pc.frame_previous);
     if previous == w.frame {
         hdr.flags |= SAMPLE_PY_CYCLE;

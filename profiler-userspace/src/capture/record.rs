@@ -4,9 +4,9 @@
 //! `profiler-common`). Lengths come from the kernel side and are checked against the record size.
 
 use profiler_common::{
-    EventRecord, PyFrame, SampleHeader, MAX_KSTACK, MAX_PY_FRAMES, MAX_USTACK, RECORD_EXEC,
-    RECORD_EXIT, RECORD_FORK, RECORD_SAMPLE, RECORD_SWITCH_IN, RECORD_SWITCH_OUT,
-    RECORD_SWITCH_OUT_BRIEF, REUSE_LATEST, REUSE_OFF_CPU,
+    EventRecord, PyFrame, SampleHeader, MAX_KSTACK, MAX_PY_FRAMES, MAX_USTACK, PY_CODE_SNAP,
+    PY_CODE_SNAPS, RECORD_EXEC, RECORD_EXIT, RECORD_FORK, RECORD_SAMPLE, RECORD_SWITCH_IN,
+    RECORD_SWITCH_OUT, RECORD_SWITCH_OUT_BRIEF, REUSE_LATEST, REUSE_OFF_CPU,
 };
 
 /// One ring-buffer record.
@@ -118,6 +118,9 @@ pub struct RawSample {
     pub py_gil_holder: u64,
     pub py_gil_locked: u32,
     pub py_gc_collecting: u32,
+    /// The heads of the innermost Python frames' code objects at the sampled instant
+    /// (`SampleHeader::code_snaps`), one per frame up to `PY_CODE_SNAPS`.
+    pub code_snaps: Vec<[u8; PY_CODE_SNAP]>,
     /// The user stack from `sp` upwards.
     pub stack: Vec<u8>,
 }
@@ -192,6 +195,7 @@ impl RawSample {
             py_gil_holder: h.py_gil_holder,
             py_gil_locked: h.py_gil_locked,
             py_gc_collecting: h.py_gc_collecting,
+            code_snaps: h.code_snaps[..(h.py_len as usize).min(PY_CODE_SNAPS)].to_vec(),
             stack: bytes[SampleHeader::SIZE + py_bytes..need].to_vec(),
         })
     }
@@ -231,6 +235,7 @@ mod tests {
             _pad: 0,
             sched_state: 0,
             kstack: [0xffff_ffff_8100_0000; MAX_KSTACK],
+            code_snaps: [[0; PY_CODE_SNAP]; PY_CODE_SNAPS],
         };
         // SAFETY: viewing a repr(C) value as bytes.
         unsafe {

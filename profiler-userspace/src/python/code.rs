@@ -172,6 +172,10 @@ pub fn line_for(minor: u32, code: &CodeInfo, instr: i32) -> u32 {
 /// covering the instruction, or did not decode): then the function's first line is given.
 pub fn line_lookup(minor: u32, code: &CodeInfo, instr: i32) -> (u32, bool) {
     let first = code.firstlineno as i64;
+    if code.linetable.is_empty() {
+        // No table (or none to trust): the function's first line.
+        return (code.firstlineno, false);
+    }
     let found = match minor {
         0..=9 => Ok(lnotab_line(&code.linetable, first, instr.max(0) as u64)),
         10 => linetable310_line(&code.linetable, first, 2 * instr.max(0) as u64),

@@ -372,7 +372,7 @@ impl Layout {
             interp_threads_head: self.interp_threads_head as u32,
             tstate_next: self.tstate_next as u32,
             tstate_thread_id: self.thread_id as u32,
-            _pad: 0,
+            code_head_len: super::code::header_len(self).min(profiler_common::PY_CODE_SNAP) as u32,
         }
     }
 

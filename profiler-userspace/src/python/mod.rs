@@ -399,6 +399,44 @@ impl PyProcess {
         out
     }
 
+    /// The code object a frame ran at the sampled instant, from the head the BPF program
+    /// copied then (`snap`) and what was read at its address since (`now`): `now` when it is the
+    /// same object; otherwise (freed, or its memory reused by another code object) the copy,
+    /// whose names are read from the target (strings outlive a module body's code object: they
+    /// are interned or shared with the module's functions).
+    fn sampled_code(
+        &self,
+        snap: &[u8; profiler_common::PY_CODE_SNAP],
+        now: Option<Arc<CodeInfo>>,
+    ) -> Option<Arc<CodeInfo>> {
+        let head = &snap[..code::header_len(&self.layout).min(profiler_common::PY_CODE_SNAP)];
+        let Some(id) = code::ident(&self.layout, head) else {
+            return now;
+        };
+        if let Some(ci) = &now {
+            if ci.ident == id {
+                return now;
+            }
+        }
+        // A failed copy has a zero type word: nothing to go by but what is there now.
+        if id[0] == 0 || (self.code_type != 0 && id[0] != self.code_type) {
+            return now;
+        }
+        let mut c = code::read_code(
+            &self.remote,
+            &self.layout,
+            head,
+            code::Types {
+                code: self.code_type,
+                str: self.str_type,
+            },
+        )?;
+        // The line table went with the code object: its bytes may be anything now. The frame
+        // shows the function's first line.
+        c.linetable.clear();
+        Some(Arc::new(c))
+    }
+
     fn frame_for(
         &mut self,
         out: &mut impl ProfileSink,
@@ -746,14 +784,19 @@ impl PythonRegistry {
 
         let mut activations: Vec<Vec<FrameRef>> = Vec::new();
         let mut cur: Vec<FrameRef> = Vec::new(); // innermost first
-        for (f, (_, shim)) in s.py_frames.iter().zip(&real) {
+        for (i, (f, (_, shim))) in s.py_frames.iter().zip(&real).enumerate() {
             if *shim {
                 if !cur.is_empty() {
                     activations.push(std::mem::take(&mut cur));
                 }
                 continue;
             }
-            let frame = match infos.get(&f.code).cloned().flatten() {
+            let now = infos.get(&f.code).cloned().flatten();
+            let info = match s.code_snaps.get(i) {
+                Some(snap) => p.sampled_code(snap, now),
+                None => now,
+            };
+            let frame = match info {
                 Some(ci) => p.frame_for(out, f.code, &ci, f.instr),
                 None => {
                     out.count(PyEvent::Unresolved);
