@@ -129,8 +129,8 @@ fn rotation_keeps_complete_files_and_no_more_than_keep() {
     let written: u64 = err
         .lines()
         .find_map(|l| {
-            l.split(" interval profiles")
-                .next()?
+            l.split_once(" interval profiles")?
+                .0
                 .rsplit(' ')
                 .next()?
                 .parse()
