@@ -404,17 +404,26 @@ fn thread_state(cfg: &Config, pc: &PyProcConfig, pid: u32, tid: u32) -> Option<u
         return None;
     }
     let mut t = read_user::<u64>(pc.interp + pc.interp_threads_head as u64)?;
+    let mut found = 0u64;
     for _ in 0..MAX_TSTATE_SCAN {
         if t == 0 {
-            return None;
+            break;
         }
         if read_user::<u64>(t + pc.tstate_thread_id as u64)? == fsbase {
-            let _ = PY_THREADS.insert(key, t, 0);
-            return Some(t);
+            // Up to 3.11 a state made for a new thread carries its creator's id until the new
+            // thread starts: two matches name no thread for sure.
+            if found != 0 {
+                return None;
+            }
+            found = t;
         }
         t = read_user::<u64>(t + pc.tstate_next as u64)?;
     }
-    None
+    if found == 0 {
+        return None;
+    }
+    let _ = PY_THREADS.insert(key, found, 0);
+    Some(found)
 }
 
 #[inline(always)]

@@ -306,14 +306,30 @@ impl PyProcess {
         let tasks = task_ids(self.pid);
         let ns_to_host: HashMap<u32, u32> = tasks.iter().map(|&(host, ns)| (ns, host)).collect();
         let states = self.thread_states();
-        let mut out = HashMap::new();
+        let mut candidates: HashMap<u32, Vec<u64>> = HashMap::new();
         for (tstate, ptid, ntid) in states {
             let mut ns_tid = ntid as u32;
             if ns_tid == 0 && ptid != 0 {
                 ns_tid = self.tid_from_pthread(ptid, &ns_to_host).unwrap_or(0);
             }
             if let Some(&host) = ns_to_host.get(&ns_tid) {
-                out.insert(host, tstate);
+                candidates.entry(host).or_default().push(tstate);
+            }
+        }
+        // Up to 3.11 a thread state made for a new thread carries its creator's `thread_id`
+        // until the new thread starts: two states then name one thread. The one known before
+        // stays; a thread first seen that way waits for the next read.
+        let mut out = HashMap::new();
+        for (host, states) in candidates {
+            match states[..] {
+                [one] => {
+                    out.insert(host, one);
+                }
+                _ => {
+                    if let Some(&known) = self.threads.get(&host).filter(|k| states.contains(k)) {
+                        out.insert(host, known);
+                    }
+                }
             }
         }
         out
