@@ -470,16 +470,23 @@ fn convert_of_an_impossibly_deep_recording_is_refused() {
         let f = std::fs::File::open(&rec).unwrap();
         serde_json::from_reader(flate2::read::GzDecoder::new(f)).unwrap()
     };
-    let stacks = json["profile"]["stacks"].as_array_mut().unwrap();
-    let base = stacks.len();
-    let frame = stacks[0][0].clone();
+    // The recording's stack table (docs/recording.md): a frame column and a prefix column.
+    let base = json["stacks"]["frame"].as_array().unwrap().len();
+    let frame = json["stacks"]["frame"][0].clone();
     for i in 0..5000 {
         let prefix = if i == 0 {
             serde_json::Value::Null
         } else {
             (base + i - 1).into()
         };
-        stacks.push(serde_json::json!([frame, prefix]));
+        json["stacks"]["frame"]
+            .as_array_mut()
+            .unwrap()
+            .push(frame.clone());
+        json["stacks"]["prefix"]
+            .as_array_mut()
+            .unwrap()
+            .push(prefix);
     }
     let deep = d.join("deep.tbpf");
     {
