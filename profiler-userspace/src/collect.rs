@@ -76,7 +76,13 @@ impl ProfileSink for PySink<'_> {
             category: Category::Python,
             is_python: true,
         });
-        self.python_frame_unlined(func)
+        self.0.frame(Frame {
+            func,
+            line: None,
+            address: None,
+            symbol_address: None,
+            category: Category::Python,
+        })
     }
 
     fn count(&mut self, event: PyEvent) {
@@ -92,18 +98,6 @@ impl ProfileSink for PySink<'_> {
             PyEvent::Merged => &mut c.py_merged,
             PyEvent::MergeMismatch => &mut c.py_merge_mismatch,
         } += 1;
-    }
-}
-
-impl PySink<'_> {
-    fn python_frame_unlined(&mut self, func: FrameRef) -> FrameRef {
-        self.0.frame(Frame {
-            func,
-            line: None,
-            address: None,
-            symbol_address: None,
-            category: Category::Python,
-        })
     }
 }
 

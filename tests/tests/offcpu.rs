@@ -38,6 +38,23 @@ fn thread_with(v: &Viewer, func: &str) -> (ThreadInfo, CallPaths) {
     found.pop().unwrap()
 }
 
+/// Every thread of every process of a profile.
+fn all_threads(v: &Viewer) -> Vec<ThreadInfo> {
+    v.processes()
+        .unwrap()
+        .into_iter()
+        .flat_map(|p| p.threads)
+        .collect()
+}
+
+/// The thread with OS id `tid` (as the script printed it).
+fn thread_by_tid<'a>(threads: &'a [ThreadInfo], tid: u64, label: &str) -> &'a ThreadInfo {
+    threads
+        .iter()
+        .find(|t| t.tid == tid)
+        .unwrap_or_else(|| panic!("{label}: thread {tid} is in the profile"))
+}
+
 const SLEEPER: &str = r#"
 import time
 
@@ -257,17 +274,9 @@ fn threads_that_block_at_once_keep_their_python_frames() {
             .collect();
         assert_eq!(tids.len(), 4, "{label}: {out}");
         let v = Viewer::load(&profile).unwrap();
-        let threads: Vec<ThreadInfo> = v
-            .processes()
-            .unwrap()
-            .into_iter()
-            .flat_map(|p| p.threads)
-            .collect();
+        let threads = all_threads(&v);
         for tid in tids {
-            let t = threads
-                .iter()
-                .find(|t| t.tid == tid)
-                .unwrap_or_else(|| panic!("{label}: thread {tid} is in the profile"));
+            let t = thread_by_tid(&threads, tid, label);
             let c = v.call_paths(&t.handle).unwrap();
             // `wait` before 3.11, `Event.wait` (its qualified name) after.
             let with_frames = c.count(|n| {
@@ -310,17 +319,9 @@ fn gil_waits_match_what_threads_measure() {
         let (profile, out) = profile_script(&dir, "contend", &python(label), CONTEND, &[]);
         let res: Vec<(u64, f64, f64)> = serde_json::from_str(out.trim()).unwrap();
         let v = Viewer::load(&profile).unwrap();
-        let threads: Vec<ThreadInfo> = v
-            .processes()
-            .unwrap()
-            .into_iter()
-            .flat_map(|p| p.threads)
-            .collect();
+        let threads = all_threads(&v);
         for (tid, wall, cpu) in res {
-            let t = threads
-                .iter()
-                .find(|t| t.tid == tid)
-                .unwrap_or_else(|| panic!("{label}: thread {tid} is in the profile"));
+            let t = thread_by_tid(&threads, tid, label);
             let m = v.marker_totals(&t.handle).unwrap();
             let total = |n: &str| m.get(n).map(|x| x.1).unwrap_or(0.0);
             let waited_ms = (wall - cpu) * 1000.0;
