@@ -32,22 +32,12 @@ pub const NO_OFFSET: u32 = u32::MAX;
 /// Record kinds. A record starts with its kind (u32).
 /// A timer sample of a thread on a CPU: a [`SampleHeader`] record.
 pub const RECORD_SAMPLE: u32 = 1;
-/// A thread left the CPU (`sched_switch`), with the full capture: a [`SampleHeader`] record whose
-/// `sched_state` is the thread's state as it left.
+/// A thread left the CPU to block (`sched_switch`) at a point where it had not blocked before:
+/// the full capture, a [`SampleHeader`] record whose `sched_state` is the thread's state as it
+/// left. Its `time_ns` identifies it: [`SchedRecord`]s charge off-CPU time to it by that time.
 pub const RECORD_SWITCH_OUT: u32 = 2;
-/// A thread left the CPU without a capture: an [`EventRecord`] with `arg0` = the task state as it
-/// left and `arg1` one of `REUSE_*`.
-pub const RECORD_SWITCH_OUT_BRIEF: u32 = 3;
-/// No stack applies (times only: cpu mode).
-pub const REUSE_NONE: u64 = 0;
-/// The thread went to sleep again less than a sampling period after its last off-CPU capture:
-/// that capture's stack and state apply.
-pub const REUSE_OFF_CPU: u64 = 1;
-/// The thread was preempted while runnable: it stopped where it was running, so its latest
-/// sample or capture applies.
-pub const REUSE_LATEST: u64 = 2;
-/// A thread came back on a CPU: an [`EventRecord`].
-pub const RECORD_SWITCH_IN: u32 = 4;
+/// A thread's scheduler accounting: a [`SchedRecord`].
+pub const RECORD_SCHED: u32 = 3;
 /// A task was created: an [`EventRecord`] from the parent, `arg0` = child tgid, `arg1` = child tid.
 pub const RECORD_FORK: u32 = 5;
 /// A process replaced its program (`execve`): an [`EventRecord`] with the new comm.
@@ -92,9 +82,10 @@ pub mod names {
     pub const MAP_SCRATCH: &str = "SCRATCH";
     pub const MAP_FRAME: &str = "FRAME";
     pub const MAP_WALK: &str = "WALK";
-    pub const MAP_LAST_CAPTURE: &str = "LAST_CAPTURE";
+    pub const MAP_SCHED: &str = "SCHED";
+    pub const MAP_SCHED_NEW: &str = "SCHED_NEW";
     pub const MAP_SAMPLES: &str = "SAMPLES";
-    pub const MAPS: [&str; 10] = [
+    pub const MAPS: [&str; 11] = [
         MAP_CONFIG,
         MAP_TARGETS,
         MAP_PY_PROCS,
@@ -103,7 +94,8 @@ pub mod names {
         MAP_SCRATCH,
         MAP_FRAME,
         MAP_WALK,
-        MAP_LAST_CAPTURE,
+        MAP_SCHED,
+        MAP_SCHED_NEW,
         MAP_SAMPLES,
     ];
 
@@ -148,7 +140,13 @@ pub const STAT_EVENTS_LOST: u32 = 7;
 pub const STAT_SWITCH_CAPTURES: u32 = 8;
 /// Samples in kernel mode whose user registers could not be read from the task.
 pub const STAT_UREGS_FAIL: u32 = 9;
-pub const STAT_COUNT: u32 = 10;
+/// Scheduler accounting records written (`RECORD_SCHED`).
+pub const STAT_SCHED_RECORDS: u32 = 10;
+/// Off-CPU intervals at a new blocking point that got no capture (budget spent or ring full).
+pub const STAT_OFF_UNCAPTURED: u32 = 11;
+/// Threads the scheduler map had no room for (their times are not accounted).
+pub const STAT_SCHED_FULL: u32 = 12;
+pub const STAT_COUNT: u32 = 13;
 
 /// Every counter of the `STATS` map: (index, name, meaning). The summary and each profile's
 /// `meta.tachyon.bpfCounters` show them all by these names.
@@ -203,12 +201,27 @@ pub const STATS: [(u32, &str, &str); STAT_COUNT as usize] = [
         "uregsFail",
         "kernel-mode samples whose user registers were unreadable",
     ),
+    (
+        STAT_SCHED_RECORDS,
+        "schedRecords",
+        "scheduler accounting records written (a span of short intervals, or one long one)",
+    ),
+    (
+        STAT_OFF_UNCAPTURED,
+        "offUncaptured",
+        "blocks at a new point that got no stack (capture budget spent, or ring full)",
+    ),
+    (
+        STAT_SCHED_FULL,
+        "schedMapFull",
+        "threads without scheduler accounting: the thread map was full",
+    ),
 ];
 
 /// What the `sched_switch` program records (`Config::offcpu`).
 /// Nothing: the program is not attached.
 pub const OFFCPU_NONE: u32 = 0;
-/// Switch-out and switch-in times only (exact on/off-CPU timelines and CPU use).
+/// Scheduler accounting only (on/off-CPU timelines and CPU use), no stacks.
 pub const OFFCPU_TIMES: u32 = 1;
 /// Times plus a full capture (stacks, Python frames, state) when a thread leaves the CPU.
 pub const OFFCPU_STACKS: u32 = 2;
@@ -236,9 +249,10 @@ pub struct Config {
     pub exec_all: u32,
     /// Records do not wake the reader (it polls) until this many bytes wait in the ring buffer.
     pub wakeup_bytes: u32,
-    /// Minimum nanoseconds between two full off-CPU captures of one thread (the sampling period):
-    /// a thread switching more often than that reuses its last capture's stack.
-    pub offcpu_min_gap_ns: u64,
+    /// The sampling period in nanoseconds: on- and off-CPU intervals shorter than this are
+    /// summed into spans of about this length (see `ThreadSched`), and new off-CPU captures of
+    /// one thread are limited to 16 per period.
+    pub sched_span_ns: u64,
     /// Byte offset of the task state in `task_struct` (`__state` since 5.14, `state` before; the
     /// low 32 bits are read). Used where `sched_switch` does not pass `prev_state` (before 5.18).
     pub task_state_off: u32,
@@ -254,6 +268,13 @@ pub struct Config {
     /// Byte offset of `thread.fsbase` in `task_struct` (the thread pointer, which glibc's
     /// `pthread_self` returns and CPython stores as a thread state's `thread_id`), or 0.
     pub task_fsbase_off: u32,
+    /// Byte offsets in `task_struct` of `se.sum_exec_runtime` (the thread's CPU time so far, in
+    /// ns, brought up to date before `sched_switch` runs) and `se.prev_sum_exec_runtime` (its
+    /// value when the thread last got a CPU). The scheduler program runs for the thread leaving
+    /// only: the CPU time since its previous switch-out says when it came back.
+    pub task_sum_exec_off: u32,
+    pub task_prev_sum_exec_off: u32,
+    pub _pad: u32,
 }
 
 /// Where a Python process keeps what the frame walk needs. Offsets are byte offsets into the
@@ -381,8 +402,7 @@ impl SampleHeader {
     pub const SIZE: usize = core::mem::size_of::<SampleHeader>();
 }
 
-/// A scheduler or lifetime event (`RECORD_SWITCH_IN`, `RECORD_SWITCH_OUT_BRIEF`, `RECORD_FORK`,
-/// `RECORD_EXEC`, `RECORD_EXIT`).
+/// A lifetime event (`RECORD_FORK`, `RECORD_EXEC`, `RECORD_EXIT`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct EventRecord {
@@ -401,6 +421,82 @@ impl EventRecord {
     pub const SIZE: usize = core::mem::size_of::<EventRecord>();
 }
 
+/// Capture slots a thread keeps: the blocking points it blocked at most recently, each with the
+/// capture taken there. A block at one of them is charged to its capture without a new one.
+pub const SCHED_SLOTS: usize = 4;
+/// Where an off-CPU interval is charged (`SchedRecord::off_ns` index): slots `0..SCHED_SLOTS`
+/// are the thread's captures, then these.
+/// Preempted while runnable: it stopped where it ran, so its latest sample or capture applies.
+pub const ATTR_LATEST: u32 = SCHED_SLOTS as u32;
+/// Blocked where no capture could be taken (the ring buffer was full, or more new blocking
+/// points than the capture budget): time without a stack.
+pub const ATTR_UNCAPTURED: u32 = SCHED_SLOTS as u32 + 1;
+/// Times only (`OFFCPU_TIMES`): no stack is wanted.
+pub const ATTR_NONE: u32 = SCHED_SLOTS as u32 + 2;
+pub const ATTR_COUNT: usize = SCHED_SLOTS + 3;
+/// (`ThreadSched::attr` only.) A thread first seen as it left the CPU: what it did before it
+/// last came on is not known, so no off-CPU interval is charged before that.
+pub const ATTR_UNKNOWN: u32 = u32::MAX;
+
+/// What the scheduler program knows of one thread (the `SCHED` map, keyed by [`thread_key`]).
+/// The thread's time is a sequence of on- and off-CPU intervals. One at least a sampling period
+/// long is sent alone, with its exact bounds; shorter ones are summed into a span that is sent
+/// once it covers a sampling period (or before a long interval, or at exit). So records follow
+/// the sampling rate, not the thread's switch rate. Only switch-outs are traced: between two of
+/// them a thread was off CPU, then on CPU for the CPU time it used (`sum_exec_runtime`), so one
+/// switch-out closes both intervals. User space reads what is still here when the run (or a
+/// continuous interval) ends.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ThreadSched {
+    /// The thread's last switch-out: when (0: none seen yet) and its CPU time then.
+    pub since_ns: u64,
+    pub last_sum: u64,
+    /// `ATTR_*` or a slot: where the off-CPU interval that began then is charged.
+    pub attr: u32,
+    pub _pad: u32,
+    /// The open span: its first interval's start (0: none) and last interval's end.
+    pub span_start: u64,
+    pub span_end: u64,
+    pub on_ns: u64,
+    pub off_ns: [u64; ATTR_COUNT],
+    /// Intervals summed into the span.
+    pub switches: u32,
+    /// The slot the next new capture takes.
+    pub next_slot: u32,
+    /// Block signature and capture time of each slot (capture time 0: empty).
+    pub slot_sig: [u64; SCHED_SLOTS],
+    pub slot_cap: [u64; SCHED_SLOTS],
+    /// Capture rate limiter: when the next capture is due at the allowed rate.
+    pub tat: u64,
+}
+
+/// One thread's scheduler accounting from `t0_ns` to `t1_ns` (`RECORD_SCHED`). With
+/// `switches == 0` it is one interval, exact: on CPU when `on_ns` is its length, else off CPU
+/// with its length in `off_ns[attr]`. Otherwise it sums `switches` short intervals in that
+/// window: `on_ns` on CPU, `off_ns[a]` off CPU charged to `a` (a slot's capture is the one taken
+/// at time `slot_cap[a]`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SchedRecord {
+    pub kind: u32,
+    pub cpu: u32,
+    pub pid: u32,
+    pub tid: u32,
+    /// `t0_ns` 0: since before the thread was first seen (its start, as user space knows it).
+    pub t0_ns: u64,
+    pub t1_ns: u64,
+    pub on_ns: u64,
+    pub off_ns: [u64; ATTR_COUNT],
+    pub slot_cap: [u64; SCHED_SLOTS],
+    pub switches: u32,
+    pub attr: u32,
+}
+
+impl SchedRecord {
+    pub const SIZE: usize = core::mem::size_of::<SchedRecord>();
+}
+
 /// Size of the per-CPU scratch buffer a record is assembled in.
 pub const SCRATCH_SIZE: usize =
     SampleHeader::SIZE + MAX_PY_FRAMES * core::mem::size_of::<PyFrame>() + MAX_USTACK;
@@ -413,9 +509,11 @@ pub const fn thread_key(pid: u32, tid: u32) -> u64 {
     ((pid as u64) << 32) | tid as u64
 }
 
-const _: () = assert!(core::mem::size_of::<Config>() == 72);
+const _: () = assert!(core::mem::size_of::<Config>() == 88);
 const _: () = assert!(core::mem::size_of::<PyProcConfig>() == 120);
 const _: () = assert!(EventRecord::SIZE == 56);
+const _: () = assert!(SchedRecord::SIZE == 136);
+const _: () = assert!(core::mem::size_of::<ThreadSched>() == 184);
 const _: () = assert!(core::mem::size_of::<PyFrame>() == 16);
 const _: () = assert!(SampleHeader::SIZE == 120 + MAX_KSTACK * 8 + PY_CODE_SNAPS * PY_CODE_SNAP);
 const _: () = assert!(SampleHeader::SIZE.is_multiple_of(8));
@@ -426,4 +524,6 @@ mod pod {
     unsafe impl aya::Pod for super::Config {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::PyProcConfig {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::ThreadSched {}
 }

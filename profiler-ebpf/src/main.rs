@@ -7,9 +7,12 @@
 //! copy of the user stack for DWARF unwinding in userspace. Everything is read while the sampled
 //! thread is stopped, so all parts of a record describe the same instant.
 //!
-//! A `sched_switch` BTF tracepoint program records when threads of profiled processes leave and
-//! come back to a CPU; when a thread leaves, it captures the same record as a sample (the thread
-//! is current, so its stacks and Python frames are those of the moment it stopped running).
+//! A `sched_switch` BTF tracepoint program accounts each profiled thread's on- and off-CPU time
+//! in a map and sends it at sampling granularity, never per switch (see `ThreadSched`). It runs
+//! for the thread leaving the CPU only: the thread's CPU time since its previous switch-out says
+//! when it came back. When a thread leaves to block at a point it has not blocked at recently,
+//! it captures the same record as a sample (the thread is current, so its stacks and Python
+//! frames are those of the moment it stopped running).
 //! `sched_process_fork`/`exec`/`exit` programs report lifetimes and follow children.
 //!
 //! One object for every kernel from 5.10 (ring buffers 5.8, BTF tracepoints 5.5, bounded loops
@@ -20,7 +23,8 @@
 //!   bounded loop and finds the registers at the top of the task's kernel stack.
 //! - `tachyon_switch` takes the task state from `sched_switch`'s `prev_state` argument (5.18+);
 //!   `tachyon_switch_compat` reads it from the task, as those kernels' own tracepoint did. Its
-//!   off-CPU capture is the compat sampler's.
+//!   off-CPU capture is the compat sampler's, and it reads the user registers from the kernel
+//!   stack where the modern one reads them through `bpf_task_pt_regs`'s typed pointer.
 //!
 //! So there are two sets: the modern one where the kernel has all three (5.18+), the compat one
 //! everywhere else. Both produce the same records.
@@ -42,7 +46,7 @@ use aya_ebpf::{
         },
     },
     macros::{btf_tracepoint, map, perf_event},
-    maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
+    maps::{Array, HashMap, PerCpuArray, RingBuf},
     programs::{BtfTracePointContext, PerfEventContext},
     EbpfContext,
 };
@@ -74,10 +78,16 @@ static FRAME: PerCpuArray<[u8; FRAME_BUF]> = PerCpuArray::with_max_entries(1, 0)
 /// the bounded loop of the compat set would be verified many times over.
 #[map]
 static WALK: PerCpuArray<Walk> = PerCpuArray::with_max_entries(1, 0);
-/// `thread_key(pid, tid)` -> [time, block signature] of the thread's last full off-CPU capture,
-/// and the rate limiter's theoretical time of the next capture (see `switch`).
+/// `thread_key(pid, tid)` -> the thread's scheduler accounting (see `ThreadSched`). A plain hash
+/// map, not an LRU one: an entry is updated through a pointer across helper calls, which an
+/// eviction on another CPU would silently void. `tachyon_exit` and a dead task's last switch
+/// remove entries; user space removes those of processes it stops profiling.
 #[map]
-static LAST_CAPTURE: LruHashMap<u64, [u64; 3]> = LruHashMap::with_max_entries(65536, 0);
+static SCHED: HashMap<u64, ThreadSched> = HashMap::with_max_entries(65536, 0);
+/// Where a new `SCHED` entry is built, one per CPU (it does not fit on the BPF stack beside the
+/// rest of the switch program).
+#[map]
+static SCHED_NEW: PerCpuArray<ThreadSched> = PerCpuArray::with_max_entries(1, 0);
 /// Sample records. Userspace sets the size at load time.
 #[map]
 static SAMPLES: RingBuf = RingBuf::with_byte_size(1 << 24, 0);
@@ -154,71 +164,252 @@ fn prev_state<const ARG: bool>(ctx: &BtfTracePointContext, cfg: &Config, prev: u
         .unwrap_or(0)
 }
 
+/// `TASK_DEAD`: the state of a task's very last switch, after `sched_process_exit`.
+const TASK_DEAD: u64 = 0x80;
+
+/// Accounts the thread leaving the CPU (`prev`, current here). Nothing is sent per switch: each
+/// thread's intervals are summed in `SCHED` and sent at sampling granularity (see
+/// `ThreadSched`). Only the leaving side is traced: since its previous switch-out the thread was
+/// off CPU, then on CPU for the CPU time it used meanwhile, so this one event closes both
+/// intervals (and the program does nothing for the thread coming in). A thread that leaves to
+/// block is captured only where it blocks at a point it has not blocked at recently (see
+/// `block_attr`).
 #[inline(always)]
 fn switch<const MODERN: bool>(ctx: &BtfTracePointContext) -> Option<()> {
     let cfg = CONFIG.get(0)?;
-    // SAFETY: helper without preconditions.
-    let now = unsafe { bpf_ktime_get_ns() };
     let pid_tgid = bpf_get_current_pid_tgid();
     let pid = (pid_tgid >> 32) as u32;
     let tid = pid_tgid as u32;
+    if tid == 0 || !targeted(cfg, pid) {
+        return None;
+    }
     let prev = ctx.arg::<u64>(1);
-    if tid != 0 && targeted(cfg, pid) && !is_kthread(cfg, prev) {
-        let prev_state = prev_state::<MODERN>(ctx, cfg, prev);
-        let mut reuse = REUSE_NONE;
-        let mut done = false;
-        if cfg.offcpu == OFFCPU_STACKS && prev_state == 0 {
-            // Preempted while runnable: it stopped where it ran; no capture needed.
-            reuse = REUSE_LATEST;
-        } else if cfg.offcpu == OFFCPU_STACKS {
-            let key = thread_key(pid, tid);
-            // SAFETY: the value is copied out at once.
-            let [last, last_sig, tat] = unsafe { LAST_CAPTURE.get(key) }
-                .copied()
-                .unwrap_or([0, 0, 0]);
-            let gap = cfg.offcpu_min_gap_ns;
-            // Captures are rate-limited to one per sampling period per thread, and a block
-            // without one is charged to the last capture's stack. That is only right when the
-            // thread blocks where it blocked then: a different place (another syscall site or
-            // C stack depth, another Python function or line) is captured anyway, so a long
-            // sleep right after a short GIL wait is not charged to the GIL wait. Those captures
-            // are bounded too (a thread alternating between blocking points at a high rate):
-            // by a cell-rate limiter, 16 a period with bursts of 16. `tat` is when the next
-            // capture is due at that rate.
-            let sig = block_signature::<MODERN>(cfg, pid, tid);
-            if last == 0
-                || now.wrapping_sub(last) >= gap
-                || (sig != last_sig && tat <= now.saturating_add(gap))
-            {
-                if capture::<MODERN>(
-                    ctx.as_ptr(),
-                    cfg,
-                    RECORD_SWITCH_OUT,
-                    pid,
-                    tid,
-                    now,
-                    None,
-                    prev_state,
-                ) {
-                    let next = if tat > now { tat } else { now };
-                    let _ = LAST_CAPTURE.insert(key, [now, sig, next + gap / 16], 0);
-                    count(STAT_SWITCH_CAPTURES);
-                    done = true;
-                }
-            } else {
-                reuse = REUSE_OFF_CPU;
+    // Only `--all` can target a kernel thread (a process's tgid is never a kernel thread's).
+    if cfg.all != 0 && is_kthread(cfg, prev) {
+        return None;
+    }
+    // SAFETY: helper without preconditions.
+    let now = unsafe { bpf_ktime_get_ns() };
+    let prev_state = prev_state::<MODERN>(ctx, cfg, prev);
+    let key = thread_key(pid, tid);
+    if prev_state & TASK_DEAD != 0 {
+        // Its exit was accounted by `tachyon_exit`.
+        let _ = SCHED.remove(key);
+        return None;
+    }
+    let sum = read_kernel::<u64>(prev + cfg.task_sum_exec_off as u64)?;
+    let st = match SCHED.get_ptr_mut(key) {
+        // SAFETY: a live map value; one switch of a thread runs at a time.
+        Some(p) => unsafe { &mut *p },
+        None => {
+            // First seen: it came on the CPU when it last got one; before that is not known.
+            let slice = read_kernel::<u64>(prev + cfg.task_prev_sum_exec_off as u64)
+                .map(|p| sum.saturating_sub(p))
+                .unwrap_or(0);
+            let fresh = SCHED_NEW.get_ptr_mut(0)?;
+            // SAFETY: this CPU's slot; `sched_switch` runs with interrupts off, so nothing else
+            // on this CPU uses it meanwhile.
+            let fresh = unsafe { &mut *fresh };
+            fresh.since_ns = now.saturating_sub(slice);
+            fresh.last_sum = sum;
+            fresh.attr = ATTR_UNKNOWN;
+            fresh.span_start = 0;
+            fresh.span_end = 0;
+            fresh.on_ns = 0;
+            fresh.off_ns = [0; ATTR_COUNT];
+            fresh.switches = 0;
+            fresh.next_slot = 0;
+            fresh.slot_sig = [0; SCHED_SLOTS];
+            fresh.slot_cap = [0; SCHED_SLOTS];
+            fresh.tat = 0;
+            // By reference: a copy by value would land on the stack this map slot avoids.
+            #[allow(clippy::needless_borrows_for_generic_args)]
+            let inserted = SCHED.insert(key, &*fresh, 0);
+            if inserted.is_err() {
+                count(STAT_SCHED_FULL);
+                return None;
+            }
+            // SAFETY: as above.
+            unsafe { &mut *SCHED.get_ptr_mut(key)? }
+        }
+    };
+    close_intervals(cfg, st, pid, tid, now, sum);
+    st.attr = if cfg.offcpu != OFFCPU_STACKS {
+        ATTR_NONE
+    } else if prev_state == 0 {
+        // Preempted while runnable: it stopped where it ran.
+        ATTR_LATEST
+    } else {
+        block_attr::<MODERN>(ctx.as_ptr(), cfg, st, pid, tid, now, prev_state)
+    };
+    st.since_ns = now;
+    st.last_sum = sum;
+    Some(())
+}
+
+/// The thread, last seen leaving at `st.since_ns`, is leaving again at `now` with CPU time
+/// `sum`: it was off CPU, then on CPU for the CPU time it used meanwhile.
+#[inline(always)]
+fn close_intervals(cfg: &Config, st: &mut ThreadSched, pid: u32, tid: u32, now: u64, sum: u64) {
+    let since = st.since_ns;
+    let mut on = sum.saturating_sub(st.last_sum);
+    if on > now.saturating_sub(since) {
+        on = now.saturating_sub(since);
+    }
+    let back = now - on;
+    if st.attr != ATTR_UNKNOWN && back > since {
+        add_interval(cfg, st, pid, tid, since, back, false);
+    }
+    if on > 0 {
+        add_interval(cfg, st, pid, tid, back, now, true);
+    }
+}
+
+/// One interval of the thread, `t0..t1`, on or off CPU (off: charged to `st.attr`): a long one
+/// (a sampling period or more) is sent alone, after the open span; a short one joins the span,
+/// which is sent once it covers a sampling period.
+#[inline(always)]
+fn add_interval(
+    cfg: &Config,
+    st: &mut ThreadSched,
+    pid: u32,
+    tid: u32,
+    t0: u64,
+    t1: u64,
+    on: bool,
+) {
+    let d = t1.saturating_sub(t0);
+    if d >= cfg.sched_span_ns {
+        flush(st, pid, tid);
+        send_interval(st, pid, tid, t0, t1, on);
+        return;
+    }
+    if st.span_start == 0 {
+        st.span_start = t0;
+    }
+    st.span_end = t1;
+    st.switches += 1;
+    if on {
+        st.on_ns += d;
+    } else if let Some(o) = st.off_ns.get_mut(st.attr as usize) {
+        *o += d;
+    }
+    if t1.saturating_sub(st.span_start) >= cfg.sched_span_ns {
+        flush(st, pid, tid);
+    }
+}
+
+/// Sends the open span of short intervals, if any, and empties it.
+#[inline(always)]
+fn flush(st: &mut ThreadSched, pid: u32, tid: u32) {
+    if st.span_start == 0 {
+        return;
+    }
+    if let Some(mut e) = SAMPLES.reserve::<SchedRecord>(0) {
+        let r = e.as_mut_ptr();
+        // SAFETY: a reserved ring-buffer entry of the record's size, written whole below.
+        unsafe {
+            sched_header(r, pid, tid, st.span_start, st.span_end);
+            (*r).on_ns = st.on_ns;
+            (*r).off_ns = st.off_ns;
+            (*r).slot_cap = st.slot_cap;
+            (*r).switches = st.switches;
+            (*r).attr = 0;
+        }
+        e.submit(wake_flags());
+        count(STAT_SCHED_RECORDS);
+    } else {
+        count(STAT_EVENTS_LOST);
+    }
+    st.span_start = 0;
+    st.span_end = 0;
+    st.on_ns = 0;
+    st.off_ns = [0; ATTR_COUNT];
+    st.switches = 0;
+}
+
+/// Sends one interval, `t0..t1`, alone.
+#[inline(always)]
+fn send_interval(st: &ThreadSched, pid: u32, tid: u32, t0: u64, t1: u64, on: bool) {
+    let Some(mut e) = SAMPLES.reserve::<SchedRecord>(0) else {
+        count(STAT_EVENTS_LOST);
+        return;
+    };
+    let r = e.as_mut_ptr();
+    let d = t1.saturating_sub(t0);
+    // SAFETY: a reserved ring-buffer entry of the record's size, written whole below.
+    unsafe {
+        sched_header(r, pid, tid, t0, t1);
+        (*r).on_ns = if on { d } else { 0 };
+        (*r).off_ns = [0; ATTR_COUNT];
+        if !on {
+            if let Some(o) = (*r).off_ns.get_mut(st.attr as usize) {
+                *o = d;
             }
         }
-        if !done {
-            event(RECORD_SWITCH_OUT_BRIEF, pid, tid, now, prev_state, reuse);
+        (*r).slot_cap = st.slot_cap;
+        (*r).switches = 0;
+        (*r).attr = st.attr;
+    }
+    e.submit(wake_flags());
+    count(STAT_SCHED_RECORDS);
+}
+
+/// # Safety
+/// `r` points to a writable `SchedRecord`.
+#[inline(always)]
+unsafe fn sched_header(r: *mut SchedRecord, pid: u32, tid: u32, t0: u64, t1: u64) {
+    (*r).kind = RECORD_SCHED;
+    (*r).cpu = bpf_get_smp_processor_id();
+    (*r).pid = pid;
+    (*r).tid = tid;
+    (*r).t0_ns = t0;
+    (*r).t1_ns = t1;
+}
+
+/// Where the off-CPU interval of a thread that blocks now is charged. A blocking point is known
+/// by its signature (`block_signature`); the thread keeps its last `SCHED_SLOTS` points, each with
+/// the capture taken there. A point it blocked at recently has the same stack: its capture
+/// applies, and nothing is copied. Only a new point is captured (a thread that ran in between
+/// and blocks elsewhere is never charged to an older stack), at most 16 times a sampling period
+/// per thread with bursts of 16 (a cell-rate limiter: `tat` is when the next is due). A new point
+/// beyond that budget, or whose capture the full ring refused, is time without a stack.
+#[inline(always)]
+fn block_attr<const MODERN: bool>(
+    ctx: *mut c_void,
+    cfg: &Config,
+    st: &mut ThreadSched,
+    pid: u32,
+    tid: u32,
+    now: u64,
+    prev_state: u64,
+) -> u32 {
+    let sig = block_signature::<MODERN>(cfg, pid, tid);
+    for i in 0..SCHED_SLOTS {
+        if st.slot_cap[i] != 0 && st.slot_sig[i] == sig {
+            return i as u32;
         }
     }
-    let next = ctx.arg::<u64>(2);
-    let (npid, ntid) = task_ids(cfg, next)?;
-    if ntid != 0 && targeted(cfg, npid) && !is_kthread(cfg, next) {
-        event(RECORD_SWITCH_IN, npid, ntid, now, 0, 0);
+    let gap = cfg.sched_span_ns;
+    if st.tat > now.saturating_add(gap) {
+        count(STAT_OFF_UNCAPTURED);
+        return ATTR_UNCAPTURED;
     }
-    Some(())
+    let slot = (st.next_slot as usize) % SCHED_SLOTS;
+    if st.off_ns[slot] != 0 {
+        // The open span charges time to the capture this slot is about to forget.
+        flush(st, pid, tid);
+    }
+    if !capture::<MODERN>(ctx, cfg, RECORD_SWITCH_OUT, pid, tid, now, None, prev_state) {
+        count(STAT_OFF_UNCAPTURED);
+        return ATTR_UNCAPTURED;
+    }
+    st.slot_sig[slot] = sig;
+    st.slot_cap[slot] = now;
+    st.next_slot = (slot + 1) as u32;
+    st.tat = if st.tat > now { st.tat } else { now } + gap / 16;
+    count(STAT_SWITCH_CAPTURES);
+    slot as u32
 }
 
 /// `sched_process_fork(parent, child)`, in the parent.
@@ -289,8 +480,18 @@ pub fn tachyon_exit(_ctx: BtfTracePointContext) -> u32 {
     let group_dead = matches!(live, Some(0)) as u64;
     // SAFETY: helper without preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
+    let key = thread_key(pid, tid);
+    // The thread's last intervals (off since its last switch-out, then on CPU until now) and
+    // its open span are sent before its exit.
+    // SAFETY: a live map value, removed right after.
+    if let Some(st) = unsafe { SCHED.get_ptr_mut(key).map(|p| &mut *p) } {
+        if let Some(sum) = read_kernel::<u64>(task + cfg.task_sum_exec_off as u64) {
+            close_intervals(cfg, st, pid, tid, now, sum);
+        }
+        flush(st, pid, tid);
+    }
+    let _ = SCHED.remove(key);
     event(RECORD_EXIT, pid, tid, now, group_dead, 0);
-    let _ = LAST_CAPTURE.remove(thread_key(pid, tid));
     // A thread state the BPF side found itself (`thread_state`) is not user space's to remove.
     let _ = PY_THREADS.remove(thread_key(pid, tid));
     if group_dead != 0 && cfg.all == 0 {
@@ -356,7 +557,16 @@ fn wake_flags() -> u64 {
 #[inline(always)]
 fn block_signature<const MODERN: bool>(cfg: &Config, pid: u32, tid: u32) -> u64 {
     let mut sig = 0u64;
-    if let Some(u) = read_kernel::<pt_regs>(user_regs::<MODERN>(cfg)) {
+    if MODERN {
+        // A typed pointer (BTF): its fields are read directly, without a probe read.
+        // SAFETY: the current task's saved user registers, a `struct pt_regs` the verifier
+        // knows; the loads are checked against its type.
+        let regs = unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) } as *const pt_regs;
+        if !regs.is_null() {
+            // SAFETY: as above.
+            sig = unsafe { (*regs).rip ^ (*regs).rsp.rotate_left(17) };
+        }
+    } else if let Some(u) = read_kernel::<pt_regs>(user_regs::<MODERN>(cfg)) {
         sig = u.rip ^ u.rsp.rotate_left(17);
     }
     // SAFETY: the values are copied out at once.
@@ -375,8 +585,30 @@ fn block_signature<const MODERN: bool>(cfg: &Config, pid: u32, tid: u32) -> u64 
     if frame == 0 {
         return sig ^ 2;
     }
-    let code = read_user::<u64>(frame + pc.frame_code as u64).unwrap_or(0) & pc.code_mask;
-    let instr = read_user::<u64>(frame + pc.frame_instr as u64).unwrap_or(0);
+    // The frame's code and instruction words in one read (each read is the costly part).
+    let Some(fbuf) = FRAME.get_ptr_mut(0) else {
+        return sig;
+    };
+    // SAFETY: this CPU's frame buffer: `sched_switch` runs with interrupts off, and the frame
+    // walk of a capture, its other user, runs after this.
+    let fbuf = unsafe { &mut *fbuf };
+    let mut n = pc.frame_read_size as usize;
+    if n == 0 || n > FRAME_BUF {
+        n = FRAME_BUF;
+    }
+    // SAFETY: n <= FRAME_BUF; the source is a user address read through the checked helper.
+    let r = unsafe {
+        bpf_probe_read_user(
+            fbuf.as_mut_ptr() as *mut c_void,
+            n as u32,
+            frame as *const c_void,
+        )
+    };
+    if r != 0 {
+        return sig ^ 3;
+    }
+    let code = frame_u64(fbuf, pc.frame_code) & pc.code_mask;
+    let instr = frame_u64(fbuf, pc.frame_instr);
     sig ^ frame.rotate_left(7) ^ code.rotate_left(29) ^ instr.rotate_left(43)
 }
 

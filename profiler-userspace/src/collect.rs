@@ -4,18 +4,11 @@
 use rustc_hash::FxHashMap;
 use std::sync::Arc;
 
-use crate::aggregate::timeline::Reuse;
-use crate::aggregate::{state, Category, Frame, FrameId, Func, LibId, Mode, Profile};
-use crate::capture::record::{self, Event, EventKind, RawSample};
+use profiler_common::{thread_key, SchedRecord, ThreadSched, ATTR_UNKNOWN};
 
-/// The capture's word for which earlier stack an off-CPU interval gets, in the aggregate's.
-fn reuse(r: record::Reuse) -> Reuse {
-    match r {
-        record::Reuse::Nothing => Reuse::Nothing,
-        record::Reuse::LastOffCpu => Reuse::LastOffCpu,
-        record::Reuse::Latest => Reuse::Latest,
-    }
-}
+use crate::aggregate::timeline::Window;
+use crate::aggregate::{state, Category, Frame, FrameId, Func, LibId, Mode, Profile, StackId};
+use crate::capture::record::{Event, EventKind, RawSample};
 use crate::process::unwind::{unwind_user, UserFrame};
 use crate::process::Process;
 use crate::python::{FrameRef, ProfileSink, PyEvent, PyThreadState, PythonFrames, PythonRegistry};
@@ -25,6 +18,8 @@ use crate::stack::symbols::KernelSymbols;
 const KERNEL_LIB: &str = "[kernel.kallsyms]";
 /// The root frame of a stack whose native part was not unwound to its end.
 pub const TRUNCATED: &str = "[truncated]";
+/// The stack of off-CPU time whose stack could not be captured (see `ATTR_UNCAPTURED`).
+pub const UNCAPTURED: &str = "[off-CPU, stack not captured]";
 
 pub struct Collector {
     pub profile: Profile,
@@ -171,8 +166,13 @@ impl Collector {
 
     /// The frame at the root of a stack whose native part could not be unwound to its end.
     fn truncated_frame(&mut self) -> FrameId {
+        self.marker_frame(TRUNCATED)
+    }
+
+    /// A frame that stands for what a stack could not show.
+    fn marker_frame(&mut self, name: &str) -> FrameId {
         let func = self.profile.func(Func {
-            name: Arc::from(TRUNCATED),
+            name: Arc::from(name),
             file: None,
             line: None,
             lib: None,
@@ -426,18 +426,10 @@ impl Collector {
         let comm = self.procs.get(&pid).map_or("", |p| p.comm.as_str());
         ensure_process(&mut self.profile, &self.python, pid, comm, t_ms);
         if s.off_cpu {
+            // Charged by the accounting records that name it.
             self.profile.counters.offcpu_captures += 1;
-            let mode = self.profile.mode;
             let t = self.profile.thread_mut(pid, "", s.tid, &s.comm, t_ms);
-            let start = t.start_ms.unwrap_or(0.0);
-            t.sched.switch_out(
-                &mut t.samples,
-                t_ms,
-                start,
-                Some((stack, st)),
-                Reuse::Nothing,
-                mode,
-            );
+            t.sched.note_capture(s.time_ns, stack, st);
         } else {
             self.profile
                 .add_sample(pid, "", s.tid, &s.comm, t_ms, stack, st);
@@ -449,20 +441,6 @@ impl Collector {
     pub fn handle_event(&mut self, e: Event) {
         let t_ms = self.time_ms(e.time_ns);
         match e.kind {
-            EventKind::SwitchIn => {
-                // The event's comm is the task switching out, not this one.
-                ensure_process(&mut self.profile, &self.python, e.pid, "", t_ms);
-                let t = self.profile.thread_mut(e.pid, "", e.tid, "", t_ms);
-                t.sched.switch_in(&mut t.samples, t_ms);
-            }
-            EventKind::SwitchOut { reuse: r, .. } => {
-                ensure_process(&mut self.profile, &self.python, e.pid, &e.comm, t_ms);
-                let mode = self.profile.mode;
-                let t = self.profile.thread_mut(e.pid, "", e.tid, &e.comm, t_ms);
-                let start = t.start_ms.unwrap_or(0.0);
-                t.sched
-                    .switch_out(&mut t.samples, t_ms, start, None, reuse(r), mode);
-            }
             EventKind::Fork {
                 child_pid,
                 child_tid,
@@ -491,6 +469,110 @@ impl Collector {
                     }
                 }
                 self.profile.task_exit(e.pid, e.tid, t_ms, group_dead);
+            }
+        }
+    }
+
+    /// A thread's scheduler accounting record.
+    pub fn handle_sched(&mut self, r: &SchedRecord) {
+        let w = Window {
+            t0: (r.t0_ns != 0).then(|| self.time_ms(r.t0_ns)),
+            t1: self.time_ms(r.t1_ns),
+            on_ms: r.on_ns as f64 / 1e6,
+            off_ms: r.off_ns.map(|n| n as f64 / 1e6),
+            slot_cap: r.slot_cap,
+            switches: r.switches,
+            attr: r.attr,
+        };
+        self.account(r.pid, r.tid, &w);
+    }
+
+    fn account(&mut self, pid: u32, tid: u32, w: &Window) {
+        let uncaptured = self.uncaptured_stack();
+        ensure_process(&mut self.profile, &self.python, pid, "", w.t1);
+        let mode = self.profile.mode;
+        let t = self
+            .profile
+            .thread_mut(pid, "", tid, "", w.t0.unwrap_or(w.t1));
+        let start = t.start_ms.unwrap_or(0.0);
+        t.sched.account(&mut t.samples, w, start, mode, uncaptured);
+    }
+
+    fn uncaptured_stack(&mut self) -> Option<StackId> {
+        let f = self.marker_frame(UNCAPTURED);
+        self.profile.stack(&[f])
+    }
+
+    /// Charges what the BPF side held and had not sent at `now_ns` (see
+    /// `Session::settle_sched`): each thread's open span, and its intervals since its last
+    /// switch-out up to `now_ns`. Only threads the profile knows: the BPF side also holds threads of processes
+    /// that are not profiled any more, or that never had a sample.
+    pub fn settle_sched(&mut self, snapshot: &[(u64, ThreadSched)], now_ns: u64) {
+        let now = self.time_ms(now_ns);
+        for &(key, st) in snapshot {
+            let (pid, tid) = ((key >> 32) as u32, key as u32);
+            debug_assert_eq!(thread_key(pid, tid), key);
+            let known = self
+                .profile
+                .processes
+                .get(&pid)
+                .is_some_and(|p| p.threads.contains_key(&tid));
+            if !known {
+                continue;
+            }
+            if st.span_start != 0 {
+                let w = Window {
+                    t0: Some(self.time_ms(st.span_start)),
+                    t1: self.time_ms(st.span_end),
+                    on_ms: st.on_ns as f64 / 1e6,
+                    off_ms: st.off_ns.map(|n| n as f64 / 1e6),
+                    slot_cap: st.slot_cap,
+                    switches: st.switches.max(1),
+                    attr: 0,
+                };
+                self.account(pid, tid, &w);
+            }
+            if st.since_ns != 0 {
+                // Off CPU since its last switch-out, then on CPU (until now) for the CPU time
+                // it has used since, as the BPF side would count it at its next switch-out.
+                let since = self.time_ms(st.since_ns);
+                let used = crate::process::thread_cpu_ns(pid, tid)
+                    .map_or(0, |s| s.saturating_sub(st.last_sum));
+                let on_ms = (used as f64 / 1e6).clamp(0.0, (now - since).max(0.0));
+                let back = now - on_ms;
+                let base = Window {
+                    slot_cap: st.slot_cap,
+                    attr: st.attr,
+                    ..Default::default()
+                };
+                if st.attr != ATTR_UNKNOWN && back > since {
+                    let mut w = Window {
+                        t0: Some(since),
+                        t1: back,
+                        ..base
+                    };
+                    if let Some(o) = w.off_ms.get_mut(st.attr as usize) {
+                        *o = back - since;
+                    }
+                    self.account(pid, tid, &w);
+                }
+                if on_ms > 0.0 {
+                    let w = Window {
+                        t0: Some(back),
+                        t1: now,
+                        on_ms,
+                        ..base
+                    };
+                    self.account(pid, tid, &w);
+                }
+            }
+            if let Some(t) = self
+                .profile
+                .processes
+                .get_mut(&pid)
+                .and_then(|p| p.threads.get_mut(&tid))
+            {
+                t.sched.settle(now);
             }
         }
     }

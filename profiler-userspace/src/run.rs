@@ -239,7 +239,9 @@ pub async fn run(cli: RunArgs, command: Command) -> Result<i32, AppError> {
         tokio::select! {
             _ = intervals.tick(), if every.is_some() => {
                 session.drain(ring.get_mut());
-                let finished = session.collector.rotate(monotonic_ns());
+                let now = monotonic_ns();
+                session.settle_sched(now);
+                let finished = session.collector.rotate(now);
                 let info = run_info(&session.targets, started.elapsed());
                 sink.take_interval(&finished, &info, started.elapsed());
             }
@@ -302,7 +304,9 @@ pub async fn run(cli: RunArgs, command: Command) -> Result<i32, AppError> {
     }
     let elapsed = started.elapsed();
     session.drain(ring.get_mut());
-    session.collector.finish(monotonic_ns());
+    let now = monotonic_ns();
+    session.settle_sched(now);
+    session.collector.finish(now);
     let capture = &session.targets;
     let run = RunInfo {
         cost: Some(output::Cost::measure(capture.bpf_cost())),

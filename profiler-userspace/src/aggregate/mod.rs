@@ -163,7 +163,7 @@ pub struct Sample {
 }
 
 /// Every marker name the profiler writes (markers name themselves with these statics).
-pub const MARKER_NAMES: [&str; 8] = [
+pub const MARKER_NAMES: [&str; 9] = [
     "Has GIL",
     "No GIL",
     "Waiting for GIL",
@@ -172,6 +172,7 @@ pub const MARKER_NAMES: [&str; 8] = [
     "GC Collecting",
     "On CPU",
     "Off CPU",
+    "Switching",
 ];
 
 /// A marker as stored in a recording.
@@ -629,15 +630,15 @@ impl Profile {
         for p in self.processes.values().filter(|p| p.end_ms.is_none()) {
             let mut threads = BTreeMap::new();
             for t in p.threads.values().filter(|t| t.end_ms.is_none()) {
-                let (sched, first) = t
+                let sched = t
                     .sched
-                    .continuation(&t.samples, |s| s.and_then(|s| next.import_stack(self, s)));
+                    .continuation(|s| s.and_then(|s| next.import_stack(self, s)));
                 threads.insert(
                     t.tid,
                     ThreadData {
                         tid: t.tid,
                         name: t.name.clone(),
-                        samples: first.into_iter().collect(),
+                        samples: Vec::new(),
                         markers: Vec::new(),
                         first_ms: 0.0,
                         last_ms: 0.0,
@@ -680,9 +681,9 @@ impl Profile {
             for t in p.threads.values_mut() {
                 let end = t.end_ms.unwrap_or(end_ms);
                 let start = t.start_ms.unwrap_or(0.0);
-                t.sched.finish(&mut t.samples, start, end);
+                t.sched.finish(&t.samples, start, end);
                 t.samples.sort_by(|a, b| a.time_ms.total_cmp(&b.time_ms));
-                timeline::cpu_deltas(&mut t.samples, &t.sched.oncpu, start);
+                timeline::cpu_deltas(&mut t.samples, &t.sched, start);
                 t.markers = markers::build(&t.samples, interval);
                 t.markers
                     .extend(timeline::cpu_markers(&t.sched, start, end));
@@ -706,7 +707,7 @@ mod tests {
 
     #[test]
     fn a_wait_across_a_rotation_continues_in_the_next_profile() {
-        use crate::aggregate::timeline::Reuse;
+        use crate::aggregate::timeline::Window;
         let mut p = Profile::new(Mode::Wall, 1.0);
         let func = p.func(Func {
             name: Arc::from("poll"),
@@ -726,16 +727,26 @@ mod tests {
         let stack = p.stack(&[f]);
         let t = p.thread_mut(7, "app", 7, "app", 1.0);
         let st = state::PYTHON;
-        t.sched.switch_in(&mut t.samples, 1.0);
-        t.sched.switch_out(
-            &mut t.samples,
-            2.0,
-            0.0,
-            Some((stack, st)),
-            Reuse::Nothing,
-            Mode::Wall,
-        );
-        // The thread is asleep when the interval ends at 10 ms.
+        // On CPU 1..2, then blocks at 2 ms (captured); still asleep when the interval ends at
+        // 10 ms, where the collector settles it from the BPF side's snapshot.
+        let on = Window {
+            t0: Some(1.0),
+            t1: 2.0,
+            on_ms: 1.0,
+            ..Default::default()
+        };
+        t.sched.account(&mut t.samples, &on, 0.0, Mode::Wall, None);
+        t.sched.note_capture(2_000_000, stack, st);
+        let mut off = Window {
+            t0: Some(2.0),
+            t1: 10.0,
+            attr: 0,
+            ..Default::default()
+        };
+        off.slot_cap[0] = 2_000_000;
+        off.off_ms[0] = 8.0;
+        t.sched.account(&mut t.samples, &off, 0.0, Mode::Wall, None);
+        t.sched.settle(10.0);
         let mut next = p.successor(10.0);
         p.finish(10.0);
         let old = &p.processes[&7].threads[&7];
@@ -747,8 +758,14 @@ mod tests {
             .threads
             .get_mut(&7)
             .unwrap();
-        assert_eq!(nt.samples.len(), 1);
-        nt.sched.switch_in(&mut nt.samples, 5.0);
+        assert!(nt.samples.is_empty());
+        // It wakes 5 ms into the next interval: the whole block (2..15 in the old profile's
+        // time, -8..5 in the new one's) arrives then, and the new profile keeps its own part.
+        off.t0 = Some(-8.0);
+        off.t1 = 5.0;
+        off.off_ms[0] = 13.0;
+        nt.sched
+            .account(&mut nt.samples, &off, 0.0, Mode::Wall, None);
         let first = nt.samples[0];
         assert_eq!((first.time_ms, first.weight_ms), (0.0, 5.0));
         let frames = next.stack_frames(first.stack);

@@ -1,32 +1,47 @@
-//! Per-thread scheduler timelines: exact on-CPU intervals from `sched_switch`, off-CPU samples
-//! weighted by how long the thread stayed off, CPU use per sample, and On CPU / Off CPU markers.
+//! Per-thread scheduler timelines, from the BPF program's accounting records: exact on- and
+//! off-CPU intervals where they last a sampling period or more, spans of shorter ones with their
+//! on-CPU share and their off-CPU time per stack, off-CPU samples weighted by the time they stand
+//! for, CPU use per sample, and On CPU / Off CPU / Switching markers.
+
+use std::collections::VecDeque;
+
+use profiler_common::{ATTR_COUNT, ATTR_LATEST, ATTR_NONE, SCHED_SLOTS};
 
 use super::{state, Category, Marker, Mode, Sample, StackId};
-/// Which earlier stack an off-CPU interval without its own capture is charged to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Reuse {
-    /// None (times only).
-    Nothing,
-    /// The thread's last off-CPU capture.
-    LastOffCpu,
-    /// The thread's latest sample or capture.
-    Latest,
+
+/// Off-CPU captures a thread remembers (the BPF side keeps `SCHED_SLOTS` blocking points; a few
+/// more cover records still on their way).
+const CAPTURES_KEPT: usize = 2 * SCHED_SLOTS;
+
+/// One scheduler accounting record, in profile time (ms): see `profiler_common::SchedRecord`.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Window {
+    /// `None`: since before the thread was first seen.
+    pub t0: Option<f64>,
+    pub t1: f64,
+    pub on_ms: f64,
+    pub off_ms: [f64; ATTR_COUNT],
+    /// Capture time (ns) of each slot's capture.
+    pub slot_cap: [u64; SCHED_SLOTS],
+    /// 0: one exact interval (`attr` says where it is charged when off CPU).
+    pub switches: u32,
+    pub attr: u32,
 }
 
 /// What the scheduler told us about one thread so far.
 #[derive(Clone, Debug, Default)]
 pub struct SchedState {
-    /// Closed on-CPU intervals (ms), in time order.
+    /// Exact on-CPU intervals (ms).
     pub oncpu: Vec<(f64, f64)>,
-    /// On CPU since this time.
-    on_since: Option<f64>,
-    /// The off-CPU sample whose end (the next switch-in) is not known yet.
-    pending_off: Option<usize>,
-    /// Stack and state of the last full off-CPU capture, for switches that reuse it.
-    last_off: Option<(Option<StackId>, u8)>,
+    /// Spans of short on- and off-CPU intervals: (start, end, on-CPU share).
+    pub spans: Vec<(f64, f64, f64)>,
+    /// The newest off-CPU captures: (capture time in ns, stack, state).
+    captures: VecDeque<(u64, Option<StackId>, u8)>,
     /// Stack and state of the latest sample or capture, for preemptions.
     latest: Option<(Option<StackId>, u8)>,
-    /// Any scheduler event seen for this thread.
+    /// Time before which records are already accounted (see `settle`).
+    accounted_to: f64,
+    /// Any scheduler record seen for this thread.
     seen: bool,
     exited: bool,
 }
@@ -37,146 +52,163 @@ impl SchedState {
         self.latest = Some((stack, st));
     }
 
-    /// The thread came back on a CPU at `t`: the pending off-CPU sample gets its length.
-    pub fn switch_in(&mut self, samples: &mut [Sample], t: f64) {
-        self.seen = true;
-        self.close_pending(samples, t);
-        if self.on_since.is_none() {
-            self.on_since = Some(t);
+    /// An off-CPU capture, taken at `time_ns` as the thread blocked at a new point: the stack
+    /// that accounting records charge by that time.
+    pub fn note_capture(&mut self, time_ns: u64, stack: Option<StackId>, st: u8) {
+        if self.captures.len() == CAPTURES_KEPT {
+            self.captures.pop_front();
         }
+        self.captures.push_back((time_ns, stack, st));
+        self.latest = Some((stack, st));
     }
 
-    /// The thread left the CPU at `t`. `capture` is the stack and state of that moment; without
-    /// one, `reuse` says which earlier stack applies, if any.
-    /// `start` is when the thread was first known to run (the profile start or its creation).
-    pub fn switch_out(
+    /// Accounts one record. `start` is when the thread was first known to run (the profile
+    /// start or its creation); `uncaptured` the stack of off-CPU time without its own.
+    pub fn account(
         &mut self,
         samples: &mut Vec<Sample>,
-        t: f64,
+        w: &Window,
         start: f64,
-        capture: Option<(Option<StackId>, u8)>,
-        reuse: Reuse,
         mode: Mode,
+        uncaptured: Option<StackId>,
     ) {
-        // A first event that is a switch-out: the thread was running since the start.
-        let since = self
-            .on_since
-            .take()
-            .or(if self.seen { None } else { Some(start) });
         self.seen = true;
-        if let Some(s) = since {
-            if t > s {
-                self.oncpu.push((s, t));
-            }
-        }
-        self.close_pending(samples, t);
         if self.exited {
-            return; // the final switch of an exiting thread
+            return;
         }
-        let cap = match (capture, reuse) {
-            (Some(c), _) => {
-                self.last_off = Some(c);
-                self.latest = Some(c);
-                Some(c)
+        let mut a = w.t0.unwrap_or(start).max(start);
+        let b = w.t1;
+        if b <= a || b <= self.accounted_to {
+            return;
+        }
+        // The part before `accounted_to` was counted from a snapshot: keep the rest, in
+        // proportion for a span.
+        let mut scale = 1.0;
+        if a < self.accounted_to {
+            scale = (b - self.accounted_to) / (b - a);
+            a = self.accounted_to;
+        }
+        if w.switches == 0 {
+            if w.on_ms > 0.0 {
+                self.oncpu.push((a, b));
+            } else {
+                self.off_sample(samples, a, b - a, w.attr, w, mode, uncaptured);
             }
-            (None, Reuse::LastOffCpu) => self.last_off,
-            (None, Reuse::Latest) => self.latest,
-            (None, Reuse::Nothing) => None,
-        };
-        if let Some((stack, st)) = cap {
-            let st = st & !state::ON_CPU;
-            samples.push(Sample {
-                time_ms: t,
-                stack,
-                state: st,
-                weight_ms: 0.0,
-                in_mode: mode.keeps(st),
-                cpu_delta_us: 0.0,
-            });
-            self.pending_off = Some(samples.len() - 1);
+            return;
+        }
+        self.spans
+            .push((a, b, (w.on_ms * scale / (b - a)).clamp(0.0, 1.0)));
+        let mut t = a;
+        for (k, &ms) in w.off_ms.iter().enumerate() {
+            let ms = ms * scale;
+            if ms > 0.0 {
+                self.off_sample(samples, t, ms, k as u32, w, mode, uncaptured);
+                t += ms;
+            }
         }
     }
 
-    /// The thread exited (or its process exec'd) at `t`.
-    pub fn exit(&mut self, t: f64) {
-        if let Some(s) = self.on_since.take() {
-            if t > s {
-                self.oncpu.push((s, t));
-            }
-        }
+    /// An off-CPU sample of `ms` at `t`, with the stack `attr` names.
+    #[allow(clippy::too_many_arguments)]
+    fn off_sample(
+        &self,
+        samples: &mut Vec<Sample>,
+        t: f64,
+        ms: f64,
+        attr: u32,
+        w: &Window,
+        mode: Mode,
+        uncaptured: Option<StackId>,
+    ) {
+        let cap = match attr {
+            ATTR_NONE => return,
+            ATTR_LATEST => self.latest,
+            a => w.slot_cap.get(a as usize).and_then(|&c| {
+                self.captures
+                    .iter()
+                    .rev()
+                    .find(|x| x.0 == c && c != 0)
+                    .map(|x| (x.1, x.2))
+            }),
+        };
+        let (stack, st) = cap.unwrap_or((uncaptured, 0));
+        let st = st & !state::ON_CPU;
+        samples.push(Sample {
+            time_ms: t,
+            stack,
+            state: st,
+            weight_ms: ms,
+            in_mode: mode.keeps(st),
+            cpu_delta_us: 0.0,
+        });
+    }
+
+    /// Records ending by `t` are accounted already (a snapshot of what the BPF side held).
+    pub fn settle(&mut self, t: f64) {
+        self.accounted_to = self.accounted_to.max(t);
+    }
+
+    /// The thread exited (or its process exec'd): its last records came before.
+    pub fn exit(&mut self, _t: f64) {
         self.seen = true;
         self.exited = true;
     }
 
-    fn close_pending(&mut self, samples: &mut [Sample], t: f64) {
-        if let Some(i) = self.pending_off.take() {
-            if let Some(s) = samples.get_mut(i) {
-                s.weight_ms = (t - s.time_ms).max(0.0);
-            }
-        }
-    }
-
-    /// What a thread carries into the next profile of a continuous run (which starts at 0): on
-    /// CPU still, or off CPU with the capture of its switch-out, returned as the new profile's
-    /// first sample. `import` moves stacks into the new profile.
+    /// What a thread carries into the next profile of a continuous run (which starts at 0, the
+    /// moment it was settled): its captures and latest stack. `import` moves stacks into the
+    /// new profile.
     pub fn continuation(
         &self,
-        samples: &[Sample],
         mut import: impl FnMut(Option<StackId>) -> Option<StackId>,
-    ) -> (SchedState, Option<Sample>) {
-        let mut next = SchedState {
+    ) -> SchedState {
+        SchedState {
             seen: self.seen,
-            on_since: self.on_since.map(|_| 0.0),
+            captures: self
+                .captures
+                .iter()
+                .map(|&(t, s, st)| (t, import(s), st))
+                .collect(),
+            latest: self.latest.map(|(s, st)| (import(s), st)),
+            accounted_to: 0.0,
             ..Default::default()
-        };
-        next.last_off = self.last_off.map(|(s, st)| (import(s), st));
-        next.latest = self.latest.map(|(s, st)| (import(s), st));
-        let pending = self
-            .pending_off
-            .and_then(|i| samples.get(i))
-            .map(|s| Sample {
-                time_ms: 0.0,
-                stack: import(s.stack),
-                weight_ms: 0.0,
-                cpu_delta_us: 0.0,
-                ..*s
-            });
-        if pending.is_some() {
-            next.pending_off = Some(0);
         }
-        (next, pending)
     }
 
-    /// The run ended at `end` (or the thread at its exit): open intervals close there.
-    pub fn finish(&mut self, samples: &mut [Sample], start: f64, end: f64) {
-        self.close_pending(samples, end);
-        if let Some(s) = self.on_since.take() {
-            if end > s {
-                self.oncpu.push((s, end));
-            }
-        } else if !self.seen && samples.iter().any(|s| s.state & state::ON_CPU != 0) {
+    /// The run ended at `end` (or the thread at its exit).
+    pub fn finish(&mut self, samples: &[Sample], start: f64, end: f64) {
+        if !self.seen && samples.iter().any(|s| s.state & state::ON_CPU != 0) {
             // Never switched during the run: on CPU throughout.
             self.oncpu.push((start, end));
         }
         self.oncpu.sort_by(|a, b| a.0.total_cmp(&b.0));
+        self.spans.sort_by(|a, b| a.0.total_cmp(&b.0));
+    }
+
+    /// Total on-CPU time (ms): exact intervals plus the spans' shares.
+    pub fn on_cpu_ms(&self) -> f64 {
+        self.oncpu.iter().map(|(a, b)| b - a).sum::<f64>()
+            + self.spans.iter().map(|(a, b, f)| (b - a) * f).sum::<f64>()
     }
 }
 
-/// Sets each sample's CPU use since the previous sample (or `start`) from the on-CPU intervals.
-/// `samples` and `oncpu` are in time order.
-pub fn cpu_deltas(samples: &mut [Sample], oncpu: &[(f64, f64)], start: f64) {
+/// Sets each sample's CPU use since the previous sample (or `start`) from the thread's exact
+/// on-CPU intervals and spans. `samples` are in time order.
+pub fn cpu_deltas(samples: &mut [Sample], sched: &SchedState, start: f64) {
+    let mut on: Vec<(f64, f64, f64)> = sched.oncpu.iter().map(|&(a, b)| (a, b, 1.0)).collect();
+    on.extend(sched.spans.iter().copied());
+    on.sort_by(|a, b| a.0.total_cmp(&b.0));
     let mut prev = start;
     let mut k = 0;
     for s in samples.iter_mut() {
         let t = s.time_ms;
         let mut used = 0.0;
-        while k < oncpu.len() && oncpu[k].1 <= prev {
+        while k < on.len() && on[k].1 <= prev {
             k += 1;
         }
         let mut j = k;
-        while j < oncpu.len() && oncpu[j].0 < t {
-            let (a, b) = oncpu[j];
-            used += (b.min(t) - a.max(prev)).max(0.0);
+        while j < on.len() && on[j].0 < t {
+            let (a, b, f) = on[j];
+            used += (b.min(t) - a.max(prev)).max(0.0) * f;
             j += 1;
         }
         s.cpu_delta_us = used * 1000.0;
@@ -184,30 +216,40 @@ pub fn cpu_deltas(samples: &mut [Sample], oncpu: &[(f64, f64)], start: f64) {
     }
 }
 
-/// On CPU and Off CPU interval markers of a thread living from `start` to `end`.
+/// On CPU, Off CPU and Switching interval markers of a thread living from `start` to `end`.
+/// Switching: a span of on- and off-CPU intervals each shorter than a sampling period (the CPU
+/// graph shows its share).
 pub fn cpu_markers(sched: &SchedState, start: f64, end: f64) -> Vec<Marker> {
-    let mut out = Vec::with_capacity(sched.oncpu.len() * 2 + 1);
-    let off = |a: f64, b: f64| Marker {
-        name: "Off CPU",
+    let mut known: Vec<(f64, f64, &'static str)> = sched
+        .oncpu
+        .iter()
+        .map(|&(a, b)| (a, b, "On CPU"))
+        .chain(sched.spans.iter().map(|&(a, b, _)| (a, b, "Switching")))
+        .collect();
+    known.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let mut out = Vec::with_capacity(known.len() * 2 + 1);
+    let marker = |name: &'static str, a: f64, b: f64| Marker {
+        name,
         category: Category::Cpu,
         start_ms: a,
         end_ms: b,
     };
     let mut last_end = start;
-    for &(a, b) in &sched.oncpu {
+    for (a, b, name) in known {
         if a > last_end + 1e-6 {
-            out.push(off(last_end, a));
+            out.push(marker("Off CPU", last_end, a));
         }
-        out.push(Marker {
-            name: "On CPU",
-            category: Category::Cpu,
-            start_ms: a,
-            end_ms: b,
-        });
+        // Adjacent spans make one marker.
+        match out.last_mut() {
+            Some(m) if m.name == name && name == "Switching" && a <= m.end_ms + 1e-6 => {
+                m.end_ms = m.end_ms.max(b)
+            }
+            _ => out.push(marker(name, a, b)),
+        }
         last_end = last_end.max(b);
     }
     if sched.seen && end > last_end + 1e-6 {
-        out.push(off(last_end, end));
+        out.push(marker("Off CPU", last_end, end));
     }
     out
 }
@@ -215,6 +257,7 @@ pub fn cpu_markers(sched: &SchedState, start: f64, end: f64) -> Vec<Marker> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use profiler_common::ATTR_UNCAPTURED;
 
     fn on(t: f64) -> Sample {
         Sample {
@@ -227,67 +270,148 @@ mod tests {
         }
     }
 
-    #[test]
-    fn off_cpu_samples_get_their_interval_and_reuse_stacks() {
-        let mut st = SchedState::default();
-        let mut samples = vec![on(1.0), on(2.0)];
-        // Running since the start; leaves at 2.5 with a capture, back at 10.
-        st.note_sample(Some(3), state::PYTHON | state::ON_CPU);
-        st.switch_out(
-            &mut samples,
-            2.5,
-            0.0,
-            Some((Some(7), state::PYTHON)),
-            Reuse::Nothing,
-            Mode::Wall,
-        );
-        st.switch_in(&mut samples, 10.0);
-        // Leaves again at 10.2 reusing the capture; the run ends at 20 while it is off.
-        st.switch_out(&mut samples, 10.2, 0.0, None, Reuse::LastOffCpu, Mode::Wall);
-        st.finish(&mut samples, 0.0, 20.0);
-        assert_eq!(st.oncpu, vec![(0.0, 2.5), (10.0, 10.2)]);
-        assert_eq!(samples.len(), 4);
-        assert_eq!(samples[3].stack, Some(7));
-        assert_eq!((samples[2].weight_ms, samples[2].stack), (7.5, Some(7)));
-        assert_eq!(samples[2].state & state::ON_CPU, 0);
-        assert!((samples[3].weight_ms - 9.8).abs() < 1e-9);
-        // Off-CPU samples do not count in cpu mode.
-        let mut st = SchedState::default();
-        let mut s2 = Vec::new();
-        st.switch_out(
-            &mut s2,
-            1.0,
-            0.0,
-            Some((None, 0)),
-            Reuse::Nothing,
-            Mode::Cpu,
-        );
-        assert!(!s2[0].in_mode);
-        // A preemption reuses the latest sample, whatever it was.
-        st.switch_in(&mut s2, 2.0);
-        st.note_sample(Some(9), state::ON_CPU | state::HAS_GIL);
-        st.switch_out(&mut s2, 3.0, 0.0, None, Reuse::Latest, Mode::Gil);
-        assert_eq!(
-            (s2[1].stack, s2[1].state, s2[1].in_mode),
-            (Some(9), state::HAS_GIL, true)
-        );
+    fn interval(t0: Option<f64>, t1: f64, on: bool, attr: u32) -> Window {
+        let mut w = Window {
+            t0,
+            t1,
+            attr,
+            ..Default::default()
+        };
+        let d = t1 - t0.unwrap_or(0.0);
+        if on {
+            w.on_ms = d;
+        } else {
+            w.off_ms[attr as usize] = d;
+        }
+        w
     }
 
     #[test]
-    fn exiting_threads_get_no_off_cpu_time() {
+    fn long_intervals_are_exact_and_carry_their_capture() {
+        let mut st = SchedState::default();
+        let mut samples = vec![on(1.0), on(2.0)];
+        st.note_sample(Some(3), state::PYTHON | state::ON_CPU);
+        // Running since before it was seen; blocks at 2.5 (captured in slot 1), back at 10.
+        st.account(
+            &mut samples,
+            &interval(None, 2.5, true, 0),
+            0.0,
+            Mode::Wall,
+            Some(99),
+        );
+        st.note_capture(2_500_000, Some(7), state::PYTHON);
+        let mut w = interval(Some(2.5), 10.0, false, 1);
+        w.slot_cap[1] = 2_500_000;
+        st.account(&mut samples, &w, 0.0, Mode::Wall, Some(99));
+        // Preempted 12..15: the latest stack (the capture) applies.
+        st.account(
+            &mut samples,
+            &interval(Some(12.0), 15.0, false, ATTR_LATEST),
+            0.0,
+            Mode::Wall,
+            Some(99),
+        );
+        // A capture that never arrived: time without a stack.
+        let mut w = interval(Some(16.0), 18.0, false, 2);
+        w.slot_cap[2] = 16_000_000;
+        st.account(&mut samples, &w, 0.0, Mode::Wall, Some(99));
+        st.account(
+            &mut samples,
+            &interval(Some(18.0), 19.0, false, ATTR_UNCAPTURED),
+            0.0,
+            Mode::Wall,
+            Some(99),
+        );
+        st.finish(&samples, 0.0, 20.0);
+        assert_eq!(st.oncpu, vec![(0.0, 2.5)]);
+        let off: Vec<(f64, f64, Option<StackId>)> = samples[2..]
+            .iter()
+            .map(|s| (s.time_ms, s.weight_ms, s.stack))
+            .collect();
+        assert_eq!(
+            off,
+            vec![
+                (2.5, 7.5, Some(7)),
+                (12.0, 3.0, Some(7)),
+                (16.0, 2.0, Some(99)),
+                (18.0, 1.0, Some(99))
+            ]
+        );
+        assert!(samples[2..].iter().all(|s| s.state & state::ON_CPU == 0));
+        // Times only: no sample.
+        let mut none = Vec::new();
+        st.account(
+            &mut none,
+            &interval(Some(19.0), 20.0, false, ATTR_NONE),
+            0.0,
+            Mode::Cpu,
+            None,
+        );
+        assert!(none.is_empty());
+    }
+
+    #[test]
+    fn spans_split_their_time_and_settled_parts_count_once() {
         let mut st = SchedState::default();
         let mut samples = Vec::new();
-        st.switch_in(&mut samples, 1.0);
-        st.exit(3.0);
-        st.switch_out(
+        st.note_capture(1_000_000, Some(5), state::PYTHON | state::GIL_WAIT);
+        let mut w = Window {
+            t0: Some(1.0),
+            t1: 3.0,
+            on_ms: 0.5,
+            switches: 40,
+            ..Default::default()
+        };
+        w.slot_cap[0] = 1_000_000;
+        w.off_ms[0] = 1.2;
+        w.off_ms[ATTR_LATEST as usize] = 0.3;
+        st.account(&mut samples, &w, 0.0, Mode::Wall, Some(99));
+        assert_eq!(st.spans, vec![(1.0, 3.0, 0.25)]);
+        let got: Vec<(f64, f64, Option<StackId>)> = samples
+            .iter()
+            .map(|s| (s.time_ms, s.weight_ms, s.stack))
+            .collect();
+        assert_eq!(got, vec![(1.0, 1.2, Some(5)), (2.2, 0.3, Some(5))]);
+        assert_eq!(samples[0].state, state::PYTHON | state::GIL_WAIT);
+        // Settled at 2.0: a span 1..3 sent later counts half.
+        st.settle(2.0);
+        let before = samples.len();
+        st.account(&mut samples, &w, 0.0, Mode::Wall, Some(99));
+        assert_eq!(st.spans[1], (2.0, 3.0, 0.25));
+        assert!((samples[before].weight_ms - 0.6).abs() < 1e-9);
+        // Entirely before: nothing.
+        let n = samples.len();
+        st.account(
             &mut samples,
-            3.1,
+            &interval(Some(0.5), 1.5, false, 0),
             0.0,
-            Some((None, 0)),
-            Reuse::Nothing,
             Mode::Wall,
+            None,
         );
-        st.finish(&mut samples, 0.0, 3.0);
+        assert_eq!(samples.len(), n);
+        assert!((st.on_cpu_ms() - 0.75).abs() < 1e-9);
+    }
+
+    #[test]
+    fn exited_threads_account_nothing_more() {
+        let mut st = SchedState::default();
+        let mut samples = Vec::new();
+        st.account(
+            &mut samples,
+            &interval(Some(1.0), 3.0, true, 0),
+            0.0,
+            Mode::Wall,
+            None,
+        );
+        st.exit(3.0);
+        st.account(
+            &mut samples,
+            &interval(Some(3.0), 4.0, false, ATTR_UNCAPTURED),
+            0.0,
+            Mode::Wall,
+            None,
+        );
+        st.finish(&samples, 0.0, 3.0);
         assert!(samples.is_empty());
         assert_eq!(st.oncpu, vec![(1.0, 3.0)]);
     }
@@ -295,16 +419,54 @@ mod tests {
     #[test]
     fn cpu_deltas_and_markers_follow_intervals() {
         let mut samples = vec![on(1.0), on(2.0), on(5.0)];
-        let oncpu = vec![(0.0, 1.5), (1.8, 2.2), (4.0, 6.0)];
-        cpu_deltas(&mut samples, &oncpu, 0.0);
-        let d: Vec<f64> = samples.iter().map(|s| s.cpu_delta_us.round()).collect();
-        assert_eq!(d, vec![1000.0, 700.0, 1200.0]);
         let mut st = SchedState::default();
         let mut none = Vec::new();
-        st.switch_in(&mut none, 1.0);
-        st.switch_out(&mut none, 2.0, 0.0, None, Reuse::Nothing, Mode::Cpu);
-        st.finish(&mut none, 0.0, 4.0);
-        let m: Vec<(&str, f64, f64)> = cpu_markers(&st, 0.0, 4.0)
+        for (a, b) in [(0.0, 1.5), (1.8, 2.2), (4.0, 6.0)] {
+            st.account(
+                &mut none,
+                &interval(Some(a), b, true, 0),
+                0.0,
+                Mode::Cpu,
+                None,
+            );
+        }
+        cpu_deltas(&mut samples, &st, 0.0);
+        let d: Vec<f64> = samples.iter().map(|s| s.cpu_delta_us.round()).collect();
+        assert_eq!(d, vec![1000.0, 700.0, 1200.0]);
+        // Spans count by their share.
+        let mut st = SchedState::default();
+        let w = Window {
+            t0: Some(1.0),
+            t1: 2.0,
+            on_ms: 0.4,
+            switches: 9,
+            ..Default::default()
+        };
+        st.account(&mut none, &w, 0.0, Mode::Cpu, None);
+        st.account(
+            &mut none,
+            &Window {
+                t0: Some(2.0),
+                t1: 3.0,
+                ..w
+            },
+            0.0,
+            Mode::Cpu,
+            None,
+        );
+        st.account(
+            &mut none,
+            &interval(Some(3.5), 4.0, true, 0),
+            0.0,
+            Mode::Cpu,
+            None,
+        );
+        st.finish(&none, 0.0, 5.0);
+        let mut s = vec![on(2.5), on(5.0)];
+        cpu_deltas(&mut s, &st, 0.0);
+        assert_eq!(s[0].cpu_delta_us.round(), 600.0);
+        assert_eq!(s[1].cpu_delta_us.round(), 700.0);
+        let m: Vec<(&str, f64, f64)> = cpu_markers(&st, 0.0, 5.0)
             .iter()
             .map(|m| (m.name, m.start_ms, m.end_ms))
             .collect();
@@ -312,8 +474,10 @@ mod tests {
             m,
             vec![
                 ("Off CPU", 0.0, 1.0),
-                ("On CPU", 1.0, 2.0),
-                ("Off CPU", 2.0, 4.0)
+                ("Switching", 1.0, 3.0),
+                ("Off CPU", 3.0, 3.5),
+                ("On CPU", 3.5, 4.0),
+                ("Off CPU", 4.0, 5.0)
             ]
         );
     }

@@ -225,6 +225,9 @@ pub struct KernelInfo {
     pub signal_live: u32,
     /// Offset of `thread.fsbase` in `task_struct`, or 0.
     pub task_fsbase: u32,
+    /// Offsets of `se.sum_exec_runtime` and `se.prev_sum_exec_runtime` in `task_struct`.
+    pub task_sum_exec: u32,
+    pub task_prev_sum_exec: u32,
     /// BPF helpers the kernel knows.
     pub has_bpf_loop: bool,
     pub has_task_pt_regs: bool,
@@ -269,6 +272,11 @@ impl KernelInfo {
                 Ok(t["thread"] + btf.struct_offsets("thread_struct", &["fsbase"])?["fsbase"])
             })
             .unwrap_or(0);
+        let se = btf.struct_offsets("task_struct", &["se"])?["se"];
+        let sums = btf.struct_offsets(
+            "sched_entity",
+            &["sum_exec_runtime", "prev_sum_exec_runtime"],
+        )?;
         let switch = btf
             .tracepoint_args("sched_switch")
             .ok_or(BtfError::NoTracepoint("sched_switch"))?;
@@ -288,6 +296,8 @@ impl KernelInfo {
             task_signal: task["signal"],
             signal_live,
             task_fsbase,
+            task_sum_exec: se + sums["sum_exec_runtime"],
+            task_prev_sum_exec: se + sums["prev_sum_exec_runtime"],
             has_bpf_loop,
             has_task_pt_regs,
             has_current_task_btf,
@@ -370,6 +380,9 @@ mod tests {
         let k = KernelInfo::probe().unwrap();
         assert_eq!(k.task_tgid, k.task_pid + 4);
         assert!(k.task_flags < k.task_pid);
+        assert!(
+            k.task_prev_sum_exec > k.task_sum_exec && k.task_prev_sum_exec <= k.task_sum_exec + 16
+        );
         assert!(
             k.signal_live < 64,
             "live is near the start of signal_struct"

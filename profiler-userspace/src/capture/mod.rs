@@ -14,7 +14,8 @@ use aya::programs::perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, S
 use aya::programs::{BtfTracePoint, PerfEvent, ProgramError};
 use aya::{Btf, Ebpf, EbpfLoader, VerifierLogLevel};
 use profiler_common::{
-    names, thread_key, Config, PyProcConfig, MAX_USTACK, OFFCPU_NONE, STAT_COUNT, USTACK_CHUNK,
+    names, thread_key, Config, PyProcConfig, ThreadSched, MAX_USTACK, OFFCPU_NONE, STAT_COUNT,
+    USTACK_CHUNK,
 };
 
 static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(env!("TACHYON_BPF_OBJECT"));
@@ -244,7 +245,7 @@ impl Capture {
             task_flags_off: kernel.task_flags,
             exec_all: opts.exec_all as u32,
             wakeup_bytes: ring / 4,
-            offcpu_min_gap_ns: 1_000_000_000 / opts.rate_hz.max(1),
+            sched_span_ns: 1_000_000_000 / opts.rate_hz.max(1),
             task_state_off: kernel.task_state,
             task_stack_off: kernel.task_stack,
             task_signal_off: kernel.task_signal,
@@ -252,6 +253,9 @@ impl Capture {
             // x86_64: PAGE_SIZE << THREAD_SIZE_ORDER (2); distribution kernels build no KASAN.
             thread_size: 16384,
             task_fsbase_off: kernel.task_fsbase,
+            task_sum_exec_off: kernel.task_sum_exec,
+            task_prev_sum_exec_off: kernel.task_prev_sum_exec,
+            _pad: 0,
         };
         let mut arr: Array<_, Config> =
             Array::try_from(bpf.map_mut(names::MAP_CONFIG).expect("CONFIG map"))
@@ -436,6 +440,19 @@ impl Capture {
         ) {
             let _ = m.remove(&thread_key(pid, tid));
         }
+    }
+
+    /// What the scheduler program holds of each thread that it has not sent yet (an open span,
+    /// the interval in progress): read when a run or a continuous interval ends. Bounded by the
+    /// map's size.
+    pub fn sched_snapshot(&self) -> Vec<(u64, ThreadSched)> {
+        let Some(map) = self.bpf.map(names::MAP_SCHED) else {
+            return Vec::new();
+        };
+        let Ok(m) = BpfHashMap::<_, u64, ThreadSched>::try_from(map) else {
+            return Vec::new();
+        };
+        m.iter().filter_map(Result::ok).collect()
     }
 
     /// Every BPF counter by its contract name (`profiler_common::STATS`), summed over CPUs.

@@ -4,47 +4,28 @@
 //! `profiler-common`). Lengths come from the kernel side and are checked against the record size.
 
 use profiler_common::{
-    EventRecord, PyFrame, SampleHeader, MAX_KSTACK, MAX_PY_FRAMES, MAX_USTACK, PY_CODE_SNAP,
-    PY_CODE_SNAPS, RECORD_EXEC, RECORD_EXIT, RECORD_FORK, RECORD_SAMPLE, RECORD_SWITCH_IN,
-    RECORD_SWITCH_OUT, RECORD_SWITCH_OUT_BRIEF, REUSE_LATEST, REUSE_OFF_CPU,
+    EventRecord, PyFrame, SampleHeader, SchedRecord, MAX_KSTACK, MAX_PY_FRAMES, MAX_USTACK,
+    PY_CODE_SNAP, PY_CODE_SNAPS, RECORD_EXEC, RECORD_EXIT, RECORD_FORK, RECORD_SAMPLE,
+    RECORD_SCHED, RECORD_SWITCH_OUT,
 };
 
 /// One ring-buffer record.
 #[derive(Clone, Debug)]
 pub enum Record {
     Sample(RawSample),
+    /// A thread's scheduler accounting over a window (see `profiler_common::SchedRecord`).
+    Sched(SchedRecord),
     Event(Event),
-}
-
-/// Which earlier stack an off-CPU interval without its own capture is attributed to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Reuse {
-    /// None (times only).
-    Nothing,
-    /// The thread's last off-CPU capture.
-    LastOffCpu,
-    /// The thread's latest sample or capture.
-    Latest,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EventKind {
-    /// Left the CPU without a capture; `reuse` says which earlier stack applies.
-    SwitchOut {
-        reuse: Reuse,
-    },
-    SwitchIn,
-    Fork {
-        child_pid: u32,
-        child_tid: u32,
-    },
+    Fork { child_pid: u32, child_tid: u32 },
     Exec,
-    Exit {
-        group_dead: bool,
-    },
+    Exit { group_dead: bool },
 }
 
-/// A scheduler or lifetime event.
+/// A lifetime event.
 #[derive(Clone, Debug)]
 pub struct Event {
     pub kind: EventKind,
@@ -64,6 +45,15 @@ impl Record {
         if kind == RECORD_SAMPLE || kind == RECORD_SWITCH_OUT {
             return RawSample::parse(bytes).map(Record::Sample);
         }
+        if kind == RECORD_SCHED {
+            if bytes.len() < SchedRecord::SIZE {
+                return Err(RecordError::Short(bytes.len()));
+            }
+            // SAFETY: the length was checked; SchedRecord is plain old data valid for any bytes.
+            let r: SchedRecord =
+                unsafe { std::ptr::read_unaligned(bytes.as_ptr() as *const SchedRecord) };
+            return Ok(Record::Sched(r));
+        }
         if bytes.len() < EventRecord::SIZE {
             return Err(RecordError::Short(bytes.len()));
         }
@@ -71,14 +61,6 @@ impl Record {
         let e: EventRecord =
             unsafe { std::ptr::read_unaligned(bytes.as_ptr() as *const EventRecord) };
         let kind = match kind {
-            RECORD_SWITCH_OUT_BRIEF => EventKind::SwitchOut {
-                reuse: match e.arg1 {
-                    REUSE_OFF_CPU => Reuse::LastOffCpu,
-                    REUSE_LATEST => Reuse::Latest,
-                    _ => Reuse::Nothing,
-                },
-            },
-            RECORD_SWITCH_IN => EventKind::SwitchIn,
             RECORD_FORK => EventKind::Fork {
                 child_pid: e.arg0 as u32,
                 child_tid: e.arg1 as u32,
@@ -315,18 +297,30 @@ mod tests {
             (ev.pid, ev.tid, ev.time_ns, ev.comm.as_str()),
             (5, 6, 9, "sh")
         );
-        let mut b2 = b.clone();
-        b2[..4].copy_from_slice(&RECORD_SWITCH_OUT_BRIEF.to_le_bytes());
-        b2[24..32].copy_from_slice(&1u64.to_le_bytes());
-        b2[32..40].copy_from_slice(&1u64.to_le_bytes());
-        let Record::Event(ev) = Record::parse(&b2).unwrap() else {
-            panic!("not an event")
+        let r = SchedRecord {
+            kind: RECORD_SCHED,
+            pid: 5,
+            tid: 6,
+            t0_ns: 100,
+            t1_ns: 900,
+            on_ns: 300,
+            switches: 4,
+            ..Default::default()
+        };
+        // SAFETY: viewing a repr(C) value as bytes.
+        let b2 = unsafe {
+            std::slice::from_raw_parts(&r as *const _ as *const u8, SchedRecord::SIZE).to_vec()
+        };
+        let Record::Sched(s) = Record::parse(&b2).unwrap() else {
+            panic!("not a scheduler record")
         };
         assert_eq!(
-            ev.kind,
-            EventKind::SwitchOut {
-                reuse: Reuse::LastOffCpu
-            }
+            (s.pid, s.tid, s.t0_ns, s.t1_ns, s.on_ns, s.switches),
+            (5, 6, 100, 900, 300, 4)
+        );
+        assert_eq!(
+            Record::parse(&b2[..SchedRecord::SIZE - 1]).unwrap_err(),
+            RecordError::Short(SchedRecord::SIZE - 1)
         );
     }
 }

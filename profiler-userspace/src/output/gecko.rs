@@ -173,6 +173,11 @@ fn marker_schema() -> Value {
         ("OnCPU", "On CPU", "The thread runs on a CPU"),
         ("OffCPU", "Off CPU", "The thread is not running"),
         (
+            "Switching",
+            "Switching",
+            "The thread goes on and off CPUs faster than the sampling period (the CPU graph shows its share)",
+        ),
+        (
             "PythonCode",
             "Python Code",
             "The thread runs Python code (holds the GIL)",

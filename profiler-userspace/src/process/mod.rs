@@ -104,6 +104,13 @@ fn descendants_in(pairs: &[(u32, u32)], root: u32) -> Vec<u32> {
     out
 }
 
+/// CPU time a thread has used so far, in ns (the scheduler's `sum_exec_runtime`: the first
+/// field of `/proc/PID/task/TID/schedstat`).
+pub fn thread_cpu_ns(pid: u32, tid: u32) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/schedstat")).ok()?;
+    s.split_whitespace().next()?.parse().ok()
+}
+
 pub fn read_comm(pid: u32) -> Option<String> {
     std::fs::read_to_string(format!("/proc/{pid}/comm"))
         .ok()

@@ -27,6 +27,10 @@ pub trait Targets {
     fn remove_py_proc(&mut self, pid: u32);
     fn set_py_thread(&mut self, pid: u32, tid: u32, tstate: u64) -> Result<(), CaptureError>;
     fn remove_py_thread(&mut self, pid: u32, tid: u32);
+    /// What the scheduler program holds and has not sent yet, by `thread_key`.
+    fn sched_snapshot(&self) -> Vec<(u64, profiler_common::ThreadSched)> {
+        Vec::new()
+    }
 }
 
 impl Targets for Capture {
@@ -44,6 +48,9 @@ impl Targets for Capture {
     }
     fn remove_py_thread(&mut self, pid: u32, tid: u32) {
         Capture::remove_py_thread(self, pid, tid)
+    }
+    fn sched_snapshot(&self) -> Vec<(u64, profiler_common::ThreadSched)> {
+        Capture::sched_snapshot(self)
     }
 }
 
@@ -143,6 +150,7 @@ impl<T: Targets> Session<T> {
             }
             match record {
                 Ok(Record::Sample(s)) => self.collector.handle(s),
+                Ok(Record::Sched(r)) => self.collector.handle_sched(&r),
                 Ok(Record::Event(e)) => self.collector.handle_event(e),
                 Err(e) => {
                     log::debug!("bad record: {e}");
@@ -152,6 +160,15 @@ impl<T: Targets> Session<T> {
         }
         self.follow_lifetimes();
         n
+    }
+
+    /// Charges what the scheduler program holds and has not sent (each thread's open span and
+    /// the interval in progress) to the profile, up to `now_ns`: at the end of a run (after the
+    /// programs are detached and the ring drained) and of a continuous interval. Parts of records
+    /// sent later that fall before `now_ns` are then dropped, so nothing counts twice.
+    pub fn settle_sched(&mut self, now_ns: u64) {
+        let snapshot = self.targets.sched_snapshot();
+        self.collector.settle_sched(&snapshot, now_ns);
     }
 
     /// A process that exec'd loses its Python state (the BPF side must not walk the old
