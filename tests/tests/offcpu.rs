@@ -537,3 +537,125 @@ fn lifetimes_and_cpu_use_in_all_pythons() {
         );
     }
 }
+
+const SWITCHERS: &str = r#"
+import json, queue, threading, time
+
+out = {}
+
+def measured(fn):
+    def run(*args):
+        t0 = time.monotonic()
+        c0 = time.thread_time()
+        fn(*args)
+        out[threading.get_native_id()] = (fn.__name__, time.monotonic() - t0, time.thread_time() - c0)
+    return run
+
+@measured
+def pinger(a, b, stop):
+    while time.monotonic() < stop:
+        a.put(1)
+        b.get()
+    a.put(None)
+
+@measured
+def ponger(a, b):
+    while a.get() is not None:
+        b.put(1)
+
+@measured
+def napper(stop):
+    # Long intervals: 3 ms naps between 1 ms bursts.
+    while time.monotonic() < stop:
+        t = time.monotonic()
+        while time.monotonic() - t < 0.001:
+            pass
+        time.sleep(0.003)
+
+@measured
+def dozer(stop):
+    # Short intervals: naps of 100 µs, thousands a second.
+    while time.monotonic() < stop:
+        time.sleep(0.0001)
+
+stop = time.monotonic() + 4.0
+a, b = queue.Queue(), queue.Queue()
+ts = [threading.Thread(target=pinger, args=(a, b, stop)),
+      threading.Thread(target=ponger, args=(a, b)),
+      threading.Thread(target=napper, args=(stop,)),
+      threading.Thread(target=dozer, args=(stop,))]
+for t in ts: t.start()
+for t in ts: t.join()
+print(json.dumps(out))
+"#;
+
+/// Threads that switch tens of thousands of times a second (a queue ping-pong, 100 µs naps) and
+/// threads whose blocks each last longer than a sampling period: each thread's off-CPU time in
+/// the profile (its wall-mode total less its cpu-mode total, the same recording converted twice)
+/// is within 1% of the scheduler's (its lifetime less the CPU time it measures itself).
+#[test]
+fn off_cpu_time_matches_the_scheduler_at_any_switch_rate() {
+    require_root();
+    let dir = scratch("offcpu_switchers");
+    let script = dir.join("switchers.py");
+    std::fs::write(&script, SWITCHERS).unwrap();
+    let rec = dir.join("run.tbpf");
+    let py = python("3.12.1");
+    let o = run_profiler(
+        &[
+            "record",
+            "-q",
+            "-o",
+            rec.to_str().unwrap(),
+            "--",
+            py.to_str().unwrap(),
+            script.to_str().unwrap(),
+        ],
+        Duration::from_secs(90),
+    );
+    assert!(o.status.success(), "{}", stderr_of(&o));
+    let measured: std::collections::HashMap<String, (String, f64, f64)> =
+        serde_json::from_slice(&o.stdout).expect("the script's measurements");
+    assert_eq!(measured.len(), 4);
+    let mut totals = Vec::new();
+    for mode in ["wall", "cpu"] {
+        let out = dir.join(format!("{mode}.json"));
+        let c = run_profiler(
+            &[
+                "convert",
+                rec.to_str().unwrap(),
+                "-m",
+                mode,
+                "-o",
+                out.to_str().unwrap(),
+            ],
+            Duration::from_secs(60),
+        );
+        assert!(c.status.success(), "{}", stderr_of(&c));
+        let v = Viewer::load(&out).unwrap();
+        let threads = all_threads(&v);
+        let mut by_tid = std::collections::HashMap::new();
+        for (tid, (name, _, _)) in &measured {
+            let t = thread_by_tid(&threads, tid.parse().unwrap(), name);
+            by_tid.insert(name.clone(), v.call_paths(&t.handle).unwrap().total as f64);
+        }
+        totals.push(by_tid);
+    }
+    for (name, life, cpu) in measured.values() {
+        let truth = (life - cpu) * 1000.0;
+        let got = totals[0][name] - totals[1][name];
+        eprintln!("{name}: profile {got:.1} truth {truth:.1}");
+        assert!(
+            truth > 500.0,
+            "{name}: off CPU for {truth:.0} ms of {:.0}",
+            life * 1000.0
+        );
+        assert!(
+            (got - truth).abs() <= 0.01 * truth,
+            "{name}: {got:.0} ms off CPU in the profile, {truth:.0} ms by the scheduler \
+             (lifetime {:.0} ms, CPU {:.0} ms)",
+            life * 1000.0,
+            cpu * 1000.0
+        );
+    }
+}
