@@ -15,6 +15,12 @@
 //! 4. **Memory**: peak RSS of `--all-pythons` runs of 30, 60 and 120 s with 8 busy processes.
 //! 5. **Accuracy**: the share of samples running Python code whose stack is fully merged, per
 //!    interpreter (rooted at `_start`, Python frames spliced in, no eval frame left over).
+//! 6. **Thread ping-pong**: two threads passing a token through two `queue.Queue`s (tens of
+//!    thousands of context switches a second), throughput alone and under each profiler at 1 kHz,
+//!    interleaved rounds; the profiler's own CPU use and peak RSS while it runs.
+//! 7. **A mixed host**: busy processes beside processes whose threads sleep and wake thousands of
+//!    times a second, 20 s at 1 kHz: the profiler's CPU per sample, all included.
+//! 8. **Idle processes**: the profiler's CPU with 500 idle processes on the host, against none.
 //!
 //! The targets from the issue are printed beside each number.
 
@@ -80,6 +86,47 @@ def busy_loop():
             x += i
 busy_loop()
 "#;
+
+/// Two threads passing a token through two queues for `argv[1]` seconds; prints round trips per
+/// second.
+const PINGPONG: &str = r#"
+import queue, sys, threading, time
+def ponger(a, b):
+    while a.get() is not None:
+        b.put(1)
+def main():
+    secs = float(sys.argv[1])
+    a, b = queue.Queue(), queue.Queue()
+    t = threading.Thread(target=ponger, args=(a, b))
+    t.start()
+    n = 0
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < secs:
+        a.put(1)
+        b.get()
+        n += 1
+    a.put(None)
+    t.join()
+    print(n / (time.perf_counter() - t0))
+main()
+"#;
+
+/// A process of 4 threads that each sleep 500 µs in a loop for `argv[1]` seconds (thousands of
+/// wake-ups a second, little CPU).
+const SLEEPY: &str = r#"
+import sys, threading, time
+def napper(secs):
+    t0 = time.time()
+    while time.time() - t0 < secs:
+        time.sleep(0.0005)
+ts = [threading.Thread(target=napper, args=(float(sys.argv[1]),)) for _ in range(4)]
+for t in ts: t.start()
+for t in ts: t.join()
+"#;
+
+/// Ping-pong rounds (median reported) and their length in seconds.
+const PP_ROUNDS: usize = 5;
+const PP_SECS: &str = "5";
 
 /// py-spy from PyPI under `.tools/pyspy` (idempotent).
 fn setup_py_spy(tools: &Path) -> Result<PathBuf> {
@@ -582,6 +629,219 @@ pub fn bench(tachyon: &Path, tools: &Path) -> Result<()> {
         acc_raw.push(json!({"python": label, "samples": all, "merged": good, "pct": pct}));
     }
     raw.insert("accuracy".into(), json!(acc_raw));
+
+    // 6. Thread ping-pong.
+    let pp = dir.join("bench_pingpong.py");
+    std::fs::write(&pp, PINGPONG)?;
+    let pp_cmd = || {
+        let mut c = Command::new(&py);
+        c.arg(&pp).arg(PP_SECS);
+        c
+    };
+    let pp_out = |mode: &str| dir.join(format!("pingpong-{mode}.json"));
+    let under_tachyon = |mode: &'static str| -> Box<dyn Fn() -> Result<f64> + '_> {
+        Box::new(move || {
+            let bg = Background::start(
+                tachyon,
+                &["--all-pythons", "-r", "1000", "-m", mode],
+                &pp_out(mode),
+            )?;
+            let t = timed(&mut pp_cmd());
+            bg.stop()?;
+            t
+        })
+    };
+    let spy_pp = || -> Result<f64> {
+        timed(
+            Command::new(&py_spy)
+                .args(["record", "-r", "1000", "--nonblocking", "-f", "raw", "-o"])
+                .arg(&spy_out)
+                .arg("--")
+                .arg(&py)
+                .arg(&pp)
+                .arg(PP_SECS),
+        )
+    };
+    let pp_configs: Vec<Config> = vec![
+        ("alone", Box::new(|| timed(&mut pp_cmd()))),
+        (
+            "tachyon-bpf --all-pythons -m wall (1 kHz)",
+            under_tachyon("wall"),
+        ),
+        (
+            "tachyon-bpf --all-pythons -m cpu (1 kHz)",
+            under_tachyon("cpu"),
+        ),
+        ("py-spy record -r 1000 --nonblocking", Box::new(spy_pp)),
+    ];
+    eprintln!("bench: ping-pong, {PP_ROUNDS} rounds");
+    let mut tput: Vec<Vec<f64>> = vec![Vec::new(); pp_configs.len()];
+    let mut pp_cost: Vec<Vec<Value>> = vec![Vec::new(); 2];
+    for _ in 0..PP_ROUNDS {
+        for (i, (_, run)) in pp_configs.iter().enumerate() {
+            tput[i].push(run()?);
+            if i == 1 || i == 2 {
+                pp_cost[i - 1].push(meta(&pp_out(if i == 1 { "wall" } else { "cpu" }))?);
+            }
+        }
+    }
+    let pp_meds: Vec<f64> = tput.iter().map(|t| median(t.clone())).collect();
+    md.push("\n## 6. Thread ping-pong (1 kHz)\n".into());
+    md.push(format!(
+        "Two threads of one pyenv 3.12 process pass a token through two `queue.Queue`s for \
+         {PP_SECS} s; round trips per second, median of {PP_ROUNDS} interleaved rounds. Targets: \
+         at least 0.97x of alone in wall mode and 0.98x in cpu mode; the profiler under 5% of one \
+         CPU; peak RSS under 150 MB.\n"
+    ));
+    md.push("| profiler | round trips/s | ratio | runs |\n|---|---|---|---|".into());
+    let mut pp_raw = Vec::new();
+    for (i, (name, _)) in pp_configs.iter().enumerate() {
+        let runs: Vec<String> = tput[i].iter().map(|t| format!("{t:.0}")).collect();
+        md.push(format!(
+            "| {name} | {:.0} | {:.3}x | {} |",
+            pp_meds[i],
+            pp_meds[i] / pp_meds[0],
+            runs.join(" ")
+        ));
+        pp_raw.push(json!({"profiler": name, "median": pp_meds[i], "ratio": pp_meds[i] / pp_meds[0], "runs": tput[i]}));
+    }
+    md.push(
+        "\nThe profiler's own cost in those runs (the whole process from start to end, start-up \
+         included, over the run's duration; BPF from the kernel's statistics):\n"
+            .into(),
+    );
+    md.push(
+        "| mode | CPU % of one CPU | user % | BPF % | samples | µs per sample | peak RSS MiB |\n|---|---|---|---|---|---|---|"
+            .into(),
+    );
+    let mut pp_cost_raw = Vec::new();
+    for (mode, runs) in ["wall", "cpu"].iter().zip(&pp_cost) {
+        let pct = |k: &str| {
+            median(
+                runs.iter()
+                    .map(|m| 100.0 * f(&m["profilerCost"][k]) / f(&m["durationMs"]))
+                    .collect(),
+            )
+        };
+        let (user, bpf) = (pct("userCpuMs"), pct("bpfMs"));
+        let per = median(
+            runs.iter()
+                .map(|m| {
+                    1000.0 * (f(&m["profilerCost"]["userCpuMs"]) + f(&m["profilerCost"]["bpfMs"]))
+                        / f(&m["samples"]).max(1.0)
+                })
+                .collect(),
+        );
+        let samples = median(runs.iter().map(|m| f(&m["samples"])).collect());
+        let rss = median(
+            runs.iter()
+                .map(|m| f(&m["profilerCost"]["peakRssKiB"]) / 1024.0)
+                .collect(),
+        );
+        md.push(format!(
+            "| {mode} | {:.1} | {user:.1} | {bpf:.1} | {samples:.0} | {per:.1} | {rss:.1} |",
+            user + bpf
+        ));
+        pp_cost_raw.push(json!({"mode": mode, "user_pct": user, "bpf_pct": bpf, "us_per_sample": per, "peak_rss_mib": rss, "runs": runs}));
+    }
+    raw.insert(
+        "pingpong".into(),
+        json!({"throughput": pp_raw, "cost": pp_cost_raw}),
+    );
+
+    // 7. A mixed host.
+    let sleepy = dir.join("bench_sleepy.py");
+    std::fs::write(&sleepy, SLEEPY)?;
+    md.push("\n## 7. A mixed host (1 kHz, 20 s)\n".into());
+    md.push(
+        "2 busy Python processes and 2 processes of 4 threads that each sleep 500 µs in a loop \
+         (about 7,000 wake-ups a second per process), `--all-pythons` for 20 s at 1 kHz, median of \
+         3. CPU per sample, all included: the profiler's whole process from start to end plus the \
+         BPF programs' run time. Targets: at most 10 µs per sample, BPF at most 3 µs of it.\n"
+            .into(),
+    );
+    md.push(
+        "| samples | user µs/sample | BPF µs/sample | all µs/sample | scheduler records | peak RSS MiB |\n|---|---|---|---|---|---|"
+            .into(),
+    );
+    let mut mixed = Vec::new();
+    for _ in 0..3 {
+        eprintln!("bench: mixed host");
+        let mut kids = spawn_busy(&py, &busy, 2, 26)?;
+        kids.extend(spawn_busy(&py, &sleepy, 2, 26)?);
+        std::thread::sleep(Duration::from_millis(500));
+        let out = dir.join("mixed.json");
+        let o = Command::new(tachyon)
+            .args(["--all-pythons", "-q", "-r", "1000", "-d", "20", "-o"])
+            .arg(&out)
+            .output()?;
+        reap(kids);
+        if !o.status.success() {
+            bail!("tachyon-bpf failed: {}", String::from_utf8_lossy(&o.stderr));
+        }
+        mixed.push(meta(&out)?);
+    }
+    let per = |k: &str| {
+        median(
+            mixed
+                .iter()
+                .map(|m| 1000.0 * f(&m["profilerCost"][k]) / f(&m["samples"]).max(1.0))
+                .collect(),
+        )
+    };
+    let (mu, mb) = (per("userCpuMs"), per("bpfMs"));
+    let counter = |m: &Value, name: &str| f(&m["bpfCounters"][name]);
+    md.push(format!(
+        "| {:.0} | {mu:.2} | {mb:.2} | {:.2} | {:.0} | {:.1} |",
+        median(mixed.iter().map(|m| f(&m["samples"])).collect()),
+        mu + mb,
+        median(mixed.iter().map(|m| counter(m, "schedRecords")).collect()),
+        median(
+            mixed
+                .iter()
+                .map(|m| f(&m["profilerCost"]["peakRssKiB"]) / 1024.0)
+                .collect()
+        ),
+    ));
+    raw.insert("mixed".into(), json!(mixed));
+
+    // 8. Idle processes.
+    md.push("\n## 8. Idle processes\n".into());
+    md.push(
+        "`--all-pythons` for 10 s beside one busy Python process, with no other process and with \
+         500 idle processes (`sleep`) on the host: the profiler's CPU per second of run, start-up \
+         excluded (the difference between 4 s and 10 s runs). Target: no growth with idle \
+         processes.\n"
+            .into(),
+    );
+    md.push("| idle processes | profiler ms CPU per s |\n|---|---|".into());
+    let mut idle_raw = Vec::new();
+    for n in [0usize, 500] {
+        eprintln!("bench: {n} idle processes");
+        let idle: Vec<Child> = (0..n)
+            .map(|_| {
+                Command::new("sleep")
+                    .arg("600")
+                    .spawn()
+                    .context("starting an idle process")
+            })
+            .collect::<Result<_>>()?;
+        let out = dir.join("idle.json");
+        let mut per_s = Vec::new();
+        for _ in 0..3 {
+            let short = all_pythons_run(tachyon, &py, &busy, &out, 1, 1000, SHORT)?;
+            let long = all_pythons_run(tachyon, &py, &busy, &out, 1, 1000, LONG)?;
+            per_s.push(
+                (total_ms(&long) - total_ms(&short))
+                    / ((f(&long["durationMs"]) - f(&short["durationMs"])) / 1000.0),
+            );
+        }
+        reap(idle);
+        let v = median(per_s.clone());
+        md.push(format!("| {n} | {v:.1} |"));
+        idle_raw.push(json!({"idle": n, "ms_per_s": v, "runs": per_s}));
+    }
+    raw.insert("idle".into(), json!(idle_raw));
 
     let text = md.join("\n") + "\n";
     print!("{text}");
