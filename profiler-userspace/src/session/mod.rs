@@ -79,6 +79,11 @@ const THREAD_TICKS: u64 = 5;
 const SWEEP_TICKS: u64 = 250;
 /// New processes looked at on every tick at most (a fork storm waits for the periodic scan).
 const MAX_PENDING: usize = 256;
+/// A process the scan found not to be Python is looked at again every this many scans (30 s),
+/// not on every one: a program changes by exec (which the BPF side reports at once) and rarely
+/// loads Python later (an application embedding it). So the scan's cost follows the processes
+/// that are new, not every idle process on the host.
+const RECHECK_SCANS: u64 = 30;
 /// Records per code-object validation epoch (a few ms of samples at high rates).
 const EPOCH_RECORDS: u32 = 256;
 
@@ -89,6 +94,9 @@ pub struct Session<T: Targets> {
     /// Processes that exec'd or forked during an --all/--all-pythons run, looked at on every
     /// tick for a while.
     pending: Vec<(u32, Instant)>,
+    /// Processes the scan found not to be Python, with the scan that looked.
+    not_python: std::collections::HashMap<u32, u64>,
+    scans: u64,
     ticks: u64,
 }
 
@@ -113,6 +121,8 @@ impl<T: Targets> Session<T> {
             collector,
             scope,
             pending: Vec::new(),
+            not_python: std::collections::HashMap::new(),
+            scans: 0,
             ticks: 0,
         };
         s.discover(true, true);
@@ -180,6 +190,7 @@ impl<T: Targets> Session<T> {
         let everything = self.scope.all_pythons || self.scope.all;
         for pid in execs {
             self.forget_python(pid);
+            self.not_python.remove(&pid);
             if everything && !self.scope.explicit.contains(&pid) && self.pending.len() < MAX_PENDING
             {
                 self.pending.push((pid, Instant::now()));
@@ -218,18 +229,37 @@ impl<T: Targets> Session<T> {
                 && since.elapsed() < Duration::from_secs(2)
                 && alive(pid)
         });
-        let mut candidates: Vec<u32> = self.scope.explicit.clone();
-        candidates.extend(self.pending.iter().map(|p| p.0));
+        let mut candidates: Vec<(u32, bool)> =
+            self.scope.explicit.iter().map(|&p| (p, false)).collect();
+        candidates.extend(self.pending.iter().map(|p| (p.0, false)));
         if scan && (self.scope.all || self.scope.all_pythons) {
-            candidates.extend(list_pids().into_iter().filter(|&p| p != me));
+            self.scans += 1;
+            let pids = list_pids();
+            let listed: std::collections::HashSet<u32> = pids.iter().copied().collect();
+            self.not_python.retain(|p, _| listed.contains(p));
+            let scans = self.scans;
+            let not_python = &self.not_python;
+            candidates.extend(
+                pids.into_iter()
+                    .filter(|&p| p != me)
+                    .filter(|p| {
+                        not_python
+                            .get(p)
+                            .is_none_or(|&s| scans - s >= RECHECK_SCANS)
+                    })
+                    .map(|p| (p, true)),
+            );
         }
         let mut found = Vec::new();
-        for pid in candidates {
+        for (pid, scanned) in candidates {
             let python = &self.collector.python;
-            if python.contains(pid)
-                || python.known_not_python(pid)
-                || !crate::python::maps_mention_python(pid)
-            {
+            if python.contains(pid) || python.known_not_python(pid) {
+                continue;
+            }
+            if !crate::python::maps_mention_python(pid) {
+                if scanned {
+                    self.not_python.insert(pid, self.scans);
+                }
                 continue;
             }
             // Just exec'd, forked or launched: its libraries may still be loading.
