@@ -538,6 +538,25 @@ fn frame_i32(buf: &[u8; FRAME_BUF], off: u32) -> i32 {
     unsafe { core::ptr::read(buf.as_ptr().add(o) as *const i32) }
 }
 
+/// Reads the first `size` bytes (all of the buffer when 0 or too large) of the interpreter frame
+/// at `frame` into `fbuf`, in one read. Whether it succeeded.
+#[inline(always)]
+fn read_frame(fbuf: &mut [u8; FRAME_BUF], size: u32, frame: u64) -> bool {
+    let mut n = size as usize;
+    if n == 0 || n > FRAME_BUF {
+        n = FRAME_BUF;
+    }
+    // SAFETY: n <= FRAME_BUF; the source is a user address read through the checked helper.
+    let r = unsafe {
+        bpf_probe_read_user(
+            fbuf.as_mut_ptr() as *mut c_void,
+            n as u32,
+            frame as *const c_void,
+        )
+    };
+    r == 0
+}
+
 /// Ring-buffer notification: the reader polls, and is woken only when a good part of the buffer
 /// is waiting (a wakeup per record would have the reader preempt the threads it profiles).
 #[inline(always)]
@@ -592,19 +611,7 @@ fn block_signature<const MODERN: bool>(cfg: &Config, pid: u32, tid: u32) -> u64 
     // SAFETY: this CPU's frame buffer: `sched_switch` runs with interrupts off, and the frame
     // walk of a capture, its other user, runs after this.
     let fbuf = unsafe { &mut *fbuf };
-    let mut n = pc.frame_read_size as usize;
-    if n == 0 || n > FRAME_BUF {
-        n = FRAME_BUF;
-    }
-    // SAFETY: n <= FRAME_BUF; the source is a user address read through the checked helper.
-    let r = unsafe {
-        bpf_probe_read_user(
-            fbuf.as_mut_ptr() as *mut c_void,
-            n as u32,
-            frame as *const c_void,
-        )
-    };
-    if r != 0 {
+    if !read_frame(fbuf, pc.frame_read_size, frame) {
         return sig ^ 3;
     }
     let code = frame_u64(fbuf, pc.frame_code) & pc.code_mask;
@@ -1030,19 +1037,7 @@ fn step(index: u64) -> i64 {
     };
     // SAFETY: the scratch buffer starts with the header (see `capture`).
     let hdr = unsafe { &mut *(scratch as *mut SampleHeader) };
-    let mut read_size = w.pc.frame_read_size as usize;
-    if read_size == 0 || read_size > FRAME_BUF {
-        read_size = FRAME_BUF;
-    }
-    // SAFETY: read_size <= FRAME_BUF; the source is a user address.
-    let r = unsafe {
-        bpf_probe_read_user(
-            fbuf.as_mut_ptr() as *mut c_void,
-            read_size as u32,
-            w.frame as *const c_void,
-        )
-    };
-    if r != 0 {
+    if !read_frame(fbuf, w.pc.frame_read_size, w.frame) {
         hdr.flags |= SAMPLE_PY_READ_FAILED;
         return 1;
     }

@@ -35,6 +35,8 @@ pub struct Collector {
     execs: Vec<u32>,
     /// New child processes of targets since the caller last looked.
     children: Vec<u32>,
+    /// `uncaptured_stack` of the current profile, once interned.
+    uncaptured: Option<Option<StackId>>,
 }
 
 /// Python resolution's output, interned into the profile and counted in its counters.
@@ -157,6 +159,7 @@ impl Collector {
             start_ns,
             execs: Vec::new(),
             children: Vec::new(),
+            uncaptured: None,
         }
     }
 
@@ -498,9 +501,15 @@ impl Collector {
         t.sched.account(&mut t.samples, w, start, mode, uncaptured);
     }
 
+    /// The stack of off-CPU time without a capture, interned once per profile.
     fn uncaptured_stack(&mut self) -> Option<StackId> {
+        if let Some(s) = self.uncaptured {
+            return s;
+        }
         let f = self.marker_frame(UNCAPTURED);
-        self.profile.stack(&[f])
+        let s = self.profile.stack(&[f]);
+        self.uncaptured = Some(s);
+        s
     }
 
     /// Charges what the BPF side held and had not sent at `now_ns` (see
@@ -591,6 +600,7 @@ impl Collector {
         self.profile.finish(end);
         self.kernel_lib = next.lib(&Arc::from(KERNEL_LIB));
         self.native_frames.clear();
+        self.uncaptured = None;
         self.kernel_frames.clear();
         self.python.new_profile();
         self.start_ns = now_ns;

@@ -104,9 +104,10 @@ fn wall_mode_shows_sleep_and_cpu_mode_does_not() {
         t[k].as_u64()
             .unwrap_or_else(|| panic!("meta.tachyon.{k}: {t}"))
     };
+    // The nap's blocking point is captured; later naps at the same point reuse that capture.
     assert!(
-        n("offCpuCaptures") >= 3,
-        "each nap is captured as it starts: {t}"
+        n("offCpuCaptures") >= 1,
+        "the nap is captured as it starts: {t}"
     );
     assert!(
         n("pythonSamples") <= n("samples") + n("offCpuCaptures"),
