@@ -22,7 +22,7 @@ pub const MAX_PY_FRAMES: usize = 512;
 /// The user stack is copied in chunks of this size; the copy stops at the first chunk that faults.
 pub const USTACK_CHUNK: usize = 4096;
 /// Largest user-stack copy (`--stack-size` is clamped to it).
-pub const MAX_USTACK: usize = 8 * USTACK_CHUNK;
+pub const MAX_USTACK: usize = 16 * USTACK_CHUNK;
 /// Bytes of one interpreter frame read in one go (covers `PyFrameObject` up to `f_lasti` on 3.8-3.10
 /// and `_PyInterpreterFrame` on 3.11+).
 pub const FRAME_BUF: usize = 128;
@@ -331,6 +331,13 @@ pub struct PyProcConfig {
     pub tstate_thread_id: u32,
     /// Bytes of a code object's head copied into `SampleHeader::code_snaps` (<= PY_CODE_SNAP).
     pub code_head_len: u32,
+    /// Offset of `f_locals` in a frame, or `NO_OFFSET`. A frame with locals of its own runs code
+    /// that is not a function's (a module or class body, `exec`): code that runs once and is
+    /// freed when it ends, so its head is copied wherever it is on the stack.
+    pub frame_locals: u32,
+    /// Offset in a code object of the name shown (`co_qualname`, else `co_name`): the start of
+    /// that string is copied with the head of code that runs once (`SampleHeader::name_snaps`).
+    pub code_qualname: u32,
 }
 
 /// One interpreter frame as read at the sampled instant.
@@ -342,7 +349,8 @@ pub struct PyFrame {
     /// FRAMEOBJECT layout: the raw `f_lasti`. INTERP layout: the instruction offset in code
     /// units, `(instr_ptr - code - co_code_adaptive) / 2` (-1 for a frame that has not started).
     pub instr: i32,
-    /// Low byte: the raw `owner` (3.12+) or `is_entry` (3.11) byte.
+    /// Low byte: the raw `owner` (3.12+) or `is_entry` (3.11) byte. Bits 8-15: 1 + the index in
+    /// `SampleHeader::code_snaps` of this frame's code head, or 0 when it was not copied.
     pub flags: u32,
 }
 
@@ -380,20 +388,31 @@ pub struct SampleHeader {
     pub py_status: u32,
     /// The interpreter's `gc.collecting`.
     pub py_gc_collecting: u32,
-    pub _pad: u32,
+    /// Code heads copied into `code_snaps`.
+    pub py_snaps: u32,
     /// `RECORD_SWITCH_OUT`: the task state the thread left the CPU in (0: preempted, runnable).
     pub sched_state: u64,
     /// Kernel return addresses, innermost first.
     pub kstack: [u64; MAX_KSTACK],
-    /// The first bytes of the code objects of the innermost `PY_CODE_SNAPS` Python frames, as
-    /// they were at the sampled instant (`PyProcConfig::code_head_len` of each; the type word
-    /// zeroed where the read failed). A code object that lives only moments (a module body run
-    /// by an import) may be freed, and its memory reused, before user space reads it.
+    /// The first bytes of the code objects of some Python frames, as they were at the sampled
+    /// instant (`PyProcConfig::code_head_len` of each; the type word zeroed where the read
+    /// failed): the innermost frame's, then those of frames with locals of their own (module and
+    /// class bodies), innermost first, up to `PY_CODE_SNAPS` (`PyFrame::flags` says whose). Such
+    /// code lives only moments (a module body run by an import) and may be freed, and its memory
+    /// reused, before user space reads it.
     pub code_snaps: [[u8; PY_CODE_SNAP]; PY_CODE_SNAPS],
+    /// For each code head in `code_snaps` of code that runs once, the first bytes of its name's
+    /// string object (the rest zero): the name may be freed with the code.
+    pub name_snaps: [[u8; PY_NAME_SNAP]; PY_CODE_SNAPS],
 }
 
-/// Innermost Python frames whose code object's head is copied into the sample.
-pub const PY_CODE_SNAPS: usize = 8;
+/// Code heads copied into a sample, at most (a power of two).
+pub const PY_CODE_SNAPS: usize = 16;
+/// Bytes of a name's string object copied: a compact ASCII name of up to 56 characters (48
+/// before 3.12) fits.
+pub const PY_NAME_SNAP: usize = 96;
+/// Where `PyFrame::flags` keeps 1 + the frame's index in `SampleHeader::code_snaps`.
+pub const PY_FRAME_SNAP_SHIFT: u32 = 8;
 /// Bytes of a code object's head copied (covers type, names, first line and line table
 /// pointers on every supported version).
 pub const PY_CODE_SNAP: usize = 192;
@@ -510,12 +529,14 @@ pub const fn thread_key(pid: u32, tid: u32) -> u64 {
 }
 
 const _: () = assert!(core::mem::size_of::<Config>() == 88);
-const _: () = assert!(core::mem::size_of::<PyProcConfig>() == 120);
+const _: () = assert!(core::mem::size_of::<PyProcConfig>() == 128);
 const _: () = assert!(EventRecord::SIZE == 56);
 const _: () = assert!(SchedRecord::SIZE == 136);
 const _: () = assert!(core::mem::size_of::<ThreadSched>() == 184);
 const _: () = assert!(core::mem::size_of::<PyFrame>() == 16);
-const _: () = assert!(SampleHeader::SIZE == 120 + MAX_KSTACK * 8 + PY_CODE_SNAPS * PY_CODE_SNAP);
+const _: () = assert!(
+    SampleHeader::SIZE == 120 + MAX_KSTACK * 8 + PY_CODE_SNAPS * (PY_CODE_SNAP + PY_NAME_SNAP)
+);
 const _: () = assert!(SampleHeader::SIZE.is_multiple_of(8));
 
 #[cfg(feature = "user")]

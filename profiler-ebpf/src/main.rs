@@ -755,7 +755,7 @@ fn capture<const MODERN: bool>(
     hdr.py_gil_locked = 0;
     hdr.py_status = 0;
     hdr.py_gc_collecting = 0;
-    hdr._pad = 0;
+    hdr.py_snaps = 0;
     hdr.sched_state = sched_state;
     hdr.ip = 0;
     hdr.sp = 0;
@@ -948,7 +948,17 @@ struct Walk {
     pc: PyProcConfig,
     frame: u64,
     cpu: u32,
-    _pad: u32,
+    /// Code heads to copy once the walk is done: their code objects, and a bit each for those
+    /// whose name is copied too.
+    snaps: u32,
+    snap_code: [u64; PY_CODE_SNAPS],
+    snap_name: u32,
+    /// Scratch of one step: whether the frame runs code that runs once, and the next frame.
+    once: u32,
+    next: u64,
+    /// The frame being read (here rather than in `FRAME`: one map lookup, and one stack slot,
+    /// fewer in a callback that has 32 bytes of stack under the switch program).
+    fbuf: [u8; FRAME_BUF],
 }
 
 /// Walks the interpreter frame chain of `tstate`, writing frames after the header, the count of
@@ -984,12 +994,14 @@ fn walk_python<const MODERN: bool>(cpu: u32, pc: &PyProcConfig, tstate: u64) {
     };
     // SAFETY: this CPU's walk state; one walk at a time runs on a CPU (see `capture`).
     unsafe {
-        *w = Walk {
-            pc: *pc,
-            frame,
-            cpu,
-            _pad: 0,
-        };
+        // Field by field: the buffers need no clearing (each entry is written before it is
+        // read), and a whole struct built here would take the program's stack.
+        let w = &mut *w;
+        w.pc = *pc;
+        w.frame = frame;
+        w.cpu = cpu;
+        w.snaps = 0;
+        w.snap_name = 0;
     }
     if MODERN {
         // SAFETY: the callback has the signature bpf_loop expects; it takes no context.
@@ -1008,6 +1020,93 @@ fn walk_python<const MODERN: bool>(cpu: u32, pc: &PyProcConfig, tstate: u64) {
             }
         }
     }
+    // The code heads, in a pass of their own: a step that also copied them would need more
+    // stack than a `bpf_loop` callback has room for under the switch program.
+    if MODERN {
+        // SAFETY: as above.
+        unsafe {
+            bpf_loop(
+                PY_CODE_SNAPS as u32,
+                snap_step as *mut c_void,
+                core::ptr::null_mut(),
+                0,
+            );
+        }
+    } else {
+        for k in 0..PY_CODE_SNAPS {
+            if snap(k as u64) != 0 {
+                break;
+            }
+        }
+    }
+}
+
+extern "C" fn snap_step(index: u64, _ctx: *mut c_void) -> i64 {
+    snap(index)
+}
+
+/// Copies the `k`th code head the walk chose (and its name's start, where chosen) into the
+/// record. Returns 1 to stop.
+#[inline(always)]
+fn snap(k: u64) -> i64 {
+    let k = k as usize;
+    let Some(w) = WALK.get_ptr_mut(0) else {
+        return 1;
+    };
+    // SAFETY: this CPU's walk state, written by `walk_python`.
+    let w = unsafe { &*w };
+    if k >= w.snaps as usize || k >= PY_CODE_SNAPS {
+        return 1;
+    }
+    let Some(scratch) = SCRATCH.get_ptr_mut(w.cpu) else {
+        return 1;
+    };
+    // SAFETY: the scratch buffer starts with the header (see `capture`).
+    let hdr = unsafe { &mut *(scratch as *mut SampleHeader) };
+    let k = k & (PY_CODE_SNAPS - 1);
+    hdr.py_snaps = k as u32 + 1;
+    let head = &mut hdr.code_snaps[k];
+    let mut n = w.pc.code_head_len as usize;
+    if n > PY_CODE_SNAP {
+        n = PY_CODE_SNAP;
+    }
+    // SAFETY: n <= PY_CODE_SNAP, the size of the destination; the source is a user address.
+    let r = unsafe {
+        bpf_probe_read_user(
+            head.as_mut_ptr() as *mut c_void,
+            n as u32,
+            w.snap_code[k] as *const c_void,
+        )
+    };
+    // A zero type word marks a copy as failed (or not taken).
+    let name = &mut hdr.name_snaps[k];
+    // SAFETY: 16 <= PY_NAME_SNAP.
+    unsafe { (name.as_mut_ptr().add(8) as *mut u64).write_unaligned(0) };
+    if r != 0 {
+        // SAFETY: 16 <= PY_CODE_SNAP.
+        unsafe { (head.as_mut_ptr().add(8) as *mut u64).write_unaligned(0) };
+        return 0;
+    }
+    let off = w.pc.code_qualname as usize;
+    if w.snap_name & (1 << k) == 0 || off > PY_CODE_SNAP - 8 {
+        return 0;
+    }
+    // The name may be freed with the code: its string's start is copied too.
+    // SAFETY: off + 8 <= PY_CODE_SNAP, the size of the copy.
+    let addr = unsafe { (head.as_ptr().add(off) as *const u64).read_unaligned() };
+    // SAFETY: PY_NAME_SNAP bytes into a buffer of that size; the source is a user address.
+    let r = unsafe {
+        bpf_probe_read_user(
+            name.as_mut_ptr() as *mut c_void,
+            PY_NAME_SNAP as u32,
+            addr as *const c_void,
+        )
+    };
+    if r != 0 {
+        // SAFETY: 16 <= PY_NAME_SNAP.
+        unsafe { (name.as_mut_ptr().add(8) as *mut u64).write_unaligned(0) };
+    }
+    0
 }
 
 /// One step of the frame walk: reads the frame, records it, moves to the previous one.
@@ -1027,66 +1126,77 @@ fn step(index: u64) -> i64 {
     if w.frame == 0 || i >= MAX_PY_FRAMES {
         return 1;
     }
-    let Some(fbuf) = FRAME.get_ptr_mut(0) else {
-        return 1;
-    };
-    // SAFETY: per-CPU buffer of FRAME_BUF bytes used only by this walk.
-    let fbuf = unsafe { &mut *fbuf };
+    // The frame is read first, and the record looked up after: fewer values live across the
+    // helper call, so the step fits the 32 bytes of stack a callback has under the switch
+    // program.
+    let ok = read_frame(&mut w.fbuf, w.pc.frame_read_size, w.frame);
     let Some(scratch) = SCRATCH.get_ptr_mut(w.cpu) else {
         return 1;
     };
     // SAFETY: the scratch buffer starts with the header (see `capture`).
     let hdr = unsafe { &mut *(scratch as *mut SampleHeader) };
-    if !read_frame(fbuf, w.pc.frame_read_size, w.frame) {
+    if !ok {
         hdr.flags |= SAMPLE_PY_READ_FAILED;
         return 1;
     }
-    let pc = &w.pc;
-    let code = frame_u64(fbuf, pc.frame_code) & pc.code_mask;
-    let instr = if pc.layout == PY_LAYOUT_FRAMEOBJECT {
-        frame_i32(fbuf, pc.frame_instr)
-    } else {
-        let ip = frame_u64(fbuf, pc.frame_instr);
-        (ip.wrapping_sub(code).wrapping_sub(pc.code_adaptive as u64) as i64 / 2) as i32
-    };
-    let owner = if pc.frame_owner != NO_OFFSET {
-        fbuf[(pc.frame_owner as usize) & (FRAME_BUF - 1)] as u32
-    } else {
-        0
-    };
     let frames = (scratch as *mut u8).wrapping_add(SampleHeader::SIZE) as *mut PyFrame;
     // SAFETY: i < MAX_PY_FRAMES and the scratch buffer holds MAX_PY_FRAMES frames after the
     // header.
-    unsafe {
-        *frames.add(i) = PyFrame {
-            code,
-            instr,
-            flags: owner,
+    let f = unsafe { &mut *frames.add(i) };
+    // What the frame says goes to memory as soon as it is known, and is read back (volatile)
+    // where it is used again: few values live at once, so the step fits the 32 bytes of stack
+    // a `bpf_loop` callback has under the switch program.
+    {
+        let fbuf = &w.fbuf;
+        let pc = &w.pc;
+        let code = frame_u64(fbuf, pc.frame_code) & pc.code_mask;
+        f.code = code;
+        f.instr = if pc.layout == PY_LAYOUT_FRAMEOBJECT {
+            frame_i32(fbuf, pc.frame_instr)
+        } else {
+            let ip = frame_u64(fbuf, pc.frame_instr);
+            (ip.wrapping_sub(code).wrapping_sub(pc.code_adaptive as u64) as i64 / 2) as i32
         };
+        f.flags = if pc.frame_owner != NO_OFFSET {
+            fbuf[(pc.frame_owner as usize) & (FRAME_BUF - 1)] as u32
+        } else {
+            0
+        };
+        // The code head is copied for the innermost frame and for frames with locals of their
+        // own (module and class bodies, `exec`): their code runs once and may be freed before
+        // user space reads it, while a function's code lives as long as the function. Without
+        // the offset, the innermost frames are copied.
+        w.once = if pc.frame_locals != NO_OFFSET {
+            (frame_u64(fbuf, pc.frame_locals) != 0) as u32
+        } else {
+            (i < PY_CODE_SNAPS) as u32
+        };
+        w.next = frame_u64(fbuf, pc.frame_previous);
     }
     hdr.py_len = i as u32 + 1;
-    if i < PY_CODE_SNAPS {
-        // The head of the code object as it is now: one read. A code object run once (a
-        // module body) may be freed before user space reads it.
-        let snap = &mut hdr.code_snaps[i & (PY_CODE_SNAPS - 1)];
-        let mut n = pc.code_head_len as usize;
-        if n > PY_CODE_SNAP {
-            n = PY_CODE_SNAP;
-        }
-        // SAFETY: n <= PY_CODE_SNAP, the size of the destination; the source is a user address.
-        let r = unsafe {
-            bpf_probe_read_user(
-                snap.as_mut_ptr() as *mut c_void,
-                n as u32,
-                code as *const c_void,
+    {
+        // SAFETY: reads of fields written above.
+        let (code, owner, once) = unsafe {
+            (
+                core::ptr::read_volatile(&f.code),
+                core::ptr::read_volatile(&f.flags),
+                core::ptr::read_volatile(&w.once),
             )
         };
-        if r != 0 {
-            // The type word: a zero one marks the copy as failed.
-            snap[8..16].copy_from_slice(&[0; 8]);
+        // A C-stack shim frame (owner 3 and up, 3.12+) has no code of its own, and its other
+        // fields are left as they were.
+        let shim = code == 0 || (w.pc.frame_owner != NO_OFFSET && owner >= 3);
+        let k = w.snaps as usize;
+        if !shim && (k == 0 || once != 0) && k < PY_CODE_SNAPS {
+            // Copied once the walk is done (`snap`).
+            w.snap_code[k & (PY_CODE_SNAPS - 1)] = code;
+            w.snap_name |= once << k;
+            f.flags = owner | ((k as u32) + 1) << PY_FRAME_SNAP_SHIFT;
+            w.snaps = k as u32 + 1;
         }
     }
-    let previous = frame_u64(fbuf, pc.frame_previous);
+    // SAFETY: a read of the field written above.
+    let previous = unsafe { core::ptr::read_volatile(&w.next) };
     if previous == w.frame {
         hdr.flags |= SAMPLE_PY_CYCLE;
         return 1;

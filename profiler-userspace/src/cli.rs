@@ -98,8 +98,10 @@ pub struct RunArgs {
     /// The application name pushed (default tachyon-bpf.MODE{host=HOSTNAME}).
     #[arg(long, value_name = "NAME", requires = "push")]
     pub push_name: Option<String>,
-    /// Bytes of user stack copied per sample for DWARF unwinding (4096-32768).
-    #[arg(long, default_value_t = 32768, value_parser = clap::value_parser!(u64).range(4096..=32768))]
+    /// Bytes of user stack copied per sample for DWARF unwinding (4096-65536): only the part in
+    /// use is copied, so the limit costs only the deep stacks that need it (nested imports
+    /// under Python 3.12 go past 32 KiB).
+    #[arg(long, default_value_t = 65536, value_parser = clap::value_parser!(u64).range(4096..=65536))]
     pub stack_size: u64,
     /// Ring buffer size in MiB.
     #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=1024))]

@@ -11,6 +11,7 @@ use crate::aggregate::{state, Category, Frame, FrameId, Func, LibId, Mode, Profi
 use crate::capture::record::{Event, EventKind, RawSample};
 use crate::process::unwind::{unwind_user, UserFrame};
 use crate::process::Process;
+use crate::python::merge::is_eval_frame;
 use crate::python::{FrameRef, ProfileSink, PyEvent, PyThreadState, PythonFrames, PythonRegistry};
 use crate::stack::elf::ElfCache;
 use crate::stack::symbols::KernelSymbols;
@@ -133,15 +134,7 @@ fn ensure_process(profile: &mut Profile, python: &PythonRegistry, pid: u32, comm
     }
 }
 
-pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes the timespec it is given.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
+pub use crate::process::monotonic_ns;
 
 impl Collector {
     pub fn new(start_ns: u64, python: PythonRegistry, mode: Mode, interval_ms: f64) -> Collector {
@@ -329,15 +322,15 @@ impl Collector {
             .entry(pid)
             .or_insert_with(|| Process::new(pid, &s.comm));
         if s.ip != 0 {
-            proc.ensure_maps(s.ip, elves);
+            proc.ensure_maps(s.ip, s.time_ns, elves);
         }
-        let unwound = if s.flags & profiler_common::SAMPLE_NO_USER == 0 {
+        let mut unwound = if s.flags & profiler_common::SAMPLE_NO_USER == 0 {
             let mut u = unwind_user(proc, &s);
             // A return address outside every known module: a library mapped since the maps
             // were read. Re-read them (rate-limited) and unwind again.
             if let Some(f) = u.frames.iter().find(|f| proc.module_for(f.addr).is_none()) {
                 let before = proc.modules.len();
-                proc.ensure_maps(f.addr, elves);
+                proc.ensure_maps(f.addr, s.time_ns, elves);
                 if proc.modules.len() != before {
                     u = unwind_user(proc, &s);
                 }
@@ -362,12 +355,9 @@ impl Collector {
                 truncated: false,
             }
         };
-        if unwound.truncated {
-            self.profile.counters.native_truncated += 1;
-        }
-
         // Python frames of this instant, resolved to names and lines.
         let py = self.python.resolve(&s, &mut PySink(&mut self.profile));
+
         let is_python_proc = py.is_some();
         let native_cat = if is_python_proc {
             Category::Native
@@ -379,6 +369,19 @@ impl Collector {
         let mut native: Vec<(FrameId, Arc<str>)> = Vec::with_capacity(unwound.frames.len());
         for uf in unwound.frames.iter().rev() {
             native.push(self.native_frame(pid, *uf, native_cat));
+        }
+        // Fewer eval-loop frames than interpreter activations: each activation runs in an eval
+        // frame below it, so the native stack ends early. The unwinder stopped without an error
+        // at a frame without unwind information whose frame pointer was not one (OpenBLAS's
+        // assembly kernels): a truncated stack, said so, not a whole one.
+        if let Some(PythonFrames { activations, .. }) = &py {
+            if !activations.is_empty() && s.flags & profiler_common::SAMPLE_NO_USER == 0 {
+                let evals = native.iter().filter(|(_, n)| is_eval_frame(n)).count();
+                unwound.truncated |= evals < activations.len();
+            }
+        }
+        if unwound.truncated {
+            self.profile.counters.native_truncated += 1;
         }
         let mut root_first: Vec<FrameId> = match py {
             Some(PythonFrames {

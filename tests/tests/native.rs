@@ -353,3 +353,76 @@ fn functions_without_symbols_are_named_by_library_and_offset() {
         "{bare} samples with a bare address"
     );
 }
+
+const TWO_THREADS: &str = r#"
+import threading, time
+def spin():
+    t = time.time()
+    while time.time() - t < 1.5:
+        pass
+ts = [threading.Thread(target=spin) for _ in range(2)]
+for t in ts: t.start()
+for t in ts: t.join()
+"#;
+
+/// Debian's C library is stripped: its internal functions (the thread entry `start_thread`,
+/// `__libc_start_call_main`) are named from its separate debug file
+/// (`/usr/lib/debug/.build-id/`, package libc6-dbg, which `cargo xtask setup` installs), found by
+/// build id as perf and samply do. Without it they were `libc.so.6+0x...`.
+#[test]
+fn stripped_libraries_are_named_from_their_debug_files() {
+    require_root();
+    let libc = std::path::Path::new("/lib/x86_64-linux-gnu/libc.so.6");
+    let notes = Command::new("readelf")
+        .args(["-S", "-n"])
+        .arg(libc)
+        .output()
+        .unwrap();
+    let notes = String::from_utf8_lossy(&notes.stdout);
+    assert!(
+        !notes.contains(".symtab"),
+        "the host's C library is not stripped: this test needs Debian's"
+    );
+    let id = notes
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Build ID: "))
+        .expect("the C library has a build id");
+    let debug = format!("/usr/lib/debug/.build-id/{}/{}.debug", &id[..2], &id[2..]);
+    assert!(
+        std::path::Path::new(&debug).exists(),
+        "{debug} is missing: run the tests with `cargo xtask test` (it installs libc6-dbg)"
+    );
+    let dir = scratch("native_debug_files");
+    let script = dir.join("two_threads.py");
+    std::fs::write(&script, TWO_THREADS).unwrap();
+    let out = dir.join("threads.folded");
+    let py = python("3.12.1");
+    profile_command(
+        &out,
+        &["-m", "cpu", "-f", "collapsed", "-q"],
+        &[py.to_str().unwrap(), script.to_str().unwrap()],
+    );
+    let text = std::fs::read_to_string(&out).unwrap();
+    let (mut spin, mut named) = (0u64, 0u64);
+    for line in text.lines() {
+        let (stack, n) = line.rsplit_once(' ').unwrap();
+        let n: u64 = n.parse().unwrap();
+        if stack.contains(":spin:") {
+            spin += n;
+            let frames: Vec<&str> = stack.split(';').skip(2).collect();
+            if frames.len() > 2 && frames[1] == "start_thread" && frames[0].ends_with("clone3") {
+                named += n;
+            }
+        }
+        assert!(
+            !stack.contains("libc.so.6+0x"),
+            "a C library function without its name: {stack}"
+        );
+    }
+    // Two threads taking turns on the GIL for 1.5 s each.
+    assert!(spin >= 1200, "{spin} samples in spin");
+    assert!(
+        named as f64 >= 0.99 * spin as f64,
+        "{named} of {spin} samples in spin start at clone3;start_thread"
+    );
+}

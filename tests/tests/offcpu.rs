@@ -242,6 +242,68 @@ fn a_block_right_after_another_gets_its_own_stack() {
     }
 }
 
+const POOL: &str = r#"
+import multiprocessing as mp, time
+
+def work(n):
+    t = time.time()
+    while time.time() - t < 0.5:
+        pass
+    return n
+
+def run_map(pool):
+    return pool.map(work, range(8))
+
+if __name__ == "__main__":
+    t0 = time.perf_counter()
+    pool = mp.Pool(2)
+    t1 = time.perf_counter()
+    run_map(pool)
+    t2 = time.perf_counter()
+    pool.close()
+    pool.join()
+    print(t1 - t0, t2 - t1)
+"#;
+
+/// The main thread of a `multiprocessing.Pool` user waits in `pool.map` while the workers
+/// compute: that wait is charged to `pool.map`, as long as the script measures it, and not to
+/// where the thread blocked before (`Pool.__init__` starting its handler threads), nor shown as
+/// waiting for the GIL.
+#[test]
+fn a_pool_map_wait_is_charged_to_pool_map() {
+    require_root();
+    let dir = scratch("offcpu_pool");
+    for label in ["3.8.18", "3.12.1"] {
+        let (profile, out) = profile_script(&dir, "pool", &python(label), POOL, &["-m", "wall"]);
+        let times: Vec<f64> = out
+            .split_whitespace()
+            .map(|t| t.parse::<f64>().expect("the script prints its times") * 1000.0)
+            .collect();
+        let (init_ms, map_ms) = (times[0], times[1]);
+        let v = Viewer::load(&profile).unwrap();
+        let (t, c) = thread_with(&v, "run_map");
+        let under_map = c.count(|n| n.iter().any(|f| f == "run_map")) as f64;
+        let under_init = c.count(|n| n.iter().any(|f| f == "__init__" || f == "Pool.__init__"));
+        assert!(
+            (under_map - map_ms).abs() <= 0.03 * map_ms,
+            "{label}: {under_map:.0} ms under run_map, the script spent {map_ms:.0} ms there"
+        );
+        assert!(
+            (under_init as f64) <= init_ms + 50.0,
+            "{label}: {under_init} ms under Pool.__init__, the script spent {init_ms:.0} ms there"
+        );
+        let gil = v
+            .marker_totals(&t.handle)
+            .unwrap()
+            .get("Waiting for GIL")
+            .map_or(0.0, |m| m.1);
+        assert!(
+            gil < 100.0,
+            "{label}: {gil:.0} ms of Waiting for GIL markers"
+        );
+    }
+}
+
 const WAITERS: &str = r#"
 import threading, time
 

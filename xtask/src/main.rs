@@ -13,13 +13,16 @@ include!("ebpf_build.rs");
 
 mod bench;
 mod kernels;
+mod pypi;
 mod pythons;
 mod soak;
 
 // golang-go: `go tool pprof`, the consumer the pprof tests read profiles back with.
 // patchelf: Debian's python3.14/3.15 run from `.tools` with their own C library (pythons.rs).
 // qemu-system-x86, kmod (depmod): the kernel matrix (kernels.rs).
-const APT_PACKAGES: [&str; 8] = [
+// libc6-dbg: the C library's separate debug file, which names its internal functions in
+// stacks (a test checks that they are named).
+const APT_PACKAGES: [&str; 9] = [
     "rustc-web",
     "cargo-web",
     "rust-web-src",
@@ -28,6 +31,7 @@ const APT_PACKAGES: [&str; 8] = [
     "patchelf",
     "qemu-system-x86",
     "kmod",
+    "libc6-dbg",
 ];
 const BPF_LINKER_VERSION: &str = "0.13.0";
 const NODE_PACKAGES: [&str; 2] = ["node@24", "@firefox-devtools/profiler-cli@0.10.0"];
@@ -122,6 +126,7 @@ fn setup_tools() -> Result<PathBuf> {
             .args(NODE_PACKAGES))?;
     }
     pythons::setup(&tools)?;
+    pypi::setup(&tools)?;
     kernels::setup(&tools)?;
     Ok(tools)
 }

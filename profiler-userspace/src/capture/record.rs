@@ -5,8 +5,8 @@
 
 use profiler_common::{
     EventRecord, PyFrame, SampleHeader, SchedRecord, MAX_KSTACK, MAX_PY_FRAMES, MAX_USTACK,
-    PY_CODE_SNAP, PY_CODE_SNAPS, RECORD_EXEC, RECORD_EXIT, RECORD_FORK, RECORD_SAMPLE,
-    RECORD_SCHED, RECORD_SWITCH_OUT,
+    PY_CODE_SNAP, PY_CODE_SNAPS, PY_NAME_SNAP, RECORD_EXEC, RECORD_EXIT, RECORD_FORK,
+    RECORD_SAMPLE, RECORD_SCHED, RECORD_SWITCH_OUT,
 };
 
 /// One ring-buffer record.
@@ -100,9 +100,12 @@ pub struct RawSample {
     pub py_gil_holder: u64,
     pub py_gil_locked: u32,
     pub py_gc_collecting: u32,
-    /// The heads of the innermost Python frames' code objects at the sampled instant
-    /// (`SampleHeader::code_snaps`), one per frame up to `PY_CODE_SNAPS`.
+    /// The heads of some Python frames' code objects at the sampled instant
+    /// (`SampleHeader::code_snaps`; `PyFrame::flags` says which frame each belongs to).
     pub code_snaps: Vec<[u8; PY_CODE_SNAP]>,
+    /// The start of the name string of each code head's code, where it runs once
+    /// (`SampleHeader::name_snaps`; a zero type word where none was copied).
+    pub name_snaps: Vec<[u8; PY_NAME_SNAP]>,
     /// The user stack from `sp` upwards.
     pub stack: Vec<u8>,
 }
@@ -177,7 +180,8 @@ impl RawSample {
             py_gil_holder: h.py_gil_holder,
             py_gil_locked: h.py_gil_locked,
             py_gc_collecting: h.py_gc_collecting,
-            code_snaps: h.code_snaps[..(h.py_len as usize).min(PY_CODE_SNAPS)].to_vec(),
+            code_snaps: h.code_snaps[..(h.py_snaps as usize).min(PY_CODE_SNAPS)].to_vec(),
+            name_snaps: h.name_snaps[..(h.py_snaps as usize).min(PY_CODE_SNAPS)].to_vec(),
             stack: bytes[SampleHeader::SIZE + py_bytes..need].to_vec(),
         })
     }
@@ -214,10 +218,11 @@ mod tests {
             py_gil_locked: 0,
             py_status: 0,
             py_gc_collecting: 0,
-            _pad: 0,
+            py_snaps: 0,
             sched_state: 0,
             kstack: [0xffff_ffff_8100_0000; MAX_KSTACK],
             code_snaps: [[0; PY_CODE_SNAP]; PY_CODE_SNAPS],
+            name_snaps: [[0; PY_NAME_SNAP]; PY_CODE_SNAPS],
         };
         // SAFETY: viewing a repr(C) value as bytes.
         unsafe {

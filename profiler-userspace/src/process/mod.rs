@@ -1,7 +1,7 @@
 //! Per-process state: name, mappings, the ELF files behind them and a framehop unwinder over
 //! them, and the unwinding of a sample's copied user stack (`unwind`). Mappings are re-read
-//! when a sample's address falls outside every known module (`dlopen`), at most every
-//! `REFRESH_MIN`.
+//! when a sample's address falls outside every known module (`dlopen`): at once when they were
+//! read before the sample was taken, otherwise at most every `REFRESH_MIN`.
 //!
 //! May import `stack` (ELF files) and `capture` (the raw sample it unwinds); nothing above.
 
@@ -19,9 +19,6 @@ use crate::stack::elf::{ElfCache, ElfFile, FileBytes};
 use maps::Mapping;
 
 const REFRESH_MIN: Duration = Duration::from_millis(200);
-/// The shorter bound for an address in no mapping read so far: a library just loaded (an import
-/// that `dlopen`s an extension and its libraries), whose samples would otherwise go unwound.
-const REFRESH_NEW_MAPPING: Duration = Duration::from_millis(5);
 
 /// One file mapped into a process (all its mappings together).
 #[derive(Clone)]
@@ -44,6 +41,8 @@ pub struct Process {
     pub unwinder: UnwinderX86_64<FileBytes>,
     pub cache: CacheX86_64,
     maps_read_at: Option<Instant>,
+    /// `CLOCK_MONOTONIC` ns of the last read of the mappings (samples carry the same clock).
+    maps_read_ns: u64,
     /// The process could not be read (it exited, or is a kernel thread).
     pub unreadable: bool,
 }
@@ -139,14 +138,16 @@ impl Process {
             unwinder: UnwinderX86_64::new(),
             cache: CacheX86_64::new(),
             maps_read_at: None,
+            maps_read_ns: 0,
             unreadable: false,
         }
     }
 
     /// Re-reads the mappings if they were never read, or if `addr` is in no known module and
-    /// the last read is old enough: `REFRESH_NEW_MAPPING` when `addr` is in no mapping at all
-    /// (something was mapped since), `REFRESH_MIN` when it is in an anonymous one (JIT code).
-    pub fn ensure_maps(&mut self, addr: u64, elves: &mut ElfCache) {
+    /// they may not show it yet: read before the sample (`sample_ns`) was taken when `addr` is in
+    /// no mapping at all (something was mapped since), `REFRESH_MIN` ago when it is in an
+    /// anonymous one (JIT code).
+    pub fn ensure_maps(&mut self, addr: u64, sample_ns: u64, elves: &mut ElfCache) {
         let stale = match self.maps_read_at {
             None => true,
             Some(t) if self.module_for(addr).is_none() => {
@@ -154,12 +155,16 @@ impl Process {
                     .mappings
                     .iter()
                     .any(|m| m.start <= addr && addr < m.end);
-                t.elapsed()
-                    >= if mapped {
-                        REFRESH_MIN
-                    } else {
-                        REFRESH_NEW_MAPPING
-                    }
+                if mapped {
+                    t.elapsed() >= REFRESH_MIN
+                } else {
+                    // In no mapping read so far: a library loaded since (an import that
+                    // `dlopen`s an extension), if the mappings were read before the sample was
+                    // taken. Samples are read in time order, so this re-reads them about once
+                    // per library loaded, and at most once per batch for an address in no
+                    // mapping at all.
+                    self.maps_read_ns < sample_ns
+                }
             }
             Some(_) => false,
         };
@@ -170,6 +175,7 @@ impl Process {
 
     pub fn reload_maps(&mut self, elves: &mut ElfCache) {
         self.maps_read_at = Some(Instant::now());
+        self.maps_read_ns = monotonic_ns();
         // After an exec the name and arguments change with the mappings.
         if let Some(c) = read_comm(self.pid) {
             self.comm = c;
@@ -267,6 +273,17 @@ impl Process {
         let m = &self.modules[i];
         (addr < m.end).then_some(m)
     }
+}
+
+/// `CLOCK_MONOTONIC` in nanoseconds, the clock of the BPF program's timestamps.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the timespec it is given.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 #[cfg(test)]

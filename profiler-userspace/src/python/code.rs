@@ -25,12 +25,33 @@ pub struct CodeInfo {
 /// Decodes a `str` object (any kind, compact or not).
 pub fn read_unicode(remote: &Remote, layout: &Layout, addr: u64, str_type: u64) -> Option<String> {
     let head = remote.read(addr, 80)?;
+    decode_unicode(layout, addr, &head, str_type, |a, n| remote.read(a, n))
+}
+
+/// Decodes a `str` object from a copy of its start (`copy`, taken at `addr`): only a compact
+/// string whose characters are all in the copy decodes.
+pub fn unicode_from_copy(layout: &Layout, addr: u64, copy: &[u8], str_type: u64) -> Option<String> {
+    decode_unicode(layout, addr, copy, str_type, |a, n| {
+        let start = usize::try_from(a.checked_sub(addr)?).ok()?;
+        copy.get(start..start.checked_add(n)?).map(<[u8]>::to_vec)
+    })
+}
+
+/// Decodes a `str` object whose head is `head` (read at `addr`), reading its characters with
+/// `fetch(address, bytes)`.
+fn decode_unicode(
+    layout: &Layout,
+    addr: u64,
+    head: &[u8],
+    str_type: u64,
+    fetch: impl Fn(u64, usize) -> Option<Vec<u8>>,
+) -> Option<String> {
     // Memory that was a string when the sample was taken may be anything now.
-    if str_type != 0 && le_u64(&head, 8)? != str_type {
+    if str_type != 0 && le_u64(head, 8)? != str_type {
         return None;
     }
-    let length = le_u64(&head, 16)? as usize;
-    let state = le_u32(&head, 32)?;
+    let length = le_u64(head, 16)? as usize;
+    let state = le_u32(head, 32)?;
     let kind = ((state >> 2) & 7) as usize;
     let compact = state & (1 << 5) != 0;
     let ascii = state & (1 << 6) != 0;
@@ -45,7 +66,7 @@ pub fn read_unicode(remote: &Remote, layout: &Layout, addr: u64, str_type: u64) 
         } as u64
     } else {
         // Legacy (non-compact) strings keep their data behind a pointer after the compact part.
-        le_u64(&head, layout.unicode_compact_data)?
+        le_u64(head, layout.unicode_compact_data)?
     };
     if ascii && kind != 1 {
         return None;
@@ -53,7 +74,7 @@ pub fn read_unicode(remote: &Remote, layout: &Layout, addr: u64, str_type: u64) 
     if length == 0 {
         return Some(String::new());
     }
-    let bytes = remote.read(data, length * kind)?;
+    let bytes = fetch(data, length * kind)?;
     if ascii && !bytes.is_ascii() {
         return None;
     }
@@ -108,7 +129,6 @@ pub fn ident(layout: &Layout, head: &[u8]) -> Option<[u64; 3]> {
     ])
 }
 
-/// Reads a whole code object given its header bytes.
 /// The type objects of the target's interpreter that objects read from it are checked against
 /// (0: unknown, not checked).
 #[derive(Clone, Copy, Debug, Default)]
@@ -132,7 +152,15 @@ pub fn plausible_file(s: &str) -> bool {
     !s.is_empty() && !s.chars().any(|c| c.is_control() || c == '\u{fffd}')
 }
 
-pub fn read_code(remote: &Remote, layout: &Layout, head: &[u8], types: Types) -> Option<CodeInfo> {
+/// Reads a whole code object given its header bytes, and a copy of the start of its name's
+/// string object if one was taken with them (the name may be freed with the code).
+pub fn read_code(
+    remote: &Remote,
+    layout: &Layout,
+    head: &[u8],
+    types: Types,
+    name_copy: Option<&[u8]>,
+) -> Option<CodeInfo> {
     let id = ident(layout, head)?;
     if types.code != 0 && id[0] != types.code {
         return None;
@@ -143,8 +171,10 @@ pub fn read_code(remote: &Remote, layout: &Layout, head: &[u8], types: Types) ->
         .filter(|&p| p != 0)
         .unwrap_or(id[2]);
     let read = |p: u64| read_unicode(remote, layout, p, types.str);
-    let name = read(name_ptr)
+    let name = name_copy
+        .and_then(|c| unicode_from_copy(layout, name_ptr, c, types.str))
         .filter(|n| plausible_name(n))
+        .or_else(|| read(name_ptr).filter(|n| plausible_name(n)))
         .or_else(|| read(id[2]).filter(|n| plausible_name(n)))?;
     let file = read(id[1])
         .filter(|f| plausible_file(f))
@@ -474,5 +504,35 @@ mod tests {
         assert_eq!(read_unicode(&me, &l, ok.as_ptr() as u64, 0x6666), None);
         let torn = make(b"r\xe9n");
         assert_eq!(read_unicode(&me, &l, torn.as_ptr() as u64, 0x5555), None);
+    }
+
+    /// A name copied at the sample decodes from the copy alone (at any address), only when all
+    /// its characters are in the copy, and is checked like one read from the target.
+    #[test]
+    fn names_decode_from_a_copy_of_their_start() {
+        let l = crate::python::layout::builtin(12).unwrap();
+        let copy = |text: &[u8], len: usize| {
+            let mut b = vec![0u8; len];
+            b[8..16].copy_from_slice(&0x5555u64.to_le_bytes());
+            b[16..24].copy_from_slice(&(text.len() as u64).to_le_bytes());
+            b[32..36].copy_from_slice(&((1u32 << 2) | (1 << 5) | (1 << 6)).to_le_bytes());
+            let n = text.len().min(len - l.unicode_ascii_data);
+            b[l.unicode_ascii_data..l.unicode_ascii_data + n].copy_from_slice(&text[..n]);
+            b
+        };
+        let addr = 0x7f00_0000_1000;
+        let c = copy(b"<module>", 96);
+        assert_eq!(
+            unicode_from_copy(&l, addr, &c, 0x5555).as_deref(),
+            Some("<module>")
+        );
+        assert_eq!(unicode_from_copy(&l, addr, &c, 0x6666), None);
+        // 60 characters do not fit in 96 bytes after a 40-byte header.
+        let long = copy(&[b'a'; 60], 96);
+        assert_eq!(unicode_from_copy(&l, addr, &long, 0x5555), None);
+        // A legacy string points elsewhere: never read through the copy.
+        let mut legacy = copy(b"abc", 96);
+        legacy[32..36].copy_from_slice(&(1u32 << 2).to_le_bytes());
+        assert_eq!(unicode_from_copy(&l, addr, &legacy, 0x5555), None);
     }
 }

@@ -35,6 +35,8 @@ pub struct Layout {
     pub frame_previous: u32,
     pub frame_instr: u32,
     pub frame_owner: u32,
+    /// `f_locals`: set only in frames of code that is not a function's (module and class bodies).
+    pub frame_locals: u32,
     pub frame_read: u32,
     pub code_firstlineno: usize,
     pub code_filename: usize,
@@ -77,6 +79,7 @@ pub fn builtin(minor: u32) -> Option<Layout> {
         frame_previous: 24,
         frame_instr: if minor == 10 { 96 } else { 104 },
         frame_owner: NO_OFFSET,
+        frame_locals: 56,
         frame_read: 112,
         code_firstlineno: 40,
         code_filename: 104,
@@ -112,6 +115,7 @@ pub fn builtin(minor: u32) -> Option<Layout> {
         frame_previous: 48,
         frame_instr: 56,
         frame_owner: 68,
+        frame_locals: 24,
         frame_read: 72,
         code_firstlineno: 72,
         code_filename: 112,
@@ -143,6 +147,7 @@ pub fn builtin(minor: u32) -> Option<Layout> {
             frame_code: 0,
             frame_previous: 8,
             frame_owner: 70,
+            frame_locals: 40,
             code_firstlineno: 68,
             code_adaptive: 192,
             unicode_ascii_data: 40,
@@ -165,6 +170,7 @@ pub fn builtin(minor: u32) -> Option<Layout> {
             frame_code: 0,
             frame_previous: 8,
             frame_owner: if minor == 13 { 70 } else { 74 },
+            frame_locals: 40,
             frame_read: if minor == 13 { 72 } else { 80 },
             code_firstlineno: 68,
             code_adaptive: if minor == 13 { 200 } else { 208 },
@@ -373,6 +379,12 @@ impl Layout {
             tstate_next: self.tstate_next as u32,
             tstate_thread_id: self.thread_id as u32,
             code_head_len: super::code::header_len(self).min(profiler_common::PY_CODE_SNAP) as u32,
+            frame_locals: if self.frame_locals < self.frame_read {
+                self.frame_locals
+            } else {
+                NO_OFFSET
+            },
+            code_qualname: self.code_qualname.unwrap_or(self.code_name) as u32,
         }
     }
 

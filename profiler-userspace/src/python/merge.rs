@@ -79,7 +79,17 @@ pub fn merge(
     } else {
         evals.iter().zip(0..a).map(|(&n, p)| (n, p)).collect()
     };
-    let outcome = if e == a && !native_truncated {
+    // One eval frame more than activations, innermost, with no real code above it: a C function
+    // is entering a Python call (or returning from one) and the eval loop has not linked the
+    // callee's frame yet (or has unlinked it). Every Python frame that exists is in place; the
+    // time is the eval loop's own, under its caller.
+    let last_real = native.iter().rposition(|(_, n)| !is_internal(n));
+    let entering = !native_truncated
+        && e == a + 1
+        && evals
+            .last()
+            .is_some_and(|&l| last_real.is_none_or(|r| r < l));
+    let outcome = if (e == a || entering) && !native_truncated {
         Some(PyEvent::Merged)
     } else if (!native_truncated && e != a) || (native_truncated && e > a) {
         // A truncated native stack explains missing eval frames, never extra ones.
@@ -92,8 +102,6 @@ pub fn merge(
     let max_act = pairs.iter().map(|p| p.1).max();
     let first_eval = pairs.iter().map(|p| p.0).min();
     let last_eval = pairs.iter().map(|p| p.0).max();
-    // The innermost native frame that is not machinery.
-    let last_real = native.iter().rposition(|(_, n)| !is_internal(n));
 
     let mut out =
         Vec::with_capacity(native.len() + activations.iter().map(Vec::len).sum::<usize>());
@@ -200,11 +208,35 @@ mod tests {
 
     #[test]
     fn extra_eval_frame_stays_native() {
+        // The innermost eval frame at the leaf: a call into Python that has not linked its
+        // frame yet. The sample is whole.
         let native = nat(&["_PyEval_EvalFrameDefault", "x", "_PyEval_EvalFrameDefault"]);
         let acts = vec![vec![1]];
         assert_eq!(
             merge(&native, &acts, false, false),
-            (vec![1, 101, 102], Some(PyEvent::MergeMismatch))
+            (vec![1, 101, 102], Some(PyEvent::Merged))
+        );
+        // Real code above it, or two extra eval frames: the interpreter's frames were not all
+        // read.
+        let native = nat(&[
+            "_PyEval_EvalFrameDefault",
+            "x",
+            "_PyEval_EvalFrameDefault",
+            "y",
+        ]);
+        assert_eq!(
+            merge(&native, &acts, false, false).1,
+            Some(PyEvent::MergeMismatch)
+        );
+        let native = nat(&[
+            "_PyEval_EvalFrameDefault",
+            "x",
+            "_PyEval_EvalFrameDefault",
+            "_PyEval_EvalFrameDefault",
+        ]);
+        assert_eq!(
+            merge(&native, &acts, false, false).1,
+            Some(PyEvent::MergeMismatch)
         );
     }
 

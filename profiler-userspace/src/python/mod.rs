@@ -18,8 +18,8 @@ use rustc_hash::FxHashMap;
 use std::sync::Arc;
 
 use profiler_common::{
-    PyProcConfig, SAMPLE_PY_CYCLE, SAMPLE_PY_MISS, SAMPLE_PY_READ_FAILED, SAMPLE_PY_THREAD,
-    SAMPLE_PY_TRUNCATED,
+    PyProcConfig, PY_FRAME_SNAP_SHIFT, SAMPLE_PY_CYCLE, SAMPLE_PY_MISS, SAMPLE_PY_READ_FAILED,
+    SAMPLE_PY_THREAD, SAMPLE_PY_TRUNCATED,
 };
 
 /// An id the caller's `ProfileSink` gave a function or a frame.
@@ -120,6 +120,10 @@ pub struct PyProcess {
     pub threads: HashMap<u32, u64>,
     /// Code objects by address, with the epoch they were last validated in.
     codes: FxHashMap<u64, (Arc<CodeInfo>, u64)>,
+    /// Code objects that were at an address before another took it, by address and identity: a
+    /// sample's copy of a code head with that identity names its frame with them (line table
+    /// included) after the object itself is gone.
+    retired: FxHashMap<(u64, [u64; 3]), Arc<CodeInfo>>,
     funcs: FxHashMap<(u64, [u64; 3]), FrameRef>,
     frames: FxHashMap<(FrameRef, u32), FrameRef>,
     /// Offset of the kernel tid in the C library's thread struct (found once, <= 3.10).
@@ -253,6 +257,7 @@ impl PyProcess {
                 config,
                 threads: HashMap::new(),
                 codes: FxHashMap::default(),
+                retired: FxHashMap::default(),
                 funcs: FxHashMap::default(),
                 frames: FxHashMap::default(),
                 pthread_tid_offset: None,
@@ -387,8 +392,15 @@ impl PyProcess {
         }
         for (&i, head) in stale.iter().zip(heads) {
             let a = addrs[i];
+            let Some(head) = head else {
+                // Nothing can be read there now: the memory went back to the system, or the
+                // process has exited (its last records are read after it). The last object
+                // known at the address is what ran there; a copy of the head taken at the
+                // sample, where there is one, is checked against it.
+                out[i] = self.codes.get(&a).map(|(c, _)| c.clone());
+                continue;
+            };
             out[i] = (|| {
-                let head = head?;
                 let id = code::ident(&self.layout, &head)?;
                 if let Some((c, e)) = self.codes.get_mut(&a) {
                     if c.ident == id {
@@ -404,15 +416,27 @@ impl PyProcess {
                         code: self.code_type,
                         str: self.str_type,
                     },
+                    None,
                 )?);
+                self.retire(a);
                 self.codes.insert(a, (c.clone(), epoch));
                 Some(c)
             })();
             if out[i].is_none() {
-                self.codes.remove(&a);
+                self.retire(a);
             }
         }
         out
+    }
+
+    /// Moves what was known at `a` to the retired code objects.
+    fn retire(&mut self, a: u64) {
+        if let Some((c, _)) = self.codes.remove(&a) {
+            if self.retired.len() >= MAX_CODES / 4 {
+                self.retired.clear();
+            }
+            self.retired.insert((a, c.ident), c);
+        }
     }
 
     /// The code object a frame ran at the sampled instant, from the head the BPF program
@@ -422,7 +446,9 @@ impl PyProcess {
     /// are interned or shared with the module's functions).
     fn sampled_code(
         &self,
+        addr: u64,
         snap: &[u8; profiler_common::PY_CODE_SNAP],
+        name: Option<&[u8]>,
         now: Option<Arc<CodeInfo>>,
     ) -> Option<Arc<CodeInfo>> {
         let head = &snap[..code::header_len(&self.layout).min(profiler_common::PY_CODE_SNAP)];
@@ -438,6 +464,9 @@ impl PyProcess {
         if id[0] == 0 || (self.code_type != 0 && id[0] != self.code_type) {
             return now;
         }
+        if let Some(c) = self.retired.get(&(addr, id)) {
+            return Some(c.clone());
+        }
         let mut c = code::read_code(
             &self.remote,
             &self.layout,
@@ -446,6 +475,7 @@ impl PyProcess {
                 code: self.code_type,
                 str: self.str_type,
             },
+            name.filter(|n| n.get(8..16).is_some_and(|t| t != [0; 8])),
         )?;
         // The line table went with the code object: its bytes may be anything now. The frame
         // shows the function's first line.
@@ -800,7 +830,7 @@ impl PythonRegistry {
 
         let mut activations: Vec<Vec<FrameRef>> = Vec::new();
         let mut cur: Vec<FrameRef> = Vec::new(); // innermost first
-        for (i, (f, (_, shim))) in s.py_frames.iter().zip(&real).enumerate() {
+        for (f, (_, shim)) in s.py_frames.iter().zip(&real) {
             if *shim {
                 if !cur.is_empty() {
                     activations.push(std::mem::take(&mut cur));
@@ -808,9 +838,15 @@ impl PythonRegistry {
                 continue;
             }
             let now = infos.get(&f.code).cloned().flatten();
-            let info = match s.code_snaps.get(i) {
-                Some(snap) => p.sampled_code(snap, now),
-                None => now,
+            let snap = (f.flags >> PY_FRAME_SNAP_SHIFT) as usize & 0xff;
+            let info = match snap.checked_sub(1) {
+                Some(k) if k < s.code_snaps.len() => p.sampled_code(
+                    f.code,
+                    &s.code_snaps[k],
+                    s.name_snaps.get(k).map(|n| &n[..]),
+                    now,
+                ),
+                _ => now,
             };
             let frame = match info {
                 Some(ci) => p.frame_for(out, f.code, &ci, f.instr),

@@ -40,6 +40,9 @@ pub struct ElfFile {
     /// (p_vaddr, p_offset, p_filesz) of each segment.
     pub segments: Vec<(u64, u64, u64)>,
     sections: HashMap<&'static str, SectionRef>,
+    /// The GNU build id, where the file has one and no `.symtab` of its own (a stripped file
+    /// whose symbols a separate debug file may hold).
+    stripped_build_id: Option<Vec<u8>>,
 }
 
 const UNWIND_SECTIONS: [&str; 5] = [
@@ -165,12 +168,18 @@ impl ElfFile {
                 }
             }
         }
+        let stripped_build_id = if file.section_by_name(".symtab").is_none() {
+            file.build_id().ok().flatten().map(<[u8]>::to_vec)
+        } else {
+            None
+        };
         Some(ElfFile {
             path,
             map,
             symbols,
             segments,
             sections,
+            stripped_build_id,
         })
     }
 
@@ -286,8 +295,46 @@ impl ElfCache {
         }
         let file = open_mapped(pid, inode, path, map_range)
             .and_then(|f| ElfFile::from_file(path, f, self.split))
-            .map(Arc::new);
+            .map(|mut f| {
+                if let Some(debug) = f
+                    .stripped_build_id
+                    .as_deref()
+                    .and_then(|b| debug_file(pid, b))
+                {
+                    f.symbols = std::mem::take(&mut f.symbols).merged(debug);
+                }
+                Arc::new(f)
+            });
         self.files.insert(key, file.clone());
         file
     }
+}
+
+/// Largest separate debug file read (they hold DWARF as well as the symbols).
+const MAX_DEBUG_BYTES: u64 = 1 << 30;
+
+/// The symbols of a stripped file's separate debug file, as distributions install them
+/// (`/usr/lib/debug/.build-id/xx/yyyy.debug`, Debian's `*-dbg` and `*-dbgsym` packages), looked
+/// up inside the process's root like the file itself (a container's own debug files name its
+/// own libraries) and used only when its build id is the file's.
+fn debug_file(pid: u32, build_id: &[u8]) -> Option<SymbolTable> {
+    use std::os::unix::fs::OpenOptionsExt;
+    if build_id.len() < 2 {
+        return None;
+    }
+    let hex: String = build_id.iter().map(|b| format!("{b:02x}")).collect();
+    let rel = format!("usr/lib/debug/.build-id/{}/{}.debug", &hex[..2], &hex[2..]);
+    let root = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY)
+        .open(format!("/proc/{pid}/root"))
+        .ok()?;
+    let f = open_in_root(&root, Path::new(&rel)).ok()?;
+    let m = f.metadata().ok()?;
+    if !m.file_type().is_file() || m.len() > MAX_DEBUG_BYTES {
+        return None;
+    }
+    let elf = ElfFile::from_file(Path::new(&rel), f, &[])?;
+    let parsed = object::File::parse(&elf.map[..]).ok()?;
+    (parsed.build_id().ok().flatten() == Some(build_id)).then_some(elf.symbols)
 }

@@ -52,6 +52,15 @@ impl SymbolTable {
         SymbolTable::from_entries(syms)
     }
 
+    /// This table with `other`'s symbols (a separate debug file's) added: functions it did not
+    /// name get their names; where both name an address, this table's (exported) name is kept
+    /// over the debug file's local aliases.
+    pub fn merged(self, other: SymbolTable) -> SymbolTable {
+        let mut syms = self.syms;
+        syms.extend(other.syms);
+        SymbolTable::from_entries(syms)
+    }
+
     /// The start and size of the function named `name`.
     pub fn find(&self, name: &str) -> Option<(u64, u64)> {
         self.syms

@@ -1,0 +1,287 @@
+//! Fidelity on programs nobody here wrote, from PyPI (`cargo xtask setup` installs pinned
+//! versions under `.tools/pypi`): black, sympy, a pytest run and pandas with numpy. Every sample
+//! that runs Python code must be fully merged (rooted where its thread starts, every eval-loop
+//! frame replaced by its Python frames, no `[truncated]` root), and no frame may be unresolved,
+//! garbage or a bare junk address.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use tachyon_bpf_tests::*;
+
+/// The virtual environment `cargo xtask setup` makes (`xtask/src/pypi.rs`).
+fn pypi_python() -> PathBuf {
+    let p = tools_dir().join("pypi/venv/bin/python");
+    assert!(
+        p.exists(),
+        "{} is missing: run the tests with `cargo xtask test`",
+        p.display()
+    );
+    p
+}
+
+const SYMPY: &str = r#"
+import sympy as s, time
+x, y = s.symbols("x y")
+t0 = time.time(); k = 1
+while time.time() - t0 < 3:
+    s.integrate(x**k * s.exp(x) * s.sin(x), x)
+    s.simplify(s.sin(x)**2 + s.cos(x)**2 + s.tan(x*k)*s.cos(x*k))
+    s.series(s.exp(s.sin(x)), x, 0, 6 + k % 4)
+    s.solve([x + k*y - 1, x - y - k], [x, y])
+    k += 1
+"#;
+
+const PANDAS: &str = r#"
+import numpy as np, pandas as pd, time
+rng = np.random.default_rng(1)
+n = 200_000
+df = pd.DataFrame({"k": rng.integers(0, 1000, n), "v": rng.random(n),
+                   "s": rng.integers(0, 50, n).astype(str)})
+t0 = time.time()
+while time.time() - t0 < 3:
+    g = df.groupby("k")["v"].agg(["mean", "sum"])
+    df["w"] = df["v"].apply(lambda v: v * 2 + 1)
+    m = df.merge(g, left_on="k", right_index=True)
+    m.sort_values("mean").head()
+    df.groupby("s").apply(lambda d: d["v"].max(), include_groups=False)
+    np.linalg.inv(rng.random((200, 200)))
+"#;
+
+const PYTEST_FILE: &str = r#"
+import pytest
+import sympy as s
+
+x = s.symbols("x")
+
+
+@pytest.mark.parametrize("k", range(100))
+def test_factor_roundtrip(k):
+    e = s.expand((x + k) ** 5 * (x - 1))
+    assert s.factor(e) == (x + k) ** 5 * (x - 1)
+
+
+@pytest.mark.parametrize("k", range(100))
+def test_derivative(k):
+    assert s.diff(s.sin(k * x), x) == k * s.cos(k * x)
+"#;
+
+/// What the samples of one profile that run Python code are made of.
+#[derive(Debug, Default)]
+struct Fidelity {
+    python: u64,
+    merged: u64,
+    /// Problem -> (samples, an example stack).
+    problems: BTreeMap<&'static str, (u64, String)>,
+}
+
+/// Reads a collapsed profile: `process;thread;frame;...;frame count` per line.
+fn fidelity(folded: &Path) -> Fidelity {
+    let text = std::fs::read(folded).unwrap();
+    let text = String::from_utf8(text).expect("the collapsed output is UTF-8 text");
+    let mut f = Fidelity::default();
+    for line in text.lines() {
+        let (stack, n) = line.rsplit_once(' ').unwrap();
+        let n: u64 = n.parse().unwrap();
+        let frames: Vec<&str> = stack.split(';').skip(2).collect();
+        let is_python = |fr: &&str| {
+            fr.starts_with("<unresolved")
+                || fr
+                    .rsplit_once(':')
+                    .is_some_and(|(a, l)| a.contains(':') && l.parse::<u32>().is_ok())
+        };
+        // An eval-loop frame stays in a merged stack only as its innermost one, with no Python
+        // frame after it: a call into Python whose frame the eval loop has not linked yet.
+        let evals: Vec<usize> = frames
+            .iter()
+            .enumerate()
+            .filter(|(_, fr)| fr.starts_with("_PyEval_EvalFrameDefault"))
+            .map(|(i, _)| i)
+            .collect();
+        let leftover = evals.len() > 1
+            || evals
+                .first()
+                .is_some_and(|&i| frames[i..].iter().any(is_python));
+        if !frames.iter().any(is_python) && !leftover {
+            continue;
+        }
+        f.python += n;
+        let mut problems = Vec::new();
+        if leftover {
+            problems.push("an eval-loop frame left without its Python frames");
+        }
+        if frames.iter().any(|fr| fr.starts_with("<unresolved")) {
+            problems.push("an unresolved Python frame");
+        }
+        if frames
+            .iter()
+            .any(|fr| fr.chars().any(|c| c.is_control() || c == '\u{fffd}'))
+        {
+            problems.push("a garbage name");
+        }
+        if frames.iter().any(|fr| {
+            fr.strip_prefix("0x")
+                .is_some_and(|h| h.chars().all(|c| c.is_ascii_hexdigit()))
+        }) {
+            problems.push("a bare address");
+        }
+        match frames.first() {
+            Some(&"[truncated]") => problems.push("a truncated stack"),
+            Some(&("_start" | "clone3" | "clone" | "start_thread")) => {}
+            _ => problems.push("a stack not rooted where its thread starts"),
+        }
+        if problems.is_empty() {
+            f.merged += n;
+        }
+        for p in problems {
+            let e = f.problems.entry(p).or_insert((0, stack.to_string()));
+            e.0 += n;
+        }
+    }
+    f
+}
+
+/// Checks a profile: at least `merged_share` of its Python samples fully merged, no garbage
+/// name and no bare address anywhere, and at most 0.2% with an unresolved frame.
+fn check(label: &str, folded: &Path, merged_share: f64) {
+    let f = fidelity(folded);
+    eprintln!(
+        "{label}: {} of {} Python samples fully merged; {:?}",
+        f.merged,
+        f.python,
+        f.problems.iter().map(|(k, v)| (k, v.0)).collect::<Vec<_>>()
+    );
+    assert!(f.python >= 500, "{label}: only {} Python samples", f.python);
+    assert!(
+        f.merged as f64 >= merged_share * f.python as f64,
+        "{label}: {} of {} Python samples fully merged; problems: {:#?}",
+        f.merged,
+        f.python,
+        f.problems
+    );
+    // Frames that name nothing, or the wrong thing, are never shown.
+    for p in ["a garbage name", "a bare address"] {
+        assert!(
+            !f.problems.contains_key(p),
+            "{label}: {p}: {:?}",
+            f.problems[p]
+        );
+    }
+    // A handful of samples (0-5 in 4,000, all frames unresolved at once) are still read after
+    // their code could be named; issue 16 says what is known of them.
+    let unresolved = f
+        .problems
+        .get("an unresolved Python frame")
+        .map_or(0, |p| p.0);
+    assert!(
+        unresolved as f64 <= 0.002 * f.python as f64,
+        "{label}: {unresolved} of {} Python samples have an unresolved frame: {:?}",
+        f.python,
+        f.problems.get("an unresolved Python frame")
+    );
+}
+
+fn profile(dir: &Path, label: &str, args: &[&str]) -> PathBuf {
+    let out = dir.join(format!("{label}.folded"));
+    let py = pypi_python();
+    let mut command = vec![py.to_str().unwrap()];
+    command.extend_from_slice(args);
+    profile_command(&out, &["-m", "cpu", "-f", "collapsed", "-q"], &command);
+    out
+}
+
+/// Module bodies, class bodies and their names live only while a module is imported: each
+/// `import` of these packages runs hundreds of them for a few ms each, and frees them (names
+/// included) before user space reads the samples. 36-46% of these samples had an unresolved
+/// frame before the BPF program copied the heads and names of every frame running such code.
+#[test]
+fn importing_sympy_and_pandas() {
+    require_root();
+    let dir = scratch("fidelity_import");
+    let folded = profile(&dir, "import", &["-c", "import sympy, pandas"]);
+    check("import sympy, pandas", &folded, 0.99);
+}
+
+#[test]
+fn sympy_computing() {
+    require_root();
+    let dir = scratch("fidelity_sympy");
+    let folded = profile(&dir, "sympy", &["-c", SYMPY]);
+    check("sympy", &folded, 0.99);
+}
+
+#[test]
+fn pandas_and_numpy() {
+    require_root();
+    let dir = scratch("fidelity_pandas");
+    let folded = profile(&dir, "pandas", &["-c", PANDAS]);
+    // Not 99% yet: numpy's vectorized sorts (`np::qsort_simd`, which realign the stack) describe
+    // their frame with a DWARF expression over r13, which the unwinder cannot evaluate (the
+    // sample carries ip, sp and bp only), and OpenBLAS's assembly kernels have no unwind
+    // information. Those stacks (about 4% here) keep every Python frame and are marked
+    // `[truncated]`, counted here as not merged.
+    check("pandas", &folded, 0.94);
+}
+
+#[test]
+fn a_pytest_run() {
+    require_root();
+    let dir = scratch("fidelity_pytest");
+    let tests = dir.join("test_generated.py");
+    std::fs::write(&tests, PYTEST_FILE).unwrap();
+    let folded = profile(
+        &dir,
+        "pytest",
+        &[
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            tests.to_str().unwrap(),
+        ],
+    );
+    check("pytest", &folded, 0.99);
+}
+
+/// black (compiled with mypyc: most of its functions are native code in its own modules)
+/// reformatting one large file it did not write, without writing it.
+#[test]
+fn black_reformatting() {
+    require_root();
+    let dir = scratch("fidelity_black");
+    let py = pypi_python();
+    let src = Command::new(&py)
+        .args(["-c", "import sympy.solvers.solvers as m; print(m.__file__)"])
+        .output()
+        .unwrap();
+    let src = String::from_utf8(src.stdout).unwrap();
+    let target = dir.join("solvers.py");
+    std::fs::copy(src.trim(), &target).unwrap();
+    let out = dir.join("black.folded");
+    // The diff is large: it goes nowhere rather than into a pipe nobody reads until the end.
+    let mut child = Command::new(profiler_bin())
+        .args([
+            "-o",
+            out.to_str().unwrap(),
+            "-m",
+            "cpu",
+            "-f",
+            "collapsed",
+            "-q",
+            "--",
+        ])
+        .arg(&py)
+        .args(["-m", "black", "-q", "--diff", "--line-length", "60"])
+        .arg(&target)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_timeout(&mut child, Duration::from_secs(90));
+    let o = child.wait_with_output().unwrap();
+    assert!(o.status.success(), "{}", stderr_of(&o));
+    check("black", &out, 0.99);
+}

@@ -1,0 +1,51 @@
+//! Programs nobody here wrote, from PyPI, for the fidelity tests (`tests/tests/fidelity.rs`):
+//! black, sympy, pytest and pandas (with numpy and its OpenBLAS) in a virtual environment of
+//! pyenv's 3.12 under `.tools/pypi`. Versions are pinned, so a test run profiles the same code
+//! every time; a new pin rebuilds the environment.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, Result};
+
+use super::{quiet_ok, run};
+
+const REQUIREMENTS: &str = "black==26.10.1\nsympy==1.14.0\nmpmath==1.3.0\npytest==9.2.0\n\
+                            pandas==3.1.1\nnumpy==2.5.5\n";
+const BASE: &str = ".pyenv/versions/3.12.1/bin/python3";
+
+/// `.tools/pypi/venv`, set up if needed (idempotent; about half a minute the first time).
+pub fn setup(tools: &Path) -> Result<PathBuf> {
+    let dir = tools.join("pypi");
+    let venv = dir.join("venv");
+    let python = venv.join("bin/python");
+    let pinned = dir.join("requirements.txt");
+    let current = std::fs::read_to_string(&pinned).unwrap_or_default() == REQUIREMENTS;
+    if current
+        && quiet_ok(Command::new(&python).args(["-c", "import black, sympy, pytest, pandas"]))
+    {
+        return Ok(venv);
+    }
+    eprintln!("xtask: installing black, sympy, pytest and pandas from PyPI into .tools/pypi");
+    let home = std::env::var("HOME").context("HOME")?;
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir)?;
+    let req = dir.join("requirements.in");
+    std::fs::write(&req, REQUIREMENTS)?;
+    run(Command::new(Path::new(&home).join(BASE))
+        .args(["-m", "venv"])
+        .arg(&venv))?;
+    run(Command::new(&python)
+        .args([
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--disable-pip-version-check",
+            "-r",
+        ])
+        .arg(&req))?;
+    // Written last: an interrupted install is redone.
+    std::fs::write(&pinned, REQUIREMENTS)?;
+    Ok(venv)
+}
