@@ -336,8 +336,13 @@ pub struct PyProcConfig {
     /// freed when it ends, so its head is copied wherever it is on the stack.
     pub frame_locals: u32,
     /// Offset in a code object of the name shown (`co_qualname`, else `co_name`): the start of
-    /// that string is copied with the head of code that runs once (`SampleHeader::name_snaps`).
+    /// that string is copied with the head of the innermost frame's code and of code that runs
+    /// once (`CodeSnap::name`).
     pub code_qualname: u32,
+    /// Offset in a code object of `co_filename`: the start of that string is copied with the
+    /// head of code that runs once (`CodeSnap::file`).
+    pub code_filename: u32,
+    pub _pad: u32,
 }
 
 /// One interpreter frame as read at the sampled instant.
@@ -349,8 +354,8 @@ pub struct PyFrame {
     /// FRAMEOBJECT layout: the raw `f_lasti`. INTERP layout: the instruction offset in code
     /// units, `(instr_ptr - code - co_code_adaptive) / 2` (-1 for a frame that has not started).
     pub instr: i32,
-    /// Low byte: the raw `owner` (3.12+) or `is_entry` (3.11) byte. Bits 8-15: 1 + the index in
-    /// `SampleHeader::code_snaps` of this frame's code head, or 0 when it was not copied.
+    /// Low byte: the raw `owner` (3.12+) or `is_entry` (3.11) byte. Bits 8-15: 1 + the index
+    /// among the record's `CodeSnap`s of this frame's code head, or 0 when it was not copied.
     pub flags: u32,
 }
 
@@ -388,22 +393,33 @@ pub struct SampleHeader {
     pub py_status: u32,
     /// The interpreter's `gc.collecting`.
     pub py_gc_collecting: u32,
-    /// Code heads copied into `code_snaps`.
+    /// `CodeSnap`s in the record, after the Python frames.
     pub py_snaps: u32,
     /// `RECORD_SWITCH_OUT`: the task state the thread left the CPU in (0: preempted, runnable).
     pub sched_state: u64,
     /// Kernel return addresses, innermost first.
     pub kstack: [u64; MAX_KSTACK],
-    /// The first bytes of the code objects of some Python frames, as they were at the sampled
-    /// instant (`PyProcConfig::code_head_len` of each; the type word zeroed where the read
-    /// failed): the innermost frame's, then those of frames with locals of their own (module and
-    /// class bodies), innermost first, up to `PY_CODE_SNAPS` (`PyFrame::flags` says whose). Such
-    /// code lives only moments (a module body run by an import) and may be freed, and its memory
-    /// reused, before user space reads it.
-    pub code_snaps: [[u8; PY_CODE_SNAP]; PY_CODE_SNAPS],
-    /// For each code head in `code_snaps` of code that runs once, the first bytes of its name's
-    /// string object (the rest zero): the name may be freed with the code.
-    pub name_snaps: [[u8; PY_NAME_SNAP]; PY_CODE_SNAPS],
+}
+
+/// The first bytes of the code object of a Python frame as they were at the sampled instant,
+/// with the starts of its name and file strings. A record carries `SampleHeader::py_snaps` of
+/// them after its Python frames: the innermost frame's, then those of frames with locals of
+/// their own (module and class bodies), innermost first, up to `PY_CODE_SNAPS` (`PyFrame::flags`
+/// says whose). Such code lives only moments (a module body run by an import) and may be freed,
+/// its memory and its strings' reused, before user space reads it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CodeSnap {
+    /// `PyProcConfig::code_head_len` bytes; the type word zeroed where the read failed.
+    pub head: [u8; PY_CODE_SNAP],
+    /// The start of the name's string object (the type word zeroed where the read failed).
+    pub name: [u8; PY_NAME_SNAP],
+    /// The start of the file name's string object (as `name`).
+    pub file: [u8; PY_FILE_SNAP],
+}
+
+impl CodeSnap {
+    pub const SIZE: usize = core::mem::size_of::<CodeSnap>();
 }
 
 /// Code heads copied into a sample, at most (a power of two).
@@ -411,7 +427,11 @@ pub const PY_CODE_SNAPS: usize = 16;
 /// Bytes of a name's string object copied: a compact ASCII name of up to 56 characters (48
 /// before 3.12) fits.
 pub const PY_NAME_SNAP: usize = 96;
-/// Where `PyFrame::flags` keeps 1 + the frame's index in `SampleHeader::code_snaps`.
+/// Bytes of a file name's string object copied: a compact ASCII path of up to 152 characters
+/// (144 before 3.12) fits; of a longer one the length and start are checked against what is
+/// read later.
+pub const PY_FILE_SNAP: usize = 192;
+/// Where `PyFrame::flags` keeps 1 + the frame's index among the record's `CodeSnap`s.
 pub const PY_FRAME_SNAP_SHIFT: u32 = 8;
 /// Bytes of a code object's head copied (covers type, names, first line and line table
 /// pointers on every supported version).
@@ -517,8 +537,10 @@ impl SchedRecord {
 }
 
 /// Size of the per-CPU scratch buffer a record is assembled in.
-pub const SCRATCH_SIZE: usize =
-    SampleHeader::SIZE + MAX_PY_FRAMES * core::mem::size_of::<PyFrame>() + MAX_USTACK;
+pub const SCRATCH_SIZE: usize = SampleHeader::SIZE
+    + MAX_PY_FRAMES * core::mem::size_of::<PyFrame>()
+    + PY_CODE_SNAPS * CodeSnap::SIZE
+    + MAX_USTACK;
 
 /// `task_struct.flags` bit of kernel threads.
 pub const PF_KTHREAD: u32 = 0x0020_0000;
@@ -529,15 +551,15 @@ pub const fn thread_key(pid: u32, tid: u32) -> u64 {
 }
 
 const _: () = assert!(core::mem::size_of::<Config>() == 88);
-const _: () = assert!(core::mem::size_of::<PyProcConfig>() == 128);
+const _: () = assert!(core::mem::size_of::<PyProcConfig>() == 136);
 const _: () = assert!(EventRecord::SIZE == 56);
 const _: () = assert!(SchedRecord::SIZE == 136);
 const _: () = assert!(core::mem::size_of::<ThreadSched>() == 184);
 const _: () = assert!(core::mem::size_of::<PyFrame>() == 16);
-const _: () = assert!(
-    SampleHeader::SIZE == 120 + MAX_KSTACK * 8 + PY_CODE_SNAPS * (PY_CODE_SNAP + PY_NAME_SNAP)
-);
+const _: () = assert!(SampleHeader::SIZE == 120 + MAX_KSTACK * 8);
 const _: () = assert!(SampleHeader::SIZE.is_multiple_of(8));
+const _: () = assert!(CodeSnap::SIZE == PY_CODE_SNAP + PY_NAME_SNAP + PY_FILE_SNAP);
+const _: () = assert!(CodeSnap::SIZE.is_multiple_of(8));
 
 #[cfg(feature = "user")]
 mod pod {

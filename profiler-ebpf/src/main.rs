@@ -845,11 +845,19 @@ fn capture<const MODERN: bool>(
 
     // The user stack: first up to the next page boundary, then whole pages, so the copy ends
     // exactly where the stack mapping ends.
+    // The code heads follow the frames (see `snap`).
+    // SAFETY: a field of the header; volatile as above.
+    let mut snaps = unsafe { core::ptr::read_volatile(&hdr.py_snaps) } as usize;
+    if snaps > PY_CODE_SNAPS {
+        snaps = PY_CODE_SNAPS;
+    }
+    hdr.py_snaps = snaps as u32;
+    let area =
+        SampleHeader::SIZE + py_len * core::mem::size_of::<PyFrame>() + snaps * CodeSnap::SIZE;
     let mut copied: usize = 0;
     if flags & SAMPLE_NO_USER == 0 && hdr.sp != 0 {
         let want = cfg.ustack_size as usize;
         let sp = hdr.sp;
-        let area = SampleHeader::SIZE + py_len * core::mem::size_of::<PyFrame>();
         for k in 0..(MAX_USTACK / USTACK_CHUNK) {
             let chunk = if k == 0 {
                 USTACK_CHUNK - (sp as usize & (USTACK_CHUNK - 1))
@@ -878,7 +886,7 @@ fn capture<const MODERN: bool>(
     hdr.ustack_len = copied as u32;
     hdr.flags = flags;
 
-    let mut total = SampleHeader::SIZE + py_len * core::mem::size_of::<PyFrame>() + copied;
+    let mut total = area + copied;
     if total > SCRATCH_SIZE {
         total = SCRATCH_SIZE;
     }
@@ -948,11 +956,9 @@ struct Walk {
     pc: PyProcConfig,
     frame: u64,
     cpu: u32,
-    /// Code heads to copy once the walk is done: their code objects, and a bit each for those
-    /// whose name is copied too.
+    /// Code heads to copy once the walk is done: their code objects.
     snaps: u32,
     snap_code: [u64; PY_CODE_SNAPS],
-    snap_name: u32,
     /// Scratch of one step: whether the frame runs code that runs once, and the next frame.
     once: u32,
     next: u64,
@@ -1001,7 +1007,6 @@ fn walk_python<const MODERN: bool>(cpu: u32, pc: &PyProcConfig, tstate: u64) {
         w.frame = frame;
         w.cpu = cpu;
         w.snaps = 0;
-        w.snap_name = 0;
     }
     if MODERN {
         // SAFETY: the callback has the signature bpf_loop expects; it takes no context.
@@ -1045,8 +1050,8 @@ extern "C" fn snap_step(index: u64, _ctx: *mut c_void) -> i64 {
     snap(index)
 }
 
-/// Copies the `k`th code head the walk chose (and its name's start, where chosen) into the
-/// record. Returns 1 to stop.
+/// Copies the `k`th code head the walk chose into the record, after its Python frames, with the
+/// starts of its name and file name strings. Returns 1 to stop.
 #[inline(always)]
 fn snap(k: u64) -> i64 {
     let k = k as usize;
@@ -1061,52 +1066,88 @@ fn snap(k: u64) -> i64 {
     let Some(scratch) = SCRATCH.get_ptr_mut(w.cpu) else {
         return 1;
     };
+    let base = scratch as *mut u8;
     // SAFETY: the scratch buffer starts with the header (see `capture`).
-    let hdr = unsafe { &mut *(scratch as *mut SampleHeader) };
+    let hdr = unsafe { &mut *(base as *mut SampleHeader) };
+    // SAFETY: a field of the header, written by the walk; volatile so that it comes from memory.
+    let py_len = unsafe { core::ptr::read_volatile(&hdr.py_len) } as usize;
+    if py_len > MAX_PY_FRAMES {
+        return 1;
+    }
     let k = k & (PY_CODE_SNAPS - 1);
     hdr.py_snaps = k as u32 + 1;
-    let head = &mut hdr.code_snaps[k];
+    let off = SampleHeader::SIZE + py_len * core::mem::size_of::<PyFrame>() + k * CodeSnap::SIZE;
+    // SAFETY: off + CodeSnap::SIZE <= SCRATCH_SIZE (py_len and k bounded above), 8-aligned (the
+    // header, frames and snaps are multiples of 8 bytes).
+    let snap = unsafe { &mut *(base.add(off) as *mut CodeSnap) };
     let mut n = w.pc.code_head_len as usize;
     if n > PY_CODE_SNAP {
         n = PY_CODE_SNAP;
     }
+    // A zero type word marks a copy as failed (or not taken).
+    // SAFETY: 16 <= PY_NAME_SNAP and PY_FILE_SNAP.
+    unsafe {
+        (snap.name.as_mut_ptr().add(8) as *mut u64).write_unaligned(0);
+        (snap.file.as_mut_ptr().add(8) as *mut u64).write_unaligned(0);
+    }
     // SAFETY: n <= PY_CODE_SNAP, the size of the destination; the source is a user address.
     let r = unsafe {
         bpf_probe_read_user(
-            head.as_mut_ptr() as *mut c_void,
+            snap.head.as_mut_ptr() as *mut c_void,
             n as u32,
             w.snap_code[k] as *const c_void,
         )
     };
-    // A zero type word marks a copy as failed (or not taken).
-    let name = &mut hdr.name_snaps[k];
-    // SAFETY: 16 <= PY_NAME_SNAP.
-    unsafe { (name.as_mut_ptr().add(8) as *mut u64).write_unaligned(0) };
     if r != 0 {
         // SAFETY: 16 <= PY_CODE_SNAP.
-        unsafe { (head.as_mut_ptr().add(8) as *mut u64).write_unaligned(0) };
+        unsafe { (snap.head.as_mut_ptr().add(8) as *mut u64).write_unaligned(0) };
         return 0;
     }
+    // The name and the file name may be freed with the code (the innermost frame's code may
+    // also be a function's that was just deleted).
     let off = w.pc.code_qualname as usize;
-    if w.snap_name & (1 << k) == 0 || off > PY_CODE_SNAP - 8 {
-        return 0;
+    if off <= PY_CODE_SNAP - 8 {
+        // SAFETY: off + 8 <= PY_CODE_SNAP, the size of the copy.
+        let addr = unsafe { (snap.head.as_ptr().add(off) as *const u64).read_unaligned() };
+        copy_string(&mut snap.name, addr);
     }
-    // The name may be freed with the code: its string's start is copied too.
-    // SAFETY: off + 8 <= PY_CODE_SNAP, the size of the copy.
-    let addr = unsafe { (head.as_ptr().add(off) as *const u64).read_unaligned() };
-    // SAFETY: PY_NAME_SNAP bytes into a buffer of that size; the source is a user address.
-    let r = unsafe {
+    let off = w.pc.code_filename as usize;
+    if off <= PY_CODE_SNAP - 8 {
+        // SAFETY: as above.
+        let addr = unsafe { (snap.head.as_ptr().add(off) as *const u64).read_unaligned() };
+        copy_string(&mut snap.file, addr);
+    }
+    0
+}
+
+/// Copies the start of the string object at user address `addr` into `to` (its type word
+/// zeroed if the read failed). A short string may end a few bytes before an unmapped page (the
+/// end of an allocator arena): then what is left of the page is copied.
+#[inline(always)]
+fn copy_string<const N: usize>(to: &mut [u8; N], addr: u64) {
+    // SAFETY: N bytes into a buffer of that size; the source is a user address.
+    let mut r = unsafe {
         bpf_probe_read_user(
-            name.as_mut_ptr() as *mut c_void,
-            PY_NAME_SNAP as u32,
+            to.as_mut_ptr() as *mut c_void,
+            N as u32,
             addr as *const c_void,
         )
     };
-    if r != 0 {
-        // SAFETY: 16 <= PY_NAME_SNAP.
-        unsafe { (name.as_mut_ptr().add(8) as *mut u64).write_unaligned(0) };
+    let left = 4096 - (addr & 4095) as usize;
+    if r != 0 && left < N {
+        // SAFETY: left < N bytes into a buffer of N; the source is a user address.
+        r = unsafe {
+            bpf_probe_read_user(
+                to.as_mut_ptr() as *mut c_void,
+                left as u32,
+                addr as *const c_void,
+            )
+        };
     }
-    0
+    if r != 0 && N >= 16 {
+        // SAFETY: 16 <= N.
+        unsafe { (to.as_mut_ptr().add(8) as *mut u64).write_unaligned(0) };
+    }
 }
 
 /// One step of the frame walk: reads the frame, records it, moves to the previous one.
@@ -1190,7 +1231,6 @@ fn step(index: u64) -> i64 {
         if !shim && (k == 0 || once != 0) && k < PY_CODE_SNAPS {
             // Copied once the walk is done (`snap`).
             w.snap_code[k & (PY_CODE_SNAPS - 1)] = code;
-            w.snap_name |= once << k;
             f.flags = owner | ((k as u32) + 1) << PY_FRAME_SNAP_SHIFT;
             w.snaps = k as u32 + 1;
         }

@@ -281,7 +281,7 @@ impl Collector {
             return (f, name);
         }
         let lib = self.profile.lib(&m.path);
-        let (name, sym) = match m.elf.as_ref().and_then(|e| e.symbols.lookup(svma)) {
+        let (name, sym) = match m.elf.as_ref().and_then(|e| e.symbols().lookup(svma)) {
             Some((start, name)) => (name, Some(start)),
             // No symbol (a stripped library): named by library and offset, as perf does.
             None => (

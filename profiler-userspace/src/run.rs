@@ -11,7 +11,7 @@ use tachyon_bpf::aggregate::Profile;
 use tachyon_bpf::capture::{self, Capture, CaptureOptions};
 use tachyon_bpf::collect::{monotonic_ns, Collector};
 use tachyon_bpf::output::{self, Format, RunInfo};
-use tachyon_bpf::session::{Scope, Session, TICK};
+use tachyon_bpf::session::{Scope, Session, TICK, YOUNG_TICK};
 use tachyon_bpf::{process, python};
 
 use crate::cli::{ConvertArgs, RunArgs};
@@ -204,8 +204,10 @@ pub async fn run(cli: RunArgs, command: Command) -> Result<i32, AppError> {
     let (child_tx, mut child_rx) = tokio::sync::oneshot::channel::<i32>();
     let child_pid = launched.as_ref().map(|l| l.pid);
     if let Some(l) = launched.take() {
+        let pid = l.pid;
         l.release(child_tx)
             .map_err(|e| target(format!("cannot start {}: {e}", cli.command[0])))?;
+        session.started(pid);
     } else {
         drop(child_tx);
     }
@@ -226,6 +228,8 @@ pub async fn run(cli: RunArgs, command: Command) -> Result<i32, AppError> {
     let mut child_status = None;
     let mut tick = tokio::time::interval(TICK);
     let mut ticks: u64 = 0;
+    let mut young_tick = tokio::time::interval(YOUNG_TICK);
+    young_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     // The live status line: on a terminal only, never with --quiet.
     let status =
         !cli.quiet && sink.status_line() && std::io::IsTerminal::is_terminal(&std::io::stderr());
@@ -269,6 +273,9 @@ pub async fn run(cli: RunArgs, command: Command) -> Result<i32, AppError> {
                     );
                     eprint!("\r\x1b[2K{line}");
                 }
+            }
+            _ = young_tick.tick(), if session.awaiting_young() => {
+                session.tick_young(ring.get_mut());
             }
             guard = ring.readable_mut() => {
                 let mut guard = guard.map_err(|e| other(format!("ring buffer: {e}")))?;

@@ -115,6 +115,20 @@ fn fidelity(folded: &Path) -> Fidelity {
         if frames.iter().any(|fr| fr.starts_with("<unresolved")) {
             problems.push("an unresolved Python frame");
         }
+        // A Python frame's file is a source file or a `<...>` pseudo-file (`<string>`,
+        // `<frozen importlib._bootstrap>`): never a string that happened to be at a freed file
+        // name's address (a docstring, a directory, a message).
+        let files = frames
+            .iter()
+            .filter(|fr| is_python(fr) && !fr.starts_with("<unresolved"))
+            .map(|fr| fr.split(':').next().unwrap_or(""));
+        for file in files {
+            if file == "<unknown>" {
+                problems.push("a Python frame with an unknown file");
+            } else if !(file.ends_with(".py") || file.starts_with('<')) {
+                problems.push("a Python frame with a wrong file");
+            }
+        }
         if frames
             .iter()
             .any(|fr| fr.chars().any(|c| c.is_control() || c == '\u{fffd}'))
@@ -132,6 +146,8 @@ fn fidelity(folded: &Path) -> Fidelity {
             Some(&("_start" | "clone3" | "clone" | "start_thread")) => {}
             _ => problems.push("a stack not rooted where its thread starts"),
         }
+        problems.sort_unstable();
+        problems.dedup();
         if problems.is_empty() {
             f.merged += n;
         }
@@ -162,7 +178,11 @@ fn check(label: &str, folded: &Path, merged_share: f64) {
         f.problems
     );
     // Frames that name nothing, or the wrong thing, are never shown.
-    for p in ["a garbage name", "a bare address"] {
+    for p in [
+        "a garbage name",
+        "a bare address",
+        "a Python frame with a wrong file",
+    ] {
         assert!(
             !f.problems.contains_key(p),
             "{label}: {p}: {:?}",

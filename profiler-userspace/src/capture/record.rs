@@ -1,12 +1,12 @@
 //! Decoding of the BPF program's sample records: the one place bytes become `RawSample`s.
 //!
-//! A record is `SampleHeader | PyFrame * py_len | user stack bytes * ustack_len` (see
-//! `profiler-common`). Lengths come from the kernel side and are checked against the record size.
+//! A record is `SampleHeader | PyFrame * py_len | CodeSnap * py_snaps | user stack bytes *
+//! ustack_len` (see `profiler-common`). Lengths come from the kernel side and are checked against the record size.
 
 use profiler_common::{
-    EventRecord, PyFrame, SampleHeader, SchedRecord, MAX_KSTACK, MAX_PY_FRAMES, MAX_USTACK,
-    PY_CODE_SNAP, PY_CODE_SNAPS, PY_NAME_SNAP, RECORD_EXEC, RECORD_EXIT, RECORD_FORK,
-    RECORD_SAMPLE, RECORD_SCHED, RECORD_SWITCH_OUT,
+    CodeSnap, EventRecord, PyFrame, SampleHeader, SchedRecord, MAX_KSTACK, MAX_PY_FRAMES,
+    MAX_USTACK, PY_CODE_SNAPS, RECORD_EXEC, RECORD_EXIT, RECORD_FORK, RECORD_SAMPLE, RECORD_SCHED,
+    RECORD_SWITCH_OUT,
 };
 
 /// One ring-buffer record.
@@ -100,12 +100,10 @@ pub struct RawSample {
     pub py_gil_holder: u64,
     pub py_gil_locked: u32,
     pub py_gc_collecting: u32,
-    /// The heads of some Python frames' code objects at the sampled instant
-    /// (`SampleHeader::code_snaps`; `PyFrame::flags` says which frame each belongs to).
-    pub code_snaps: Vec<[u8; PY_CODE_SNAP]>,
-    /// The start of the name string of each code head's code, where it runs once
-    /// (`SampleHeader::name_snaps`; a zero type word where none was copied).
-    pub name_snaps: Vec<[u8; PY_NAME_SNAP]>,
+    /// The heads of some Python frames' code objects at the sampled instant, with the starts
+    /// of their name and file strings (`CodeSnap`; `PyFrame::flags` says which frame each
+    /// belongs to).
+    pub code_snaps: Vec<CodeSnap>,
     /// The user stack from `sp` upwards.
     pub stack: Vec<u8>,
 }
@@ -139,8 +137,11 @@ impl RawSample {
             return Err(RecordError::Kind(h.kind));
         }
         let py_bytes = h.py_len as usize * std::mem::size_of::<PyFrame>();
-        let need = SampleHeader::SIZE + py_bytes + h.ustack_len as usize;
+        let snap_bytes = h.py_snaps as usize * CodeSnap::SIZE;
+        let stack_at = SampleHeader::SIZE + py_bytes + snap_bytes;
+        let need = stack_at + h.ustack_len as usize;
         if h.py_len as usize > MAX_PY_FRAMES
+            || h.py_snaps as usize > PY_CODE_SNAPS
             || h.ustack_len as usize > MAX_USTACK
             || need > bytes.len()
         {
@@ -180,9 +181,13 @@ impl RawSample {
             py_gil_holder: h.py_gil_holder,
             py_gil_locked: h.py_gil_locked,
             py_gc_collecting: h.py_gc_collecting,
-            code_snaps: h.code_snaps[..(h.py_snaps as usize).min(PY_CODE_SNAPS)].to_vec(),
-            name_snaps: h.name_snaps[..(h.py_snaps as usize).min(PY_CODE_SNAPS)].to_vec(),
-            stack: bytes[SampleHeader::SIZE + py_bytes..need].to_vec(),
+            code_snaps: bytes[SampleHeader::SIZE + py_bytes..stack_at]
+                .chunks_exact(CodeSnap::SIZE)
+                // SAFETY: each chunk is CodeSnap::SIZE bytes; CodeSnap is plain old data valid
+                // for any bytes, read unaligned.
+                .map(|c| unsafe { std::ptr::read_unaligned(c.as_ptr() as *const CodeSnap) })
+                .collect(),
+            stack: bytes[stack_at..need].to_vec(),
         })
     }
 
@@ -197,8 +202,13 @@ impl RawSample {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use profiler_common::{PY_CODE_SNAP, PY_FRAME_SNAP_SHIFT, PY_NAME_SNAP};
 
     fn header(py_len: u32, ustack_len: u32) -> Vec<u8> {
+        header_snaps(py_len, 0, ustack_len)
+    }
+
+    fn header_snaps(py_len: u32, py_snaps: u32, ustack_len: u32) -> Vec<u8> {
         let h = SampleHeader {
             kind: RECORD_SAMPLE,
             flags: 0,
@@ -218,11 +228,9 @@ mod tests {
             py_gil_locked: 0,
             py_status: 0,
             py_gc_collecting: 0,
-            py_snaps: 0,
+            py_snaps,
             sched_state: 0,
             kstack: [0xffff_ffff_8100_0000; MAX_KSTACK],
-            code_snaps: [[0; PY_CODE_SNAP]; PY_CODE_SNAPS],
-            name_snaps: [[0; PY_NAME_SNAP]; PY_CODE_SNAPS],
         };
         // SAFETY: viewing a repr(C) value as bytes.
         unsafe {
@@ -252,6 +260,40 @@ mod tests {
         assert_eq!(s.read_stack(0x7008), Some(0x2222));
         assert_eq!(s.read_stack(0x7009), None);
         assert_eq!(s.read_stack(0x6ff8), None);
+    }
+
+    #[test]
+    fn code_heads_sit_between_frames_and_stack() {
+        let mut b = header_snaps(1, 2, 8);
+        b.extend_from_slice(&0xabcdu64.to_le_bytes());
+        b.extend_from_slice(&0i32.to_le_bytes());
+        b.extend_from_slice(&(2u32 << PY_FRAME_SNAP_SHIFT).to_le_bytes());
+        for k in 0..2u8 {
+            let mut snap = vec![0u8; CodeSnap::SIZE];
+            snap[0] = 0x10 + k;
+            snap[PY_CODE_SNAP] = 0x20 + k;
+            snap[PY_CODE_SNAP + PY_NAME_SNAP] = 0x30 + k;
+            b.extend_from_slice(&snap);
+        }
+        b.extend_from_slice(&0x3333u64.to_le_bytes());
+        let s = RawSample::parse(&b).unwrap();
+        assert_eq!(s.code_snaps.len(), 2);
+        let firsts: Vec<_> = s
+            .code_snaps
+            .iter()
+            .map(|c| (c.head[0], c.name[0], c.file[0]))
+            .collect();
+        assert_eq!(firsts, vec![(0x10, 0x20, 0x30), (0x11, 0x21, 0x31)]);
+        assert_eq!(s.read_stack(0x7000), Some(0x3333));
+        // A record one byte short of its heads and stack, or claiming more heads than a
+        // sample holds, is refused.
+        assert!(RawSample::parse(&b[..b.len() - 1]).is_err());
+        let mut many = header_snaps(0, PY_CODE_SNAPS as u32 + 1, 0);
+        many.resize(many.len() + (PY_CODE_SNAPS + 1) * CodeSnap::SIZE, 0);
+        assert!(matches!(
+            RawSample::parse(&many),
+            Err(RecordError::Lengths { .. })
+        ));
     }
 
     #[test]

@@ -37,6 +37,14 @@ pub fn unicode_from_copy(layout: &Layout, addr: u64, copy: &[u8], str_type: u64)
     })
 }
 
+/// Whether an object's head (`head` starts at its reference count) is that of a freed object:
+/// the allocator keeps its free list in the first word, so a freed block holds a pointer there
+/// (or 0 at the list's end), never a count a live object can have (below 2^32 on every supported
+/// version, immortal objects included).
+pub fn freed(head: &[u8]) -> bool {
+    le_u64(head, 0).is_none_or(|refs| refs == 0 || refs >> 32 != 0)
+}
+
 /// Decodes a `str` object whose head is `head` (read at `addr`), reading its characters with
 /// `fetch(address, bytes)`.
 fn decode_unicode(
@@ -47,7 +55,7 @@ fn decode_unicode(
     fetch: impl Fn(u64, usize) -> Option<Vec<u8>>,
 ) -> Option<String> {
     // Memory that was a string when the sample was taken may be anything now.
-    if str_type != 0 && le_u64(head, 8)? != str_type {
+    if freed(head) || (str_type != 0 && le_u64(head, 8)? != str_type) {
         return None;
     }
     let length = le_u64(head, 16)? as usize;
@@ -152,17 +160,63 @@ pub fn plausible_file(s: &str) -> bool {
     !s.is_empty() && !s.chars().any(|c| c.is_control() || c == '\u{fffd}')
 }
 
-/// Reads a whole code object given its header bytes, and a copy of the start of its name's
-/// string object if one was taken with them (the name may be freed with the code).
+/// Copies of the starts of a code object's name and file strings taken with its head at the
+/// sampled instant (the strings may be freed with the code, and their memory reused).
+#[derive(Clone, Copy, Default)]
+pub struct StringCopies<'a> {
+    pub name: Option<&'a [u8]>,
+    pub file: Option<&'a [u8]>,
+}
+
+/// A copy the BPF program took (a zero type word: none, or the read failed).
+fn taken(copy: Option<&[u8]>) -> Option<&[u8]> {
+    copy.filter(|c| c.get(8..16).is_some_and(|t| t != [0; 8]))
+}
+
+/// The file name string at `ptr`: from the copy taken at the sample where it holds the whole
+/// string; else as read now, believed only if it has the copy's length and starts as the copy
+/// does (the string may have been freed and its memory reused by another one).
+fn file_name(
+    remote: &Remote,
+    layout: &Layout,
+    ptr: u64,
+    copy: Option<&[u8]>,
+    str_type: u64,
+) -> Option<String> {
+    let now = || read_unicode(remote, layout, ptr, str_type);
+    let Some(c) = taken(copy) else {
+        return now();
+    };
+    if let Some(f) = unicode_from_copy(layout, ptr, c, str_type) {
+        return Some(f);
+    }
+    if str_type != 0 && le_u64(c, 8)? != str_type {
+        return None;
+    }
+    let len = le_u64(c, 16)? as usize;
+    let state = le_u32(c, 32)?;
+    let compact_ascii = state & (1 << 5) != 0 && state & (1 << 6) != 0;
+    let prefix = if compact_ascii {
+        c.get(layout.unicode_ascii_data..)?
+    } else {
+        &[]
+    };
+    now().filter(|f| f.chars().count() == len && f.as_bytes().starts_with(prefix))
+}
+
+/// Reads a whole code object given its header bytes, and copies of the starts of its name and
+/// file strings where they were taken with them.
 pub fn read_code(
     remote: &Remote,
     layout: &Layout,
     head: &[u8],
     types: Types,
-    name_copy: Option<&[u8]>,
+    copies: StringCopies,
 ) -> Option<CodeInfo> {
     let id = ident(layout, head)?;
-    if types.code != 0 && id[0] != types.code {
+    // A freed code object keeps its type word for a while, with pointers to strings that may
+    // be freed and reused too.
+    if freed(head) || (types.code != 0 && id[0] != types.code) {
         return None;
     }
     let name_ptr = layout
@@ -171,12 +225,12 @@ pub fn read_code(
         .filter(|&p| p != 0)
         .unwrap_or(id[2]);
     let read = |p: u64| read_unicode(remote, layout, p, types.str);
-    let name = name_copy
+    let name = taken(copies.name)
         .and_then(|c| unicode_from_copy(layout, name_ptr, c, types.str))
         .filter(|n| plausible_name(n))
         .or_else(|| read(name_ptr).filter(|n| plausible_name(n)))
         .or_else(|| read(id[2]).filter(|n| plausible_name(n)))?;
-    let file = read(id[1])
+    let file = file_name(remote, layout, id[1], copies.file, types.str)
         .filter(|f| plausible_file(f))
         .unwrap_or_else(|| "<unknown>".into());
     let firstlineno = le_u32(head, layout.code_firstlineno)? as i32;
@@ -489,6 +543,7 @@ mod tests {
         };
         let make = |text: &[u8]| {
             let mut b = vec![0u8; l.unicode_ascii_data + text.len() + 1];
+            b[0..8].copy_from_slice(&1u64.to_le_bytes());
             b[8..16].copy_from_slice(&0x5555u64.to_le_bytes());
             b[16..24].copy_from_slice(&(text.len() as u64).to_le_bytes());
             // kind 1, compact, ascii
@@ -504,6 +559,57 @@ mod tests {
         assert_eq!(read_unicode(&me, &l, ok.as_ptr() as u64, 0x6666), None);
         let torn = make(b"r\xe9n");
         assert_eq!(read_unicode(&me, &l, torn.as_ptr() as u64, 0x5555), None);
+        // A freed object: the allocator's free-list pointer (or 0) where the count was.
+        for first in [0u64, ok.as_ptr() as u64 + 4096] {
+            let mut gone = make(b"run");
+            gone[0..8].copy_from_slice(&first.to_le_bytes());
+            assert_eq!(read_unicode(&me, &l, gone.as_ptr() as u64, 0x5555), None);
+        }
+        // Immortal objects (3.12+) keep a count below 2^32.
+        let mut immortal = make(b"run");
+        immortal[0..8].copy_from_slice(&0xffff_ffffu64.to_le_bytes());
+        assert!(read_unicode(&me, &l, immortal.as_ptr() as u64, 0x5555).is_some());
+    }
+
+    /// A file name copied at the sample: read from the copy when it holds the whole string;
+    /// a longer one is read from the target and believed only when it has the copy's length
+    /// and start (its memory may hold another string by then).
+    #[test]
+    fn file_names_are_read_from_or_checked_against_their_copy() {
+        let l = crate::python::layout::builtin(12).unwrap();
+        let me = Remote {
+            pid: std::process::id(),
+        };
+        let make = |text: &[u8]| {
+            let mut b = vec![0u8; l.unicode_ascii_data + text.len() + 1];
+            b[0..8].copy_from_slice(&1u64.to_le_bytes());
+            b[8..16].copy_from_slice(&0x5555u64.to_le_bytes());
+            b[16..24].copy_from_slice(&(text.len() as u64).to_le_bytes());
+            b[32..36].copy_from_slice(&((1u32 << 2) | (1 << 5) | (1 << 6)).to_le_bytes());
+            b[l.unicode_ascii_data..l.unicode_ascii_data + text.len()].copy_from_slice(text);
+            b
+        };
+        let short = make(b"/srv/app/views.py");
+        let file =
+            |at: &[u8], copy: &[u8]| file_name(&me, &l, at.as_ptr() as u64, Some(copy), 0x5555);
+        // The whole string is in the copy: whatever is at the address now does not matter.
+        let other = make(b"a docstring that took the freed name's place");
+        let copy = &short[..short.len().min(192)];
+        let c = file_name(&me, &l, other.as_ptr() as u64, Some(copy), 0x5555);
+        assert_eq!(c.as_deref(), Some("/srv/app/views.py"));
+        // A path longer than the copy.
+        let path = format!("/srv/{}/models.py", "deep/".repeat(40));
+        let long = make(path.as_bytes());
+        assert_eq!(file(&long, &long[..192]).as_deref(), Some(path.as_str()));
+        let same_length = make(format!("/opt/{}/models.py", "deep/".repeat(40)).as_bytes());
+        assert_eq!(file(&same_length, &long[..192]), None);
+        let longer = make(format!("{path}.bak").as_bytes());
+        assert_eq!(file(&longer, &long[..192]), None);
+        // No copy (the read failed): what is there now.
+        assert_eq!(
+            file_name(&me, &l, short.as_ptr() as u64, None, 0x5555).as_deref(),
+            Some("/srv/app/views.py")
+        );
     }
 
     /// A name copied at the sample decodes from the copy alone (at any address), only when all
@@ -513,6 +619,7 @@ mod tests {
         let l = crate::python::layout::builtin(12).unwrap();
         let copy = |text: &[u8], len: usize| {
             let mut b = vec![0u8; len];
+            b[0..8].copy_from_slice(&1u64.to_le_bytes());
             b[8..16].copy_from_slice(&0x5555u64.to_le_bytes());
             b[16..24].copy_from_slice(&(text.len() as u64).to_le_bytes());
             b[32..36].copy_from_slice(&((1u32 << 2) | (1 << 5) | (1 << 6)).to_le_bytes());

@@ -385,6 +385,8 @@ impl Layout {
                 NO_OFFSET
             },
             code_qualname: self.code_qualname.unwrap_or(self.code_name) as u32,
+            code_filename: self.code_filename as u32,
+            _pad: 0,
         }
     }
 

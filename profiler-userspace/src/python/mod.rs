@@ -392,11 +392,12 @@ impl PyProcess {
         }
         for (&i, head) in stale.iter().zip(heads) {
             let a = addrs[i];
-            let Some(head) = head else {
-                // Nothing can be read there now: the memory went back to the system, or the
-                // process has exited (its last records are read after it). The last object
-                // known at the address is what ran there; a copy of the head taken at the
-                // sample, where there is one, is checked against it.
+            let Some(head) = head.filter(|h| !code::freed(h)) else {
+                // Nothing can be read there now, or only a freed object: the memory went back
+                // to the system or the allocator, or the process has exited (its last records
+                // are read after it). The last object known at the address is what ran there;
+                // a copy of the head taken at the sample, where there is one, is checked
+                // against it.
                 out[i] = self.codes.get(&a).map(|(c, _)| c.clone());
                 continue;
             };
@@ -416,7 +417,7 @@ impl PyProcess {
                         code: self.code_type,
                         str: self.str_type,
                     },
-                    None,
+                    code::StringCopies::default(),
                 )?);
                 self.retire(a);
                 self.codes.insert(a, (c.clone(), epoch));
@@ -442,16 +443,15 @@ impl PyProcess {
     /// The code object a frame ran at the sampled instant, from the head the BPF program
     /// copied then (`snap`) and what was read at its address since (`now`): `now` when it is the
     /// same object; otherwise (freed, or its memory reused by another code object) the copy,
-    /// whose names are read from the target (strings outlive a module body's code object: they
-    /// are interned or shared with the module's functions).
+    /// with its name and file from the copies of their strings taken with it, else read from
+    /// the target and checked against those copies.
     fn sampled_code(
         &self,
         addr: u64,
-        snap: &[u8; profiler_common::PY_CODE_SNAP],
-        name: Option<&[u8]>,
+        snap: &profiler_common::CodeSnap,
         now: Option<Arc<CodeInfo>>,
     ) -> Option<Arc<CodeInfo>> {
-        let head = &snap[..code::header_len(&self.layout).min(profiler_common::PY_CODE_SNAP)];
+        let head = &snap.head[..code::header_len(&self.layout).min(profiler_common::PY_CODE_SNAP)];
         let Some(id) = code::ident(&self.layout, head) else {
             return now;
         };
@@ -475,7 +475,10 @@ impl PyProcess {
                 code: self.code_type,
                 str: self.str_type,
             },
-            name.filter(|n| n.get(8..16).is_some_and(|t| t != [0; 8])),
+            code::StringCopies {
+                name: Some(&snap.name),
+                file: Some(&snap.file),
+            },
         )?;
         // The line table went with the code object: its bytes may be anything now. The frame
         // shows the function's first line.
@@ -840,12 +843,7 @@ impl PythonRegistry {
             let now = infos.get(&f.code).cloned().flatten();
             let snap = (f.flags >> PY_FRAME_SNAP_SHIFT) as usize & 0xff;
             let info = match snap.checked_sub(1) {
-                Some(k) if k < s.code_snaps.len() => p.sampled_code(
-                    f.code,
-                    &s.code_snaps[k],
-                    s.name_snaps.get(k).map(|n| &n[..]),
-                    now,
-                ),
+                Some(k) if k < s.code_snaps.len() => p.sampled_code(f.code, &s.code_snaps[k], now),
                 _ => now,
             };
             let frame = match info {

@@ -69,6 +69,13 @@ pub struct Scope {
 
 /// The session's clock: one tick every `TICK`.
 pub const TICK: Duration = Duration::from_millis(20);
+/// While a process that has just started (launched, exec'd or forked) is not yet found to be
+/// Python, or known not to be, it is looked at this often: Python's startup imports run
+/// within its first few ms, and every sample taken before its runtime is known has native
+/// frames only.
+pub const YOUNG_TICK: Duration = Duration::from_millis(1);
+/// How long a process counts as just started.
+const YOUNG: Duration = Duration::from_secs(1);
 /// Every process is scanned once a second (every 50 ticks): new programs are found through exec
 /// events and new processes of Python programs through fork events; the scan is the safety net
 /// (reading every process's files each time is most of an idle profiler's own CPU use).
@@ -137,12 +144,13 @@ impl<T: Targets> Session<T> {
     /// and now and then the sweep of dead processes.
     pub fn tick(&mut self, source: &mut impl RecordSource) {
         self.ticks += 1;
-        // Records do not wake the reader until the buffer fills up a good part: poll.
-        self.drain(source);
+        // Processes first (see `tick_young`), then the records: they do not wake the reader
+        // until the buffer fills up a good part, so they are polled.
         self.discover(
             self.ticks.is_multiple_of(SCAN_TICKS),
             self.ticks.is_multiple_of(THREAD_TICKS),
         );
+        self.drain(source);
         if self.ticks.is_multiple_of(SWEEP_TICKS) {
             self.collector.sweep();
         }
@@ -179,6 +187,35 @@ impl<T: Targets> Session<T> {
     pub fn settle_sched(&mut self, now_ns: u64) {
         let snapshot = self.targets.sched_snapshot();
         self.collector.settle_sched(&snapshot, now_ns);
+    }
+
+    /// Whether a process that has just started is still waiting to be found (see `YOUNG_TICK`).
+    pub fn awaiting_young(&self) -> bool {
+        let python = &self.collector.python;
+        let waiting =
+            |pid: u32| !python.contains(pid) && !python.known_not_python(pid) && alive(pid);
+        self.pending
+            .iter()
+            .any(|&(pid, since)| since.elapsed() < YOUNG && waiting(pid))
+            || self.scope.explicit.iter().any(|&pid| {
+                waiting(pid) && crate::python::process_age(pid).is_some_and(|a| a < YOUNG)
+            })
+    }
+
+    /// A process started now (the launched command, released to exec): looked at every
+    /// `YOUNG_TICK` until found.
+    pub fn started(&mut self, pid: u32) {
+        self.pending.push((pid, Instant::now()));
+    }
+
+    /// Looks at the processes that have just started, then reads the records waiting (exec
+    /// and fork events add to them): between two ticks, while `awaiting_young`.
+    pub fn tick_young(&mut self, source: &mut impl RecordSource) {
+        // Found first: the records of a new process are the slowest to handle (its libraries'
+        // unwind tables and symbols are loaded), and those taken after it is found carry
+        // Python frames.
+        self.discover(false, false);
+        self.drain(source);
     }
 
     /// A process that exec'd loses its Python state (the BPF side must not walk the old
@@ -266,9 +303,9 @@ impl<T: Targets> Session<T> {
             let young = self
                 .pending
                 .iter()
-                .any(|&(p, since)| p == pid && since.elapsed() < Duration::from_secs(1))
+                .any(|&(p, since)| p == pid && since.elapsed() < YOUNG)
                 || (self.scope.explicit.contains(&pid)
-                    && crate::python::process_age(pid).is_some_and(|a| a < Duration::from_secs(1)));
+                    && crate::python::process_age(pid).is_some_and(|a| a < YOUNG));
             if let Some(cfg) = self.collector.try_python(pid, young) {
                 if let Err(e) = self.targets.set_py_proc(pid, &cfg) {
                     log::warn!("pid {pid}: {e}");

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::ops::{Deref, Range};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use memmap2::Mmap;
 use object::{Object, ObjectSection};
@@ -36,7 +36,13 @@ pub struct SectionRef {
 pub struct ElfFile {
     pub path: PathBuf,
     map: Arc<Mmap>,
-    pub symbols: SymbolTable,
+    /// Built on first use (`symbols`): finding a new process's runtime needs a few of them
+    /// only, and a large library's table takes milliseconds while its first samples wait.
+    symbols: OnceLock<SymbolTable>,
+    /// Functions whose split-off parts are named (see `from_mmap`).
+    split: &'static [&'static str],
+    /// A separate debug file opened for this one (see `debug_file`), read with the symbols.
+    debug: Mutex<Option<File>>,
     /// (p_vaddr, p_offset, p_filesz) of each segment.
     pub segments: Vec<(u64, u64, u64)>,
     sections: HashMap<&'static str, SectionRef>,
@@ -128,7 +134,7 @@ pub fn open_mapped(pid: u32, inode: u64, path: &Path, map_range: (u64, u64)) -> 
 impl ElfFile {
     /// An ELF file from an open descriptor (`path` names it in the profile); `split` as in
     /// `from_mmap`.
-    pub fn from_file(path: &Path, f: File, split: &[&str]) -> Option<ElfFile> {
+    pub fn from_file(path: &Path, f: File, split: &'static [&'static str]) -> Option<ElfFile> {
         use std::os::unix::fs::MetadataExt;
         let m = f.metadata().ok()?;
         let map = if m.uid() == 0 && m.mode() & 0o022 == 0 {
@@ -149,11 +155,12 @@ impl ElfFile {
 
     /// Parses a mapped ELF file; the parts of the functions named `split` that the compiler
     /// moved out of them are named too (`split::split_parts`).
-    pub fn from_mmap(path: PathBuf, map: Arc<Mmap>, split: &[&str]) -> Option<ElfFile> {
+    pub fn from_mmap(
+        path: PathBuf,
+        map: Arc<Mmap>,
+        split: &'static [&'static str],
+    ) -> Option<ElfFile> {
         let file = object::File::parse(&map[..]).ok()?;
-        let symbols = SymbolTable::from_elf(&file);
-        let parts = super::split::split_parts(&file, &symbols, split);
-        let symbols = symbols.with_parts(parts);
         let segments = load_segments(&file);
         let mut sections = HashMap::new();
         for name in UNWIND_SECTIONS {
@@ -176,10 +183,32 @@ impl ElfFile {
         Some(ElfFile {
             path,
             map,
-            symbols,
+            symbols: OnceLock::new(),
+            split,
+            debug: Mutex::new(None),
             segments,
             sections,
             stripped_build_id,
+        })
+    }
+
+    /// The file's symbols (with those of its separate debug file, if one was found).
+    pub fn symbols(&self) -> &SymbolTable {
+        self.symbols.get_or_init(|| {
+            let Ok(file) = object::File::parse(&self.map[..]) else {
+                return SymbolTable::default();
+            };
+            let symbols = SymbolTable::from_elf(&file);
+            let parts = super::split::split_parts(&file, &symbols, self.split);
+            let symbols = symbols.with_parts(parts);
+            let debug = self.debug.lock().ok().and_then(|mut d| d.take());
+            match (debug, self.stripped_build_id.as_deref()) {
+                (Some(f), Some(id)) => match debug_symbols(f, id) {
+                    Some(d) => symbols.merged(d),
+                    None => symbols,
+                },
+                _ => symbols,
+            }
         })
     }
 
@@ -219,14 +248,26 @@ impl ElfFile {
         }
     }
 
-    /// SVMAs of the named symbols (any kind), from `.symtab` and `.dynsym`.
+    /// SVMAs of the named symbols (any kind), from `.dynsym`, then `.symtab` for those missing.
     pub fn find_symbols(&self, names: &[&str]) -> HashMap<String, u64> {
         use object::ObjectSymbol;
         let mut out = HashMap::new();
         let Ok(file) = object::File::parse(&self.map[..]) else {
             return out;
         };
-        for sym in file.symbols().chain(file.dynamic_symbols()) {
+        // The exported symbols first: a runtime's are there, and `.dynsym` is a fraction of
+        // `.symtab` (which a new process's discovery would otherwise wait for).
+        for sym in file.dynamic_symbols() {
+            if let Ok(n) = sym.name() {
+                if sym.address() != 0 && names.contains(&n) {
+                    out.entry(n.to_string()).or_insert(sym.address());
+                }
+            }
+        }
+        if out.len() == names.len() {
+            return out;
+        }
+        for sym in file.symbols() {
             if let Ok(n) = sym.name() {
                 if sym.address() != 0 && names.contains(&n) {
                     out.entry(n.to_string()).or_insert(sym.address());
@@ -295,13 +336,16 @@ impl ElfCache {
         }
         let file = open_mapped(pid, inode, path, map_range)
             .and_then(|f| ElfFile::from_file(path, f, self.split))
-            .map(|mut f| {
+            .map(|f| {
+                // Opened now, while the process (and its root) is there; read with the symbols.
                 if let Some(debug) = f
                     .stripped_build_id
                     .as_deref()
                     .and_then(|b| debug_file(pid, b))
                 {
-                    f.symbols = std::mem::take(&mut f.symbols).merged(debug);
+                    if let Ok(mut d) = f.debug.lock() {
+                        *d = Some(debug);
+                    }
                 }
                 Arc::new(f)
             });
@@ -313,11 +357,11 @@ impl ElfCache {
 /// Largest separate debug file read (they hold DWARF as well as the symbols).
 const MAX_DEBUG_BYTES: u64 = 1 << 30;
 
-/// The symbols of a stripped file's separate debug file, as distributions install them
+/// A stripped file's separate debug file, as distributions install them
 /// (`/usr/lib/debug/.build-id/xx/yyyy.debug`, Debian's `*-dbg` and `*-dbgsym` packages), looked
 /// up inside the process's root like the file itself (a container's own debug files name its
-/// own libraries) and used only when its build id is the file's.
-fn debug_file(pid: u32, build_id: &[u8]) -> Option<SymbolTable> {
+/// own libraries). Its symbols are used only when its build id is the file's (`debug_symbols`).
+fn debug_file(pid: u32, build_id: &[u8]) -> Option<File> {
     use std::os::unix::fs::OpenOptionsExt;
     if build_id.len() < 2 {
         return None;
@@ -331,10 +375,15 @@ fn debug_file(pid: u32, build_id: &[u8]) -> Option<SymbolTable> {
         .ok()?;
     let f = open_in_root(&root, Path::new(&rel)).ok()?;
     let m = f.metadata().ok()?;
-    if !m.file_type().is_file() || m.len() > MAX_DEBUG_BYTES {
+    (m.file_type().is_file() && m.len() <= MAX_DEBUG_BYTES).then_some(f)
+}
+
+/// The symbols of a debug file `debug_file` opened, if its build id is `build_id`.
+fn debug_symbols(f: File, build_id: &[u8]) -> Option<SymbolTable> {
+    let elf = ElfFile::from_file(Path::new("debug file"), f, &[])?;
+    let parsed = object::File::parse(&elf.map[..]).ok()?;
+    if parsed.build_id().ok().flatten() != Some(build_id) {
         return None;
     }
-    let elf = ElfFile::from_file(Path::new(&rel), f, &[])?;
-    let parsed = object::File::parse(&elf.map[..]).ok()?;
-    (parsed.build_id().ok().flatten() == Some(build_id)).then_some(elf.symbols)
+    Some(SymbolTable::from_elf(&parsed))
 }
