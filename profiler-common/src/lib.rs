@@ -343,6 +343,10 @@ pub struct PyProcConfig {
     /// head of code that runs once (`CodeSnap::file`).
     pub code_filename: u32,
     pub _pad: u32,
+    /// Address of the runtime's interpreter list head, for a process whose runtime is still
+    /// starting (`interp` 0): its first Python code runs within moments of the interpreter's
+    /// creation, before user space can look again.
+    pub interp_head: u64,
 }
 
 /// One interpreter frame as read at the sampled instant.
@@ -422,8 +426,9 @@ impl CodeSnap {
     pub const SIZE: usize = core::mem::size_of::<CodeSnap>();
 }
 
-/// Code heads copied into a sample, at most (a power of two).
-pub const PY_CODE_SNAPS: usize = 16;
+/// Code heads copied into a sample, at most (a power of two): an import nested 15 deep takes
+/// 31 (each module body, and the function it calls).
+pub const PY_CODE_SNAPS: usize = 32;
 /// Bytes of a name's string object copied: a compact ASCII name of up to 56 characters (48
 /// before 3.12) fits.
 pub const PY_NAME_SNAP: usize = 96;
@@ -551,11 +556,13 @@ pub const fn thread_key(pid: u32, tid: u32) -> u64 {
 }
 
 const _: () = assert!(core::mem::size_of::<Config>() == 88);
-const _: () = assert!(core::mem::size_of::<PyProcConfig>() == 136);
+const _: () = assert!(core::mem::size_of::<PyProcConfig>() == 144);
 const _: () = assert!(EventRecord::SIZE == 56);
 const _: () = assert!(SchedRecord::SIZE == 136);
 const _: () = assert!(core::mem::size_of::<ThreadSched>() == 184);
 const _: () = assert!(core::mem::size_of::<PyFrame>() == 16);
+// The BPF program bounds indexes by masking with these less one.
+const _: () = assert!(MAX_PY_FRAMES.is_power_of_two() && PY_CODE_SNAPS.is_power_of_two());
 const _: () = assert!(SampleHeader::SIZE == 120 + MAX_KSTACK * 8);
 const _: () = assert!(SampleHeader::SIZE.is_multiple_of(8));
 const _: () = assert!(CodeSnap::SIZE == PY_CODE_SNAP + PY_NAME_SNAP + PY_FILE_SNAP);

@@ -633,7 +633,14 @@ fn thread_state(cfg: &Config, pc: &PyProcConfig, pid: u32, tid: u32) -> Option<u
     if let Some(&t) = unsafe { PY_THREADS.get(key) } {
         return Some(t);
     }
-    if pc.interp == 0 || cfg.task_fsbase_off == 0 {
+    let interp = if pc.interp != 0 {
+        pc.interp
+    } else if pc.interp_head != 0 {
+        read_user::<u64>(pc.interp_head)?
+    } else {
+        0
+    };
+    if interp == 0 || cfg.task_fsbase_off == 0 {
         return None;
     }
     // SAFETY: helper without preconditions.
@@ -642,7 +649,7 @@ fn thread_state(cfg: &Config, pc: &PyProcConfig, pid: u32, tid: u32) -> Option<u
     if fsbase == 0 {
         return None;
     }
-    let mut t = read_user::<u64>(pc.interp + pc.interp_threads_head as u64)?;
+    let mut t = read_user::<u64>(interp + pc.interp_threads_head as u64)?;
     let mut found = 0u64;
     for _ in 0..MAX_TSTATE_SCAN {
         if t == 0 {
@@ -956,12 +963,16 @@ struct Walk {
     pc: PyProcConfig,
     frame: u64,
     cpu: u32,
-    /// Code heads to copy once the walk is done: their code objects.
+    /// Code heads to copy once the walk is done: their code objects and frames' indexes.
     snaps: u32,
     snap_code: [u64; PY_CODE_SNAPS],
+    snap_at: [u32; PY_CODE_SNAPS],
     /// Scratch of one step: whether the frame runs code that runs once, and the next frame.
     once: u32,
     next: u64,
+    /// The last frame read whose head was not copied (its code, 0 if none, and its index).
+    callee: u64,
+    callee_at: u32,
     /// The frame being read (here rather than in `FRAME`: one map lookup, and one stack slot,
     /// fewer in a callback that has 32 bytes of stack under the switch program).
     fbuf: [u8; FRAME_BUF],
@@ -1007,6 +1018,7 @@ fn walk_python<const MODERN: bool>(cpu: u32, pc: &PyProcConfig, tstate: u64) {
         w.frame = frame;
         w.cpu = cpu;
         w.snaps = 0;
+        w.callee = 0;
     }
     if MODERN {
         // SAFETY: the callback has the signature bpf_loop expects; it takes no context.
@@ -1020,7 +1032,7 @@ fn walk_python<const MODERN: bool>(cpu: u32, pc: &PyProcConfig, tstate: u64) {
         }
     } else {
         for i in 0..MAX_PY_FRAMES {
-            if step(i as u64) != 0 {
+            if step::<false>(i as u64) != 0 {
                 break;
             }
         }
@@ -1076,6 +1088,14 @@ fn snap(k: u64) -> i64 {
     }
     let k = k & (PY_CODE_SNAPS - 1);
     hdr.py_snaps = k as u32 + 1;
+    // The frame the walk wrote at `snap_at[k]` (below `py_len`) learns its copy's index: masked
+    // for the verifier (MAX_PY_FRAMES is a power of two).
+    let at = w.snap_at[k] as usize & (MAX_PY_FRAMES - 1);
+    let frames = base.wrapping_add(SampleHeader::SIZE) as *mut PyFrame;
+    // SAFETY: at < MAX_PY_FRAMES, and the scratch buffer holds that many frames after the
+    // header.
+    let f = unsafe { &mut *frames.add(at) };
+    f.flags |= ((k as u32) + 1) << PY_FRAME_SNAP_SHIFT;
     let off = SampleHeader::SIZE + py_len * core::mem::size_of::<PyFrame>() + k * CodeSnap::SIZE;
     // SAFETY: off + CodeSnap::SIZE <= SCRATCH_SIZE (py_len and k bounded above), 8-aligned (the
     // header, frames and snaps are multiples of 8 bytes).
@@ -1153,11 +1173,13 @@ fn copy_string<const N: usize>(to: &mut [u8; N], addr: u64) {
 /// One step of the frame walk: reads the frame, records it, moves to the previous one.
 /// Returns 1 to stop.
 extern "C" fn walk_step(index: u64, _ctx: *mut c_void) -> i64 {
-    step(index)
+    step::<true>(index)
 }
 
+/// `CALLEES`: also copy the head of a function that code run once calls (see below). Not in
+/// the compat set: its 512 steps are verified one by one, and the branch multiplies its states.
 #[inline(always)]
-fn step(index: u64) -> i64 {
+fn step<const CALLEES: bool>(index: u64) -> i64 {
     let i = index as usize;
     let Some(w) = WALK.get_ptr_mut(0) else {
         return 1;
@@ -1227,12 +1249,37 @@ fn step(index: u64) -> i64 {
         // A C-stack shim frame (owner 3 and up, 3.12+) has no code of its own, and its other
         // fields are left as they were.
         let shim = code == 0 || (w.pc.frame_owner != NO_OFFSET && owner >= 3);
-        let k = w.snaps as usize;
-        if !shim && (k == 0 || once != 0) && k < PY_CODE_SNAPS {
-            // Copied once the walk is done (`snap`).
-            w.snap_code[k & (PY_CODE_SNAPS - 1)] = code;
-            f.flags = owner | ((k as u32) + 1) << PY_FRAME_SNAP_SHIFT;
-            w.snaps = k as u32 + 1;
+        if !shim {
+            // A function that code run once calls may be freed with it (a module body calling
+            // a helper it deletes after, as `hashlib` does): its head is copied too, unless
+            // the caller is the outermost frame (a program's main module, which outlives it).
+            // Copied once the walk is done; frames learn their copy's index there (`snap`).
+            // SAFETY: reads of fields written by earlier steps.
+            let (callee, outer) = unsafe {
+                (
+                    core::ptr::read_volatile(&w.callee),
+                    core::ptr::read_volatile(&w.next) == 0,
+                )
+            };
+            let k = w.snaps as usize;
+            if CALLEES && once != 0 && callee != 0 && !outer && k < PY_CODE_SNAPS {
+                w.snap_code[k & (PY_CODE_SNAPS - 1)] = callee;
+                w.snap_at[k & (PY_CODE_SNAPS - 1)] = w.callee_at;
+                w.snaps = k as u32 + 1;
+            }
+            // Read back from memory: a count carried over in a register lets the compiler join
+            // the two tests in a way older verifiers follow into impossible bounds.
+            // SAFETY: a read of the field written above.
+            let k = unsafe { core::ptr::read_volatile(&w.snaps) } as usize;
+            if (k == 0 || once != 0) && k < PY_CODE_SNAPS {
+                w.snap_code[k & (PY_CODE_SNAPS - 1)] = code;
+                w.snap_at[k & (PY_CODE_SNAPS - 1)] = i as u32;
+                w.snaps = k as u32 + 1;
+                w.callee = 0;
+            } else {
+                w.callee = code;
+                w.callee_at = i as u32;
+            }
         }
     }
     // SAFETY: a read of the field written above.

@@ -453,15 +453,22 @@ impl Collector {
             } => {
                 self.profile.task_born(child_pid, child_tid, t_ms);
                 if child_pid == child_tid && child_pid != e.pid {
-                    // A new process: nothing known about the pid before is valid.
-                    self.forget_process(child_pid);
+                    // A new process: nothing known about the pid before is valid, unless it
+                    // was looked at after the fork.
+                    if !self.known_since(child_pid, e.time_ns) {
+                        self.forget_process(child_pid);
+                    }
                     self.children.push(child_pid);
                 }
             }
             EventKind::Exec => {
                 self.profile.exec(e.pid, t_ms);
-                self.forget_process(e.pid);
-                self.execs.push(e.pid);
+                // A process looked at after this exec (a new one is looked at before its first
+                // records are read) is known as the new program already.
+                if !self.known_since(e.pid, e.time_ns) {
+                    self.forget_process(e.pid);
+                    self.execs.push(e.pid);
+                }
             }
             EventKind::Exit { group_dead } => {
                 if let Some(t) = self
@@ -641,6 +648,18 @@ impl Collector {
             .or_insert_with(|| Process::new(pid, ""));
         proc.reload_maps(elves);
         self.python.try_add(proc, young)
+    }
+
+    /// Whether `pid` was looked at (its mappings read) after `ns`.
+    fn known_since(&self, pid: u32, ns: u64) -> bool {
+        self.procs.get(&pid).is_some_and(|p| p.maps_read_ns() > ns)
+    }
+
+    /// Looks again at a process profiled while its runtime was starting
+    /// (`PythonRegistry::refresh`).
+    pub fn refresh_python(&mut self, pid: u32) -> Option<profiler_common::PyProcConfig> {
+        let proc = self.procs.get(&pid)?;
+        self.python.refresh(proc)
     }
 
     /// Ends the run at `end_ns`: closes every timeline, sorts samples, builds markers.

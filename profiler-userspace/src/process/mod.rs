@@ -173,6 +173,11 @@ impl Process {
         }
     }
 
+    /// When the mappings were last read (`CLOCK_MONOTONIC` ns, 0: never).
+    pub fn maps_read_ns(&self) -> u64 {
+        self.maps_read_ns
+    }
+
     pub fn reload_maps(&mut self, elves: &mut ElfCache) {
         self.maps_read_at = Some(Instant::now());
         self.maps_read_ns = monotonic_ns();

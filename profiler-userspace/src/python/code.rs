@@ -149,10 +149,20 @@ pub struct Types {
 /// `<module>`, `<lambda>`, `<locals>`... Anything else read from a target is garbage (freed and
 /// reused memory, a torn read) and is never shown.
 pub fn plausible_name(s: &str) -> bool {
+    // Spaces only inside `<...>`: the interpreter's own names (`<generic parameters of Box>`,
+    // 3.12+ type parameter scopes; `<interpreter trampoline>`).
+    let mut depth = 0u32;
     !s.is_empty()
         && s.len() <= MAX_STR
-        && s.chars()
-            .all(|c| c.is_alphanumeric() || matches!(c, '_' | '.' | '<' | '>' | '-' | '$'))
+        && s.chars().all(|c| {
+            match c {
+                '<' => depth += 1,
+                '>' => depth = depth.saturating_sub(1),
+                ' ' => return depth > 0,
+                _ => {}
+            }
+            c.is_alphanumeric() || matches!(c, '_' | '.' | '<' | '>' | '-' | '$')
+        })
 }
 
 /// A file name as shown: no control characters and no replacement characters.
@@ -523,10 +533,21 @@ mod tests {
             "<module>",
             "outer.<locals>.<lambda>",
             "__init__",
+            "<generic parameters of Box>",
+            "Box.<generic parameters of get>",
         ] {
             assert!(plausible_name(good), "{good:?}");
         }
-        for bad in ["", "\0", "a\u{1}b", "f\u{fffd}", "two words", "x\ny"] {
+        for bad in [
+            "",
+            "\0",
+            "a\u{1}b",
+            "f\u{fffd}",
+            "two words",
+            "x\ny",
+            "<a> b",
+            "a <b>",
+        ] {
             assert!(!plausible_name(bad), "{bad:?}");
         }
         assert!(plausible_file("/srv/app/é.py") && plausible_file("<frozen importlib._bootstrap>"));

@@ -387,6 +387,7 @@ impl Layout {
             code_qualname: self.code_qualname.unwrap_or(self.code_name) as u32,
             code_filename: self.code_filename as u32,
             _pad: 0,
+            interp_head: 0,
         }
     }
 

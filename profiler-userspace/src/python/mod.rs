@@ -116,6 +116,9 @@ pub struct PyProcess {
     /// Address of `PyUnicode_Type` (0 if unknown): a string read from the target must be one.
     str_type: u64,
     pub config: PyProcConfig,
+    /// Whether the runtime had its interpreter (and GIL) when last looked at. Until then the
+    /// BPF side finds the interpreter itself (`PyProcConfig::interp_head`) and no GIL is read.
+    pub ready: bool,
     /// Host tid -> thread state, as last pushed to the BPF map.
     pub threads: HashMap<u32, u64>,
     /// Code objects by address, with the epoch they were last validated in.
@@ -231,16 +234,28 @@ impl PyProcess {
                     }
                 }
             }
+            // A runtime still starting (no interpreter or GIL yet) is profiled already: the BPF
+            // side reads the interpreter from the runtime until it is looked at again.
             let interp = remote.u64(runtime + layout.interp_head).unwrap_or(0);
-            if interp == 0 {
-                return Err(NotPython::NotReady);
+            let gil = match interp {
+                0 => Err(NotPython::NotReady),
+                _ => gil_words(&layout, runtime, interp, |a| remote.u64(a)),
+            };
+            let ready = gil.is_ok();
+            let gil = match gil {
+                Ok(g) => g,
+                Err(NotPython::NotReady) => None,
+                Err(e) => return Err(e),
+            };
+            let gc = layout.gc_collecting_runtime.map(|o| runtime + o).or(layout
+                .gc_collecting_interp
+                .filter(|_| interp != 0)
+                .map(|o| interp + o));
+            let mut config = layout.proc_config(gil, gc, addr("_Py_NoneStruct"), interp);
+            if !ready {
+                config.interp = 0;
+                config.interp_head = runtime + layout.interp_head;
             }
-            let gil = gil_words(&layout, runtime, interp, |a| remote.u64(a))?;
-            let gc = layout
-                .gc_collecting_runtime
-                .map(|o| runtime + o)
-                .or(layout.gc_collecting_interp.map(|o| interp + o));
-            let config = layout.proc_config(gil, gc, addr("_Py_NoneStruct"), interp);
             return Ok(PyProcess {
                 pid: proc.pid,
                 label: format!(
@@ -255,6 +270,7 @@ impl PyProcess {
                 code_type: addr("PyCode_Type"),
                 str_type: addr("PyUnicode_Type"),
                 config,
+                ready,
                 threads: HashMap::new(),
                 codes: FxHashMap::default(),
                 retired: FxHashMap::default(),
@@ -392,12 +408,18 @@ impl PyProcess {
         }
         for (&i, head) in stale.iter().zip(heads) {
             let a = addrs[i];
-            let Some(head) = head.filter(|h| !code::freed(h)) else {
-                // Nothing can be read there now, or only a freed object: the memory went back
-                // to the system or the allocator, or the process has exited (its last records
-                // are read after it). The last object known at the address is what ran there;
-                // a copy of the head taken at the sample, where there is one, is checked
-                // against it.
+            let code_type = self.code_type;
+            let Some(head) = head.filter(|h| {
+                !code::freed(h)
+                    && (code_type == 0
+                        || code::ident(&self.layout, h).is_some_and(|id| id[0] == code_type))
+            }) else {
+                // Nothing can be read there now, or no code object: the memory went back to
+                // the system or the allocator, or holds another kind of object now, or the
+                // process has exited (its last records are read after it). The last code
+                // object known at the address is what ran there (a module body that ended
+                // moments ago); a copy of the head taken at the sample, where there is one, is
+                // checked against it. Only another code object there ends what is known.
                 out[i] = self.codes.get(&a).map(|(c, _)| c.clone());
                 continue;
             };
@@ -667,6 +689,16 @@ pub fn maps_mention_python(pid: u32) -> bool {
         .unwrap_or(false)
 }
 
+/// Whether `pid`'s executable is a Python interpreter by its name (a link read, far cheaper
+/// than its mappings: it decides whether a process that just exec'd is watched closely).
+pub fn exe_mentions_python(pid: u32) -> bool {
+    std::fs::read_link(format!("/proc/{pid}/exe")).is_ok_and(|p| {
+        p.file_name()
+            .and_then(|f| f.to_str())
+            .is_some_and(|f| f.starts_with("python"))
+    })
+}
+
 impl PythonRegistry {
     pub fn new(show_internal: bool) -> PythonRegistry {
         PythonRegistry {
@@ -752,6 +784,22 @@ impl PythonRegistry {
         self.procs.contains_key(&pid)
     }
 
+    /// Whether `pid` is profiled with the runtime still starting (see `PyProcess::ready`).
+    pub fn starting(&self, pid: u32) -> bool {
+        self.procs.get(&pid).is_some_and(|p| !p.ready)
+    }
+
+    /// Looks again at a process whose runtime was still starting: its configuration once the
+    /// runtime has its interpreter and GIL (what was learnt of its code stays).
+    pub fn refresh(&mut self, proc: &Process) -> Option<PyProcConfig> {
+        let p = self.procs.get_mut(&proc.pid).filter(|p| !p.ready)?;
+        let now = PyProcess::discover(proc).ok().filter(|n| n.ready)?;
+        log::info!("pid {}: Python {} runtime ready", proc.pid, p.version);
+        p.config = now.config;
+        p.ready = true;
+        Some(p.config)
+    }
+
     /// The known Python processes.
     pub fn pids(&self) -> Vec<u32> {
         self.procs.keys().copied().collect()
@@ -809,14 +857,23 @@ impl PythonRegistry {
 
         // Innermost first from BPF: group into activations (shims and entry flags delimit).
         let activation_rule = p.layout.activations;
-        let real: Vec<(usize, bool)> = s
-            .py_frames
+        // A chain read while the eval loop links a new frame may run into stack garbage (3.11
+        // and 3.12 make a new `_PyCFrame` current before they set its frame): a code pointer no
+        // object can have ends the chain there, and nothing after it is believed.
+        let torn = s.py_frames.iter().position(|f| {
+            !p.layout.is_shim(f.flags as u8, f.code, p.none_addr)
+                && (f.code & 7 != 0 || f.code < 0x10000 || f.code >> 47 != 0)
+        });
+        if torn.is_some() {
+            out.count(PyEvent::ReadFailed);
+        }
+        let py_frames = &s.py_frames[..torn.unwrap_or(s.py_frames.len())];
+        let real: Vec<(usize, bool)> = py_frames
             .iter()
             .enumerate()
             .map(|(i, f)| (i, p.layout.is_shim(f.flags as u8, f.code, p.none_addr)))
             .collect();
-        let addrs: Vec<u64> = s
-            .py_frames
+        let addrs: Vec<u64> = py_frames
             .iter()
             .zip(&real)
             .filter(|(_, r)| !r.1)
@@ -833,7 +890,7 @@ impl PythonRegistry {
 
         let mut activations: Vec<Vec<FrameRef>> = Vec::new();
         let mut cur: Vec<FrameRef> = Vec::new(); // innermost first
-        for (f, (_, shim)) in s.py_frames.iter().zip(&real) {
+        for (f, (_, shim)) in py_frames.iter().zip(&real) {
             if *shim {
                 if !cur.is_empty() {
                     activations.push(std::mem::take(&mut cur));

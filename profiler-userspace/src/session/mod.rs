@@ -100,7 +100,9 @@ pub struct Session<T: Targets> {
     scope: Scope,
     /// Processes that exec'd or forked during an --all/--all-pythons run, looked at on every
     /// tick for a while.
-    pending: Vec<(u32, Instant)>,
+    /// With each: since when, and whether it is looked at every `YOUNG_TICK` (see
+    /// `awaiting_young`).
+    pending: Vec<(u32, Instant, bool)>,
     /// Processes the scan found not to be Python, with the scan that looked.
     not_python: std::collections::HashMap<u32, u64>,
     scans: u64,
@@ -189,23 +191,25 @@ impl<T: Targets> Session<T> {
         self.collector.settle_sched(&snapshot, now_ns);
     }
 
-    /// Whether a process that has just started is still waiting to be found (see `YOUNG_TICK`).
+    /// Whether a process that has just started is still waiting to be found (see `YOUNG_TICK`):
+    /// the launched command, and a process that exec'd a Python interpreter. Not forks: a fork
+    /// of a Python process is found whole at once, and one of anything else is not Python.
     pub fn awaiting_young(&self) -> bool {
         let python = &self.collector.python;
-        let waiting =
-            |pid: u32| !python.contains(pid) && !python.known_not_python(pid) && alive(pid);
+        let waiting = |pid: u32| {
+            (!python.contains(pid) || python.starting(pid))
+                && !python.known_not_python(pid)
+                && alive(pid)
+        };
         self.pending
             .iter()
-            .any(|&(pid, since)| since.elapsed() < YOUNG && waiting(pid))
-            || self.scope.explicit.iter().any(|&pid| {
-                waiting(pid) && crate::python::process_age(pid).is_some_and(|a| a < YOUNG)
-            })
+            .any(|&(pid, since, fast)| fast && since.elapsed() < YOUNG && waiting(pid))
     }
 
     /// A process started now (the launched command, released to exec): looked at every
     /// `YOUNG_TICK` until found.
     pub fn started(&mut self, pid: u32) {
-        self.pending.push((pid, Instant::now()));
+        self.pending.push((pid, Instant::now(), true));
     }
 
     /// Looks at the processes that have just started, then reads the records waiting (exec
@@ -230,14 +234,15 @@ impl<T: Targets> Session<T> {
             self.not_python.remove(&pid);
             if everything && !self.scope.explicit.contains(&pid) && self.pending.len() < MAX_PENDING
             {
-                self.pending.push((pid, Instant::now()));
+                self.pending
+                    .push((pid, Instant::now(), crate::python::exe_mentions_python(pid)));
             }
         }
         for pid in children {
             if self.scope.subprocesses && !self.scope.explicit.contains(&pid) {
                 self.scope.explicit.push(pid);
             } else if everything && self.pending.len() < MAX_PENDING {
-                self.pending.push((pid, Instant::now()));
+                self.pending.push((pid, Instant::now(), false));
             }
         }
     }
@@ -260,15 +265,20 @@ impl<T: Targets> Session<T> {
         let python = &self.collector.python;
         // Pending processes stay until found, known not to be Python, gone, or two seconds old
         // (the periodic scan looks at them from then on).
-        self.pending.retain(|&(pid, since)| {
-            !python.contains(pid)
+        self.pending.retain(|&(pid, since, _)| {
+            (!python.contains(pid) || python.starting(pid))
                 && !python.finally_not_python(pid)
                 && since.elapsed() < Duration::from_secs(2)
                 && alive(pid)
         });
         let mut candidates: Vec<(u32, bool)> =
             self.scope.explicit.iter().map(|&p| (p, false)).collect();
-        candidates.extend(self.pending.iter().map(|p| (p.0, false)));
+        candidates.extend(
+            self.pending
+                .iter()
+                .filter(|p| !self.scope.explicit.contains(&p.0))
+                .map(|p| (p.0, false)),
+        );
         if scan && (self.scope.all || self.scope.all_pythons) {
             self.scans += 1;
             let pids = list_pids();
@@ -290,6 +300,24 @@ impl<T: Targets> Session<T> {
         let mut found = Vec::new();
         for (pid, scanned) in candidates {
             let python = &self.collector.python;
+            if python.starting(pid) {
+                // Profiled while its runtime starts: its full configuration once it has one
+                // (looked for while it is young, then on each scan: an application may load
+                // Python and start it much later).
+                let due = scan
+                    || self.pending.iter().any(|p| p.0 == pid)
+                    || crate::python::process_age(pid).is_some_and(|a| a < YOUNG);
+                if !due {
+                    continue;
+                }
+                if let Some(cfg) = self.collector.refresh_python(pid) {
+                    if let Err(e) = self.targets.set_py_proc(pid, &cfg) {
+                        log::warn!("pid {pid}: {e}");
+                    }
+                    found.push(pid);
+                }
+                continue;
+            }
             if python.contains(pid) || python.known_not_python(pid) {
                 continue;
             }
@@ -303,7 +331,7 @@ impl<T: Targets> Session<T> {
             let young = self
                 .pending
                 .iter()
-                .any(|&(p, since)| p == pid && since.elapsed() < YOUNG)
+                .any(|&(p, since, _)| p == pid && since.elapsed() < YOUNG)
                 || (self.scope.explicit.contains(&pid)
                     && crate::python::process_age(pid).is_some_and(|a| a < YOUNG));
             if let Some(cfg) = self.collector.try_python(pid, young) {

@@ -107,12 +107,16 @@ fn tick_until(s: &mut Session<FakeTargets>, what: &str, done: impl Fn(&FakeTarge
 }
 
 fn event(kind: u32, pid: u32, arg0: u64, arg1: u64) -> Vec<u8> {
+    event_at(kind, pid, arg0, arg1, crate::collect::monotonic_ns())
+}
+
+fn event_at(kind: u32, pid: u32, arg0: u64, arg1: u64, time_ns: u64) -> Vec<u8> {
     let e = EventRecord {
         kind,
         cpu: 0,
         pid,
         tid: pid,
-        time_ns: crate::collect::monotonic_ns(),
+        time_ns,
         arg0,
         arg1,
         comm: *b"python3\0\0\0\0\0\0\0\0\0",
@@ -179,6 +183,26 @@ fn exec_forgets_the_old_program_and_all_pythons_finds_it_again() {
     for _ in 0..3 {
         s.tick(&mut VecDeque::new());
     }
+    assert!(s.targets.procs.contains(&pid));
+    assert_eq!(s.targets.threads_of(pid).len(), 2);
+}
+
+/// A process that has just started is looked at before the records waiting for it are read
+/// (`Session::tick_young`): its own exec (or fork), read afterwards, is no news.
+#[test]
+fn an_exec_from_before_a_process_was_looked_at_changes_nothing() {
+    let exec_ns = crate::collect::monotonic_ns();
+    let py = Py::start();
+    let pid = py.pid();
+    let mut s = session(Scope {
+        explicit: vec![pid],
+        ..Scope::default()
+    });
+    assert!(s.targets.procs.contains(&pid));
+    s.drain(&mut VecDeque::from([
+        event_at(RECORD_EXEC, pid, 0, 0, exec_ns),
+        event_at(RECORD_FORK, 1, pid as u64, pid as u64, exec_ns),
+    ]));
     assert!(s.targets.procs.contains(&pid));
     assert_eq!(s.targets.threads_of(pid).len(), 2);
 }
