@@ -145,18 +145,21 @@ impl Process {
 
     /// Re-reads the mappings if they were never read, or if `addr` is in no known module and
     /// they may not show it yet: read before the sample (`sample_ns`) was taken when `addr` is in
-    /// no mapping at all (something was mapped since), `REFRESH_MIN` ago when it is in an
-    /// anonymous one (JIT code).
+    /// no mapping at all or in one that was not executable (something was mapped since),
+    /// `REFRESH_MIN` ago when it is in an anonymous one (JIT code).
     pub fn ensure_maps(&mut self, addr: u64, sample_ns: u64, elves: &mut ElfCache) {
         let stale = match self.maps_read_at {
             None => true,
             Some(t) if self.module_for(addr).is_none() => {
-                let mapped = self
+                let mapping = self
                     .mappings
                     .iter()
-                    .any(|m| m.start <= addr && addr < m.end);
-                if mapped {
-                    t.elapsed() >= REFRESH_MIN
+                    .find(|m| m.start <= addr && addr < m.end);
+                if let Some(m) = mapping {
+                    // Code runs from an executable mapping: one that was not when read is a
+                    // library the loader was still mapping (it maps the whole file first,
+                    // then its segments).
+                    t.elapsed() >= REFRESH_MIN || (!m.exec && self.maps_read_ns < sample_ns)
                 } else {
                     // In no mapping read so far: a library loaded since (an import that
                     // `dlopen`s an extension), if the mappings were read before the sample was
