@@ -39,10 +39,18 @@ pub fn unicode_from_copy(layout: &Layout, addr: u64, copy: &[u8], str_type: u64)
 
 /// Whether an object's head (`head` starts at its reference count) is that of a freed object:
 /// the allocator keeps its free list in the first word, so a freed block holds a pointer there
-/// (or 0 at the list's end), never a count a live object can have (below 2^32 on every supported
-/// version, immortal objects included).
-pub fn freed(head: &[u8]) -> bool {
-    le_u64(head, 0).is_none_or(|refs| refs == 0 || refs >> 32 != 0)
+/// (or 0 at the list's end), never a count a live object can have. Up to 3.13 a live count is
+/// below 2^32 (immortal objects included). From 3.14 the word is a 32-bit count, a 16-bit
+/// overflow count (0 unless an object has over 2^32 references) and 16 bits of flags (set on
+/// static and immortal objects); a pointer fills the overflow bits instead.
+pub fn freed(layout: &Layout, head: &[u8]) -> bool {
+    le_u64(head, 0).is_none_or(|word| {
+        if layout.minor >= 14 {
+            word & 0xffff_ffff == 0 || (word >> 32) & 0xffff != 0
+        } else {
+            word == 0 || word >> 32 != 0
+        }
+    })
 }
 
 /// Decodes a `str` object whose head is `head` (read at `addr`), reading its characters with
@@ -55,7 +63,7 @@ fn decode_unicode(
     fetch: impl Fn(u64, usize) -> Option<Vec<u8>>,
 ) -> Option<String> {
     // Memory that was a string when the sample was taken may be anything now.
-    if freed(head) || (str_type != 0 && le_u64(head, 8)? != str_type) {
+    if freed(layout, head) || (str_type != 0 && le_u64(head, 8)? != str_type) {
         return None;
     }
     let length = le_u64(head, 16)? as usize;
@@ -226,7 +234,7 @@ pub fn read_code(
     let id = ident(layout, head)?;
     // A freed code object keeps its type word for a while, with pointers to strings that may
     // be freed and reused too.
-    if freed(head) || (types.code != 0 && id[0] != types.code) {
+    if freed(layout, head) || (types.code != 0 && id[0] != types.code) {
         return None;
     }
     let name_ptr = layout
@@ -590,6 +598,19 @@ mod tests {
         let mut immortal = make(b"run");
         immortal[0..8].copy_from_slice(&0xffff_ffffu64.to_le_bytes());
         assert!(read_unicode(&me, &l, immortal.as_ptr() as u64, 0x5555).is_some());
+        // 3.14 keeps flags in the word's top 16 bits (a static string here); a free-list
+        // pointer fills the overflow bits below them.
+        let l14 = crate::python::layout::builtin(14).unwrap();
+        let word = |w: u64| {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&w.to_le_bytes());
+            b
+        };
+        assert!(!freed(&l14, &word((1 << 50) | (3 << 30))));
+        assert!(!freed(&l14, &word(1)));
+        assert!(freed(&l14, &word(0x7f12_3456_7890)));
+        assert!(freed(&l14, &word(0)));
+        assert!(freed(&l, &word((1 << 50) | 1)));
     }
 
     /// A file name copied at the sample: read from the copy when it holds the whole string;

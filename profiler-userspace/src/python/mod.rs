@@ -410,7 +410,7 @@ impl PyProcess {
             let a = addrs[i];
             let code_type = self.code_type;
             let Some(head) = head.filter(|h| {
-                !code::freed(h)
+                !code::freed(&self.layout, h)
                     && (code_type == 0
                         || code::ident(&self.layout, h).is_some_and(|id| id[0] == code_type))
             }) else {
