@@ -218,7 +218,7 @@ impl<T: Targets> Session<T> {
         // Found first: the records of a new process are the slowest to handle (its libraries'
         // unwind tables and symbols are loaded), and those taken after it is found carry
         // Python frames.
-        self.discover(false, false);
+        self.discover_among(false, false, true);
         self.drain(source);
     }
 
@@ -261,6 +261,12 @@ impl<T: Targets> Session<T> {
     /// process for --all/--all-pythons), and with `refresh_threads` keeps each Python process's
     /// thread map in the BPF program current (new processes' maps are installed at once).
     fn discover(&mut self, scan: bool, refresh_threads: bool) {
+        self.discover_among(scan, refresh_threads, false);
+    }
+
+    /// `discover`, over the processes `awaiting_young` watches only when `young_only`: the
+    /// every-millisecond look reads the mappings of those alone.
+    fn discover_among(&mut self, scan: bool, refresh_threads: bool, young_only: bool) {
         let me = std::process::id();
         let python = &self.collector.python;
         // Pending processes stay until found, known not to be Python, gone, or two seconds old
@@ -271,12 +277,16 @@ impl<T: Targets> Session<T> {
                 && since.elapsed() < Duration::from_secs(2)
                 && alive(pid)
         });
-        let mut candidates: Vec<(u32, bool)> =
-            self.scope.explicit.iter().map(|&p| (p, false)).collect();
+        let mut candidates: Vec<(u32, bool)> = if young_only {
+            Vec::new()
+        } else {
+            self.scope.explicit.iter().map(|&p| (p, false)).collect()
+        };
         candidates.extend(
             self.pending
                 .iter()
-                .filter(|p| !self.scope.explicit.contains(&p.0))
+                .filter(|p| !young_only || (p.2 && p.1.elapsed() < YOUNG))
+                .filter(|p| young_only || !self.scope.explicit.contains(&p.0))
                 .map(|p| (p.0, false)),
         );
         if scan && (self.scope.all || self.scope.all_pythons) {
