@@ -33,6 +33,8 @@ pub struct Collector {
     pub python: PythonRegistry,
     start_ns: u64,
     /// Processes that exec'd since the caller last looked (their Python state is stale).
+    /// The command this run launched (`Session::started`).
+    pub launched: Option<u32>,
     execs: Vec<u32>,
     /// New child processes of targets since the caller last looked.
     children: Vec<u32>,
@@ -150,6 +152,7 @@ impl Collector {
             kernel_frames: FxHashMap::default(),
             python,
             start_ns,
+            launched: None,
             execs: Vec::new(),
             children: Vec::new(),
             uncaptured: None,
@@ -453,19 +456,16 @@ impl Collector {
             } => {
                 self.profile.task_born(child_pid, child_tid, t_ms);
                 if child_pid == child_tid && child_pid != e.pid {
-                    // A new process: nothing known about the pid before is valid, unless it
-                    // was looked at after the fork.
-                    if !self.known_since(child_pid, e.time_ns) {
-                        self.forget_process(child_pid);
-                    }
+                    // A new process: nothing known about the pid before is valid.
+                    self.forget_process(child_pid);
                     self.children.push(child_pid);
                 }
             }
             EventKind::Exec => {
                 self.profile.exec(e.pid, t_ms);
-                // A process looked at after this exec (a new one is looked at before its first
-                // records are read) is known as the new program already.
-                if !self.known_since(e.pid, e.time_ns) {
+                // The launched command is looked at before its first records are read: if that
+                // was after this exec, it is known as the new program already.
+                if self.launched != Some(e.pid) || !self.known_since(e.pid, e.time_ns) {
                     self.forget_process(e.pid);
                     self.execs.push(e.pid);
                 }

@@ -146,13 +146,12 @@ impl<T: Targets> Session<T> {
     /// and now and then the sweep of dead processes.
     pub fn tick(&mut self, source: &mut impl RecordSource) {
         self.ticks += 1;
-        // Processes first (see `tick_young`), then the records: they do not wake the reader
-        // until the buffer fills up a good part, so they are polled.
+        // Records do not wake the reader until the buffer fills up a good part: poll.
+        self.drain(source);
         self.discover(
             self.ticks.is_multiple_of(SCAN_TICKS),
             self.ticks.is_multiple_of(THREAD_TICKS),
         );
-        self.drain(source);
         if self.ticks.is_multiple_of(SWEEP_TICKS) {
             self.collector.sweep();
         }
@@ -210,6 +209,7 @@ impl<T: Targets> Session<T> {
     /// `YOUNG_TICK` until found.
     pub fn started(&mut self, pid: u32) {
         self.pending.push((pid, Instant::now(), true));
+        self.collector.launched = Some(pid);
     }
 
     /// Looks at the processes that have just started, then reads the records waiting (exec

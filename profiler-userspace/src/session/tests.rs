@@ -187,10 +187,10 @@ fn exec_forgets_the_old_program_and_all_pythons_finds_it_again() {
     assert_eq!(s.targets.threads_of(pid).len(), 2);
 }
 
-/// A process that has just started is looked at before the records waiting for it are read
-/// (`Session::tick_young`): its own exec (or fork), read afterwards, is no news.
+/// The launched command is looked at before the records waiting for it are read
+/// (`Session::tick_young`): its own exec, read afterwards, is no news.
 #[test]
-fn an_exec_from_before_a_process_was_looked_at_changes_nothing() {
+fn an_exec_from_before_the_launched_command_was_looked_at_changes_nothing() {
     let exec_ns = crate::collect::monotonic_ns();
     let py = Py::start();
     let pid = py.pid();
@@ -199,10 +199,14 @@ fn an_exec_from_before_a_process_was_looked_at_changes_nothing() {
         ..Scope::default()
     });
     assert!(s.targets.procs.contains(&pid));
-    s.drain(&mut VecDeque::from([
-        event_at(RECORD_EXEC, pid, 0, 0, exec_ns),
-        event_at(RECORD_FORK, 1, pid as u64, pid as u64, exec_ns),
-    ]));
+    s.started(pid);
+    s.drain(&mut VecDeque::from([event_at(
+        RECORD_EXEC,
+        pid,
+        0,
+        0,
+        exec_ns,
+    )]));
     assert!(s.targets.procs.contains(&pid));
     assert_eq!(s.targets.threads_of(pid).len(), 2);
 }
