@@ -562,6 +562,18 @@ mod tests {
         assert!(!plausible_file("a\0.py") && !plausible_file("\u{fffd}.py") && !plausible_file(""));
     }
 
+    /// A live compact ASCII str object of type 0x5555 holding `text`, as 3.12 lays it out.
+    fn ascii_str(l: &Layout, text: &[u8]) -> Vec<u8> {
+        let mut b = vec![0u8; l.unicode_ascii_data + text.len() + 1];
+        b[0..8].copy_from_slice(&1u64.to_le_bytes());
+        b[8..16].copy_from_slice(&0x5555u64.to_le_bytes());
+        b[16..24].copy_from_slice(&(text.len() as u64).to_le_bytes());
+        // kind 1, compact, ascii
+        b[32..36].copy_from_slice(&((1u32 << 2) | (1 << 5) | (1 << 6)).to_le_bytes());
+        b[l.unicode_ascii_data..l.unicode_ascii_data + text.len()].copy_from_slice(text);
+        b
+    }
+
     /// A compact ASCII str object laid out in this process's memory, read back as from a
     /// target: only an object of the given type, with bytes that agree with its flags, reads.
     #[test]
@@ -570,16 +582,7 @@ mod tests {
         let me = Remote {
             pid: std::process::id(),
         };
-        let make = |text: &[u8]| {
-            let mut b = vec![0u8; l.unicode_ascii_data + text.len() + 1];
-            b[0..8].copy_from_slice(&1u64.to_le_bytes());
-            b[8..16].copy_from_slice(&0x5555u64.to_le_bytes());
-            b[16..24].copy_from_slice(&(text.len() as u64).to_le_bytes());
-            // kind 1, compact, ascii
-            b[32..36].copy_from_slice(&((1u32 << 2) | (1 << 5) | (1 << 6)).to_le_bytes());
-            b[l.unicode_ascii_data..l.unicode_ascii_data + text.len()].copy_from_slice(text);
-            b
-        };
+        let make = |text: &[u8]| ascii_str(&l, text);
         let ok = make(b"run");
         assert_eq!(
             read_unicode(&me, &l, ok.as_ptr() as u64, 0x5555).as_deref(),
@@ -601,11 +604,7 @@ mod tests {
         // 3.14 keeps flags in the word's top 16 bits (a static string here); a free-list
         // pointer fills the overflow bits below them.
         let l14 = crate::python::layout::builtin(14).unwrap();
-        let word = |w: u64| {
-            let mut b = [0u8; 8];
-            b.copy_from_slice(&w.to_le_bytes());
-            b
-        };
+        let word = u64::to_le_bytes;
         assert!(!freed(&l14, &word((1 << 50) | (3 << 30))));
         assert!(!freed(&l14, &word(1)));
         assert!(freed(&l14, &word(0x7f12_3456_7890)));
@@ -622,15 +621,7 @@ mod tests {
         let me = Remote {
             pid: std::process::id(),
         };
-        let make = |text: &[u8]| {
-            let mut b = vec![0u8; l.unicode_ascii_data + text.len() + 1];
-            b[0..8].copy_from_slice(&1u64.to_le_bytes());
-            b[8..16].copy_from_slice(&0x5555u64.to_le_bytes());
-            b[16..24].copy_from_slice(&(text.len() as u64).to_le_bytes());
-            b[32..36].copy_from_slice(&((1u32 << 2) | (1 << 5) | (1 << 6)).to_le_bytes());
-            b[l.unicode_ascii_data..l.unicode_ascii_data + text.len()].copy_from_slice(text);
-            b
-        };
+        let make = |text: &[u8]| ascii_str(&l, text);
         let short = make(b"/srv/app/views.py");
         let file =
             |at: &[u8], copy: &[u8]| file_name(&me, &l, at.as_ptr() as u64, Some(copy), 0x5555);
