@@ -50,6 +50,9 @@ pub const SAMPLE_KERNEL_MODE: u32 = 1 << 0;
 /// The user stack copy stopped before `--stack-size` because a chunk faulted (normal near the
 /// top of the stack).
 pub const SAMPLE_USTACK_SHORT: u32 = 1 << 1;
+/// The user stack copy stepped over pages that were never touched (a function reserved a
+/// large buffer it did not fill, such as OpenBLAS's kernels): they read as zeros.
+pub const SAMPLE_USTACK_HOLE: u32 = 1 << 9;
 /// No user registers could be read (kernel thread, or the task's registers were unreadable).
 pub const SAMPLE_NO_USER: u32 = 1 << 2;
 /// The process is a known Python process and the thread has a thread state.
@@ -85,7 +88,8 @@ pub mod names {
     pub const MAP_SCHED: &str = "SCHED";
     pub const MAP_SCHED_NEW: &str = "SCHED_NEW";
     pub const MAP_SAMPLES: &str = "SAMPLES";
-    pub const MAPS: [&str; 11] = [
+    pub const MAP_STACK_TOPS: &str = "STACK_TOPS";
+    pub const MAPS: [&str; 12] = [
         MAP_CONFIG,
         MAP_TARGETS,
         MAP_PY_PROCS,
@@ -97,6 +101,7 @@ pub mod names {
         MAP_SCHED,
         MAP_SCHED_NEW,
         MAP_SAMPLES,
+        MAP_STACK_TOPS,
     ];
 
     /// The sampler: modern kernels (bpf_loop, bpf_task_pt_regs), and compat (5.10 on).

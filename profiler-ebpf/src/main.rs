@@ -46,7 +46,7 @@ use aya_ebpf::{
         },
     },
     macros::{btf_tracepoint, map, perf_event},
-    maps::{Array, HashMap, PerCpuArray, RingBuf},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
     programs::{BtfTracePointContext, PerfEventContext},
     EbpfContext,
 };
@@ -88,6 +88,11 @@ static SCHED: HashMap<u64, ThreadSched> = HashMap::with_max_entries(65536, 0);
 /// rest of the switch program).
 #[map]
 static SCHED_NEW: PerCpuArray<ThreadSched> = PerCpuArray::with_max_entries(1, 0);
+/// `thread_key(pid, tid)` -> the end of the thread's stack mapping, for the threads whose copy
+/// stopped at a page never touched below their frames (see the copy in `finish_sample`); user
+/// space adds them.
+#[map]
+static STACK_TOPS: LruHashMap<u64, u64> = LruHashMap::with_max_entries(16384, 0);
 /// Sample records. Userspace sets the size at load time.
 #[map]
 static SAMPLES: RingBuf = RingBuf::with_byte_size(1 << 24, 0);
@@ -494,6 +499,7 @@ pub fn tachyon_exit(_ctx: BtfTracePointContext) -> u32 {
     event(RECORD_EXIT, pid, tid, now, group_dead, 0);
     // A thread state the BPF side found itself (`thread_state`) is not user space's to remove.
     let _ = PY_THREADS.remove(thread_key(pid, tid));
+    let _ = STACK_TOPS.remove(key);
     if group_dead != 0 && cfg.all == 0 {
         // The pid may be reused by an unrelated program.
         let _ = TARGETS.remove(pid);
@@ -861,11 +867,17 @@ fn capture<const MODERN: bool>(
     hdr.py_snaps = snaps as u32;
     let area =
         SampleHeader::SIZE + py_len * core::mem::size_of::<PyFrame>() + snaps * CodeSnap::SIZE;
-    let mut copied: usize = 0;
+    let mut copied_total: usize = 0;
     if flags & SAMPLE_NO_USER == 0 && hdr.sp != 0 {
         let want = cfg.ustack_size as usize;
         let sp = hdr.sp;
+        let mut top: u64 = 0;
         for k in 0..(MAX_USTACK / USTACK_CHUNK) {
+            // Read back through memory: LLVM would otherwise fold the offset into an induction
+            // variable whose bounds the verifier cannot follow.
+            // SAFETY: a local.
+            let copied_now = unsafe { core::ptr::read_volatile(&copied_total) };
+            let copied = copied_now;
             let chunk = if k == 0 {
                 USTACK_CHUNK - (sp as usize & (USTACK_CHUNK - 1))
             } else {
@@ -884,12 +896,26 @@ fn capture<const MODERN: bool>(
                 )
             };
             if r != 0 {
-                flags |= SAMPLE_USTACK_SHORT;
-                break;
+                // A page never touched reads as zeros (the helper clears the chunk) when the
+                // thread's stack is known to go on above it; anywhere else the copy ends.
+                if top == 0 {
+                    // SAFETY: a plain map lookup; the value is copied out at once.
+                    top = unsafe { STACK_TOPS.get(thread_key(hdr.pid, hdr.tid)) }
+                        .copied()
+                        .unwrap_or(1);
+                }
+                if sp + (copied + chunk) as u64 > top {
+                    flags |= SAMPLE_USTACK_SHORT;
+                    break;
+                }
+                flags |= SAMPLE_USTACK_HOLE;
             }
-            copied += chunk;
+            // SAFETY: a local.
+            unsafe { core::ptr::write_volatile(&mut copied_total, copied + chunk) };
         }
     }
+    // SAFETY: a local.
+    let copied = unsafe { core::ptr::read_volatile(&copied_total) };
     hdr.ustack_len = copied as u32;
     hdr.flags = flags;
 

@@ -38,6 +38,9 @@ pub struct Collector {
     execs: Vec<u32>,
     /// New child processes of targets since the caller last looked.
     children: Vec<u32>,
+    /// (pid, tid, end of the stack mapping) of threads whose stack copy stopped at a page never
+    /// touched, below frames it should have reached (`take_stack_tops`).
+    stack_tops: Vec<(u32, u32, u64)>,
     /// `uncaptured_stack` of the current profile, once interned.
     uncaptured: Option<Option<StackId>>,
 }
@@ -155,6 +158,7 @@ impl Collector {
             launched: None,
             execs: Vec::new(),
             children: Vec::new(),
+            stack_tops: Vec::new(),
             uncaptured: None,
         }
     }
@@ -351,11 +355,23 @@ impl Collector {
                 u.frames.truncate(i + 1);
                 u.truncated = true;
             }
+            // The copy ended at a fault below the end of the thread's stack: a page the thread
+            // never touched (a large buffer a function reserved and did not fill). Later copies
+            // of this thread step over such pages up to the stack's end.
+            if u.truncated && s.flags & profiler_common::SAMPLE_USTACK_SHORT != 0 {
+                let copied_to = s.sp + s.stack.len() as u64;
+                if let Some(end) = proc.stack_mapping(s.sp).map(|m| m.end) {
+                    if end > copied_to && proc.stack_tops.insert(s.tid) {
+                        self.stack_tops.push((pid, s.tid, end));
+                    }
+                }
+            }
             u
         } else {
             crate::process::unwind::Unwound {
                 frames: Vec::new(),
                 truncated: false,
+                scanned_from: None,
             }
         };
         // Python frames of this instant, resolved to names and lines.
@@ -379,7 +395,18 @@ impl Collector {
         // assembly kernels): a truncated stack, said so, not a whole one.
         if let Some(PythonFrames { activations, .. }) = &py {
             if !activations.is_empty() && s.flags & profiler_common::SAMPLE_NO_USER == 0 {
-                let evals = native.iter().filter(|(_, n)| is_eval_frame(n)).count();
+                let mut evals = native.iter().filter(|(_, n)| is_eval_frame(n)).count();
+                // A stack scan that skipped eval-loop frames (it found a stale return address
+                // that still leads to the root) is refuted by the interpreter's own frames:
+                // only what the rules unwound is kept.
+                if evals < activations.len() && unwound.scanned_from.is_some() {
+                    unwound.refute_scan();
+                    native.clear();
+                    for uf in unwound.frames.iter().rev() {
+                        native.push(self.native_frame(pid, *uf, native_cat));
+                    }
+                    evals = native.iter().filter(|(_, n)| is_eval_frame(n)).count();
+                }
                 unwound.truncated |= evals < activations.len();
             }
         }
@@ -631,6 +658,12 @@ impl Collector {
             std::mem::take(&mut self.execs),
             std::mem::take(&mut self.children),
         )
+    }
+
+    /// Threads whose stack copies should step over untouched pages, up to the given end, since
+    /// the last call.
+    pub fn take_stack_tops(&mut self) -> Vec<(u32, u32, u64)> {
+        std::mem::take(&mut self.stack_tops)
     }
 
     /// A record that did not decode.

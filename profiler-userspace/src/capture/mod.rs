@@ -434,6 +434,14 @@ impl Capture {
             .map_err(map_err(names::MAP_PY_THREADS))
     }
 
+    pub fn set_stack_top(&mut self, pid: u32, tid: u32, top: u64) -> Result<(), CaptureError> {
+        let mut m: BpfHashMap<_, u64, u64> =
+            BpfHashMap::try_from(self.bpf.map_mut(names::MAP_STACK_TOPS).expect("STACK_TOPS"))
+                .map_err(map_err(names::MAP_STACK_TOPS))?;
+        m.insert(thread_key(pid, tid), top, 0)
+            .map_err(map_err(names::MAP_STACK_TOPS))
+    }
+
     pub fn remove_py_thread(&mut self, pid: u32, tid: u32) {
         if let Ok(mut m) = BpfHashMap::<_, u64, u64>::try_from(
             self.bpf.map_mut(names::MAP_PY_THREADS).expect("PY_THREADS"),

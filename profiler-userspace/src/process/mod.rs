@@ -40,6 +40,15 @@ pub struct Process {
     pub mappings: Vec<Mapping>,
     pub unwinder: UnwinderX86_64<FileBytes>,
     pub cache: CacheX86_64,
+    /// Addresses whose CFI marks them as a thread's outermost frame (`unwind::Walker::walk`
+    /// checks each end of an unwind once); emptied when the modules change.
+    pub roots: rustc_hash::FxHashSet<u64>,
+    /// Stack pointer -> where the scan for a return address above it last succeeded
+    /// (`unwind::Walker::scan`): a loop calls the same kernel from the same depth again and
+    /// again, and the first guess tried is then the right one. A hint only: each is checked.
+    pub scan_hints: rustc_hash::FxHashMap<u64, u64>,
+    /// Threads whose stack end the BPF side was given (`Collector::take_stack_tops`).
+    pub stack_tops: rustc_hash::FxHashSet<u32>,
     maps_read_at: Option<Instant>,
     /// `CLOCK_MONOTONIC` ns of the last read of the mappings (samples carry the same clock).
     maps_read_ns: u64,
@@ -137,6 +146,9 @@ impl Process {
             mappings: Vec::new(),
             unwinder: UnwinderX86_64::new(),
             cache: CacheX86_64::new(),
+            roots: Default::default(),
+            stack_tops: Default::default(),
+            scan_hints: Default::default(),
             maps_read_at: None,
             maps_read_ns: 0,
             unreadable: false,
@@ -270,7 +282,17 @@ impl Process {
             }
         }
         self.modules = modules;
+        self.roots.clear();
+        self.scan_hints.clear();
         self.mappings = mappings;
+    }
+
+    /// The mapping of the stack `sp` is in. The main thread's stack grows down past where
+    /// the mappings last saw it start.
+    pub fn stack_mapping(&self, sp: u64) -> Option<&Mapping> {
+        self.mappings
+            .iter()
+            .find(|m| sp < m.end && (m.start <= sp || m.path == "[stack]"))
     }
 
     pub fn module_for(&self, addr: u64) -> Option<&Module> {

@@ -1,13 +1,29 @@
-//! DWARF CFI unwinding of a copied user stack with framehop.
+//! DWARF CFI unwinding of a copied user stack: framehop, then for the frames it cannot take,
+//! the file's own rule (`stack::cfi`), then a checked scan of the stack for the next return
+//! address.
 
-use framehop::x86_64::UnwindRegsX86_64;
+use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
 use framehop::{FrameAddress, Unwinder};
 
-use super::Process;
+use super::{Module, Process};
 use crate::capture::record::RawSample;
+use crate::stack::cfi::{Regs, Step};
+use crate::stack::elf::FileBytes;
 
 /// Native frames deeper than this are cut (and the stack marked truncated).
 pub const MAX_NATIVE_FRAMES: usize = 1024;
+
+/// Stack words looked at for a return address above a frame no rule unwinds: 64 KiB, the
+/// largest copy (OpenBLAS kernels keep a 28 KiB buffer, aligned to a page, below theirs).
+const SCAN_WORDS: u64 = 8192;
+/// Return addresses found by the scan that are tried (each must lead to the thread's root),
+/// and the frames all those trials may walk. A buffer a function reserved holds the stale
+/// return addresses of earlier, deeper calls: the 28 KiB below an OpenBLAS kernel's frame held
+/// 9 to 20 of them, each failing within 3 frames.
+const SCAN_CANDIDATES: usize = 256;
+/// Scan hints kept per process (`Process::scan_hints`) before they are dropped and relearned.
+const SCAN_HINTS: usize = 4096;
+const SCAN_FRAMES: usize = 4096;
 
 /// A user-space frame address.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -32,37 +48,292 @@ pub struct Unwound {
     pub frames: Vec<UserFrame>,
     /// The unwind stopped before reaching the root (stack copy too short, no unwind info, ...).
     pub truncated: bool,
+    /// The first frame found by scanning the stack (`Walker::scan`), if any: from there on
+    /// the frames are a checked guess, which the caller may refute (`Unwound::refute_scan`).
+    pub scanned_from: Option<usize>,
+}
+
+impl Unwound {
+    /// Drops what the stack scan found: a caller that knows better (the interpreter's own
+    /// frames disagree with the eval-loop frames found) keeps only what rules unwound.
+    pub fn refute_scan(&mut self) {
+        if let Some(i) = self.scanned_from.take() {
+            self.frames.truncate(i);
+            self.truncated = true;
+        }
+    }
+}
+
+/// A frame and the registers valid in it.
+#[derive(Clone, Copy)]
+struct Frame {
+    addr: FrameAddress,
+    regs: Regs,
+}
+
+struct Walker<'a, 'r> {
+    unwinder: &'a UnwinderX86_64<FileBytes>,
+    cache: &'a mut CacheX86_64,
+    modules: &'a [Module],
+    roots: &'a mut rustc_hash::FxHashSet<u64>,
+    hints: &'a mut rustc_hash::FxHashMap<u64, u64>,
+    /// Frames the scan's trials may still walk (`SCAN_FRAMES`).
+    budget: usize,
+    /// Where the frames the scan found begin.
+    scanned_from: Option<usize>,
+    read: &'r mut dyn FnMut(u64) -> Option<u64>,
 }
 
 pub fn unwind_user(process: &mut Process, s: &RawSample) -> Unwound {
-    let mut frames = Vec::new();
     if s.ip == 0 {
         return Unwound {
-            frames,
+            frames: Vec::new(),
             truncated: false,
+            scanned_from: None,
         };
     }
-    let regs = UnwindRegsX86_64::new(s.ip, s.sp, s.bp);
-    let mut read = |addr: u64| s.read_stack(addr).ok_or(());
-    let mut it = process
-        .unwinder
-        .iter_frames(s.ip, regs, &mut process.cache, &mut read);
-    let truncated = loop {
-        match it.next() {
-            Ok(Some(FrameAddress::InstructionPointer(a))) => frames.push(UserFrame {
-                addr: a,
-                is_return: false,
-            }),
-            Ok(Some(FrameAddress::ReturnAddress(a))) => frames.push(UserFrame {
-                addr: a.get(),
-                is_return: true,
-            }),
-            Ok(None) => break false,
-            Err(_) => break true,
-        }
-        if frames.len() >= MAX_NATIVE_FRAMES {
-            break true;
-        }
+    let mut read = |addr: u64| s.read_stack(addr);
+    let mut w = Walker {
+        unwinder: &process.unwinder,
+        cache: &mut process.cache,
+        modules: &process.modules,
+        roots: &mut process.roots,
+        hints: &mut process.scan_hints,
+        budget: SCAN_FRAMES,
+        scanned_from: None,
+        read: &mut read,
     };
-    Unwound { frames, truncated }
+    let mut frames = vec![Frame {
+        addr: FrameAddress::InstructionPointer(s.ip),
+        regs: Regs {
+            ip: s.ip,
+            sp: s.sp,
+            bp: s.bp,
+        },
+    }];
+    let rooted = w.walk(&mut frames, true);
+    Unwound {
+        frames: frames
+            .iter()
+            .map(|f| UserFrame {
+                addr: f.addr.address(),
+                is_return: f.addr.is_return_address(),
+            })
+            .collect(),
+        truncated: !rooted,
+        scanned_from: w.scanned_from,
+    }
+}
+
+impl Walker<'_, '_> {
+    /// Unwinds from the last of `frames` outward; true when the thread's root was reached.
+    fn walk(&mut self, frames: &mut Vec<Frame>, scan: bool) -> bool {
+        while frames.len() < MAX_NATIVE_FRAMES {
+            let Some(&f) = frames.last() else {
+                return false;
+            };
+            if !scan {
+                if self.budget == 0 {
+                    return false;
+                }
+                self.budget -= 1;
+            }
+            // A function whose rule framehop would answer with a frame-pointer guess.
+            let own = self.needs_own_rule(f);
+            if !own {
+                let mut regs = UnwindRegsX86_64::new(f.regs.ip, f.regs.sp, f.regs.bp);
+                let mut read = |a: u64| (self.read)(a).ok_or(());
+                match self
+                    .unwinder
+                    .unwind_frame(f.addr, &mut regs, self.cache, &mut read)
+                {
+                    Ok(Some(ra)) => {
+                        let Some(addr) = FrameAddress::from_return_address(ra) else {
+                            return false;
+                        };
+                        frames.push(Frame {
+                            addr,
+                            regs: Regs {
+                                ip: regs.ip(),
+                                sp: regs.sp(),
+                                bp: regs.bp(),
+                            },
+                        });
+                        continue;
+                    }
+                    // framehop also ends where a guessed return address or frame pointer is
+                    // zero; only a frame whose own rule says it is the outermost ends an unwind.
+                    Ok(None) if self.roots.contains(&f.addr.address()) => return true,
+                    Ok(None) | Err(_) => {}
+                }
+            }
+            // The file's own rule: a CFA read from memory after a realignment, or a rule
+            // framehop stopped at.
+            match self.cfi_step(f) {
+                Step::Caller(regs) => {
+                    let Some(addr) = FrameAddress::from_return_address(regs.ip) else {
+                        return false;
+                    };
+                    frames.push(Frame { addr, regs });
+                }
+                Step::Root => {
+                    self.roots.insert(f.addr.address());
+                    return true;
+                }
+                Step::NoInfo if self.at_entry(f) => {
+                    self.roots.insert(f.addr.address());
+                    return true;
+                }
+                Step::NoInfo | Step::Unknown => return scan && self.scan(frames),
+            }
+        }
+        false
+    }
+
+    fn module(&self, addr: u64) -> Option<&Module> {
+        let i = self
+            .modules
+            .partition_point(|m| m.start <= addr)
+            .checked_sub(1)?;
+        let m = &self.modules[i];
+        (addr < m.end).then_some(m)
+    }
+
+    fn needs_own_rule(&self, f: Frame) -> bool {
+        let lookup = f.addr.address_for_lookup();
+        self.module(lookup)
+            .and_then(|m| Some((m.bias, m.elf.as_ref()?)))
+            .is_some_and(|(bias, elf)| elf.needs_own_rule(lookup.wrapping_sub(bias)))
+    }
+
+    fn cfi_step(&mut self, f: Frame) -> Step {
+        let lookup = f.addr.address_for_lookup();
+        let Some(m) = self.module(lookup) else {
+            return Step::NoInfo;
+        };
+        let Some(elf) = m.elf.clone() else {
+            return Step::NoInfo;
+        };
+        elf.cfi_step(lookup.wrapping_sub(m.bias), f.regs, self.read)
+    }
+
+    /// Where no rule unwinds a frame (hand-written assembly without CFI, such as OpenBLAS's
+    /// kernels, or a rule over a register the sample does not carry), looks up the stack for
+    /// the return address. A word counts only if it points just after a call instruction in a
+    /// function with unwind information, and the unwind from it reaches the thread's root:
+    /// a guess that fails either test is never shown.
+    fn scan(&mut self, frames: &mut Vec<Frame>) -> bool {
+        // A return address a rule found in no known file is in a library mapped since the
+        // mappings were read: the caller reads them again and unwinds anew. A scan would
+        // step over its frames to an ancestor's return address, and drop them unseen.
+        if let [.., prev, last] = frames[..] {
+            if self.module(last.addr.address_for_lookup()).is_none() && self.has_rule(prev) {
+                return false;
+            }
+        }
+        // The frames since the last one unwound by a rule are guesses (framehop's fallback
+        // for a function without CFI reads the return address at the stack pointer): scan
+        // from the first of them, whose address is trustworthy.
+        let mut s = frames.len() - 1;
+        while s > 0 && !self.has_rule(frames[s - 1]) {
+            s -= 1;
+        }
+        frames.truncate(s + 1);
+        let base = frames[s].regs;
+        let hint = self.hints.get(&base.sp).copied();
+        let slots = hint.into_iter().chain(
+            (0..SCAN_WORDS)
+                .map(|i| base.sp + 8 * i)
+                .filter(|&a| Some(a) != hint),
+        );
+        let callee = self.function_start(frames[s].addr.address_for_lookup());
+        let mut tried = 0;
+        for slot in slots {
+            let Some(word) = (self.read)(slot) else {
+                if Some(slot) == hint {
+                    continue;
+                }
+                break;
+            };
+            if !self.is_return_address(word, callee) {
+                continue;
+            }
+            let Some(addr) = FrameAddress::from_return_address(word) else {
+                continue;
+            };
+            let mut trial = vec![Frame {
+                addr,
+                regs: Regs {
+                    ip: word,
+                    sp: slot + 8,
+                    bp: base.bp,
+                },
+            }];
+            if self.walk(&mut trial, false) {
+                if self.hints.len() >= SCAN_HINTS {
+                    self.hints.clear();
+                }
+                self.hints.insert(base.sp, slot);
+                self.scanned_from = Some(frames.len());
+                frames.extend(trial);
+                frames.truncate(MAX_NATIVE_FRAMES);
+                return true;
+            }
+            tried += 1;
+            if tried == SCAN_CANDIDATES || self.budget == 0 {
+                break;
+            }
+        }
+        false
+    }
+
+    fn has_rule(&mut self, f: Frame) -> bool {
+        !matches!(self.cfi_step(f), Step::NoInfo)
+    }
+
+    /// Whether `word` points just after a call instruction that may have called `callee` (the
+    /// start of the function the frame below is in, where known): a direct call to another
+    /// function of the same file is the stale return address of an earlier call.
+    fn is_return_address(&self, word: u64, callee: Option<u64>) -> bool {
+        let Some(m) = self.module(word) else {
+            return false;
+        };
+        let Some(elf) = &m.elf else {
+            return false;
+        };
+        match elf.call_before(word.wrapping_sub(m.bias)) {
+            None => false,
+            Some(None) => true,
+            Some(Some(target)) => {
+                let target = target.wrapping_add(m.bias);
+                match callee {
+                    Some(c) if self.module(c).is_some_and(|cm| cm.start == m.start) => {
+                        self.function_start(target) == Some(c)
+                    }
+                    _ => true,
+                }
+            }
+        }
+    }
+
+    /// A return address within the first instructions at a file's entry point: the program
+    /// (or the dynamic loader, while it relocates) started there, in code with no CFI to say
+    /// so (ld.so's `_start` calls `_dl_start` 3 bytes in).
+    fn at_entry(&self, f: Frame) -> bool {
+        let lookup = f.addr.address_for_lookup();
+        self.module(lookup)
+            .and_then(|m| Some((m, m.elf.as_ref()?)))
+            .is_some_and(|(m, elf)| {
+                let svma = lookup.wrapping_sub(m.bias);
+                elf.entry != 0 && svma >= elf.entry && svma < elf.entry + 16
+            })
+    }
+
+    /// The start of the function containing `addr`, by its file's symbols.
+    fn function_start(&self, addr: u64) -> Option<u64> {
+        let m = self.module(addr)?;
+        let elf = m.elf.as_ref()?;
+        let (start, _) = elf.symbols().lookup(addr.wrapping_sub(m.bias))?;
+        Some(start.wrapping_add(m.bias))
+    }
 }

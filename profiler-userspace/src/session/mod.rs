@@ -27,6 +27,8 @@ pub trait Targets {
     fn remove_py_proc(&mut self, pid: u32);
     fn set_py_thread(&mut self, pid: u32, tid: u32, tstate: u64) -> Result<(), CaptureError>;
     fn remove_py_thread(&mut self, pid: u32, tid: u32);
+    /// Where a thread's stack mapping ends: its copies step over untouched pages below that.
+    fn set_stack_top(&mut self, pid: u32, tid: u32, top: u64) -> Result<(), CaptureError>;
     /// What the scheduler program holds and has not sent yet, by `thread_key`.
     fn sched_snapshot(&self) -> Vec<(u64, profiler_common::ThreadSched)> {
         Vec::new()
@@ -48,6 +50,9 @@ impl Targets for Capture {
     }
     fn remove_py_thread(&mut self, pid: u32, tid: u32) {
         Capture::remove_py_thread(self, pid, tid)
+    }
+    fn set_stack_top(&mut self, pid: u32, tid: u32, top: u64) -> Result<(), CaptureError> {
+        Capture::set_stack_top(self, pid, tid, top)
     }
     fn sched_snapshot(&self) -> Vec<(u64, profiler_common::ThreadSched)> {
         Capture::sched_snapshot(self)
@@ -227,6 +232,9 @@ impl<T: Targets> Session<T> {
     /// targets; with --all/--all-pythons, forked children (a Python server's workers are Python
     /// without an exec) are looked at soon.
     fn follow_lifetimes(&mut self) {
+        for (pid, tid, top) in self.collector.take_stack_tops() {
+            let _ = self.targets.set_stack_top(pid, tid, top);
+        }
         let (execs, children) = self.collector.take_lifetimes();
         let everything = self.scope.all_pythons || self.scope.all;
         for pid in execs {

@@ -39,6 +39,9 @@ impl Targets for FakeTargets {
     fn remove_py_thread(&mut self, pid: u32, tid: u32) {
         self.threads.remove(&(pid, tid));
     }
+    fn set_stack_top(&mut self, _pid: u32, _tid: u32, _top: u64) -> Result<(), CaptureError> {
+        Ok(())
+    }
 }
 
 impl FakeTargets {

@@ -39,10 +39,15 @@ pub struct ElfFile {
     /// Built on first use (`symbols`): finding a new process's runtime needs a few of them
     /// only, and a large library's table takes milliseconds while its first samples wait.
     symbols: OnceLock<SymbolTable>,
+    /// The functions whose unwind rules are evaluated here rather than by framehop
+    /// (`cfi::own_rule_ranges`), found on first use.
+    pub(crate) own_rules: OnceLock<Vec<(u64, u64)>>,
     /// Functions whose split-off parts are named (see `from_mmap`).
     split: &'static [&'static str],
     /// A separate debug file opened for this one (see `debug_file`), read with the symbols.
     debug: Mutex<Option<File>>,
+    /// The ELF entry point (SVMA): where a program, or the dynamic loader, starts.
+    pub entry: u64,
     /// (p_vaddr, p_offset, p_filesz) of each segment.
     pub segments: Vec<(u64, u64, u64)>,
     sections: HashMap<&'static str, SectionRef>,
@@ -162,6 +167,7 @@ impl ElfFile {
     ) -> Option<ElfFile> {
         let file = object::File::parse(&map[..]).ok()?;
         let segments = load_segments(&file);
+        let entry = object::Object::entry(&file);
         let mut sections = HashMap::new();
         for name in UNWIND_SECTIONS {
             if let Some(s) = file.section_by_name(name) {
@@ -184,8 +190,10 @@ impl ElfFile {
             path,
             map,
             symbols: OnceLock::new(),
+            own_rules: OnceLock::new(),
             split,
             debug: Mutex::new(None),
+            entry,
             segments,
             sections,
             stripped_build_id,
@@ -217,6 +225,12 @@ impl ElfFile {
             map: self.map.clone(),
             range: s.file.clone(),
         })
+    }
+
+    /// A section's bytes and SVMA, for the unwind sections this file keeps (`UNWIND_SECTIONS`).
+    pub(crate) fn section_data(&self, name: &str) -> Option<(&[u8], u64)> {
+        let s = self.sections.get(name)?;
+        Some((self.map.get(s.file.clone())?, s.svma.start))
     }
 
     /// The SVMA at which file offset `offset` is loaded.

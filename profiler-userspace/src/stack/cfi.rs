@@ -1,0 +1,300 @@
+//! One frame's unwind rule read straight from a file's `.eh_frame`, for the frames framehop
+//! gives up on, and the check that an address follows a call instruction.
+//!
+//! framehop evaluates CFA expressions without memory reads, so it stops at every function
+//! that realigns its stack (GCC's `CFA = *(rbp - 24)`: numpy's AVX sorts and much vectorized
+//! C++). gimli reads and evaluates those rules; this module feeds it the copied stack.
+
+use gimli::{
+    BaseAddresses, CfaRule, EhFrame, EhFrameHdr, EndianSlice, Evaluation, EvaluationResult,
+    LittleEndian, Location, RegisterRule, UnwindContext, UnwindSection, Value, X86_64,
+};
+use iced_x86::{Decoder, DecoderOptions, Mnemonic, OpKind};
+
+use super::elf::ElfFile;
+
+type Slice<'a> = EndianSlice<'a, LittleEndian>;
+
+/// DWARF expression steps evaluated per rule: a target's file is untrusted input.
+const MAX_EXPRESSION_STEPS: u32 = 64;
+/// FDEs and instructions per FDE read when a file's own-rule ranges are found.
+const MAX_FDES: usize = 1 << 20;
+const MAX_INSTRUCTIONS: usize = 4096;
+
+/// The registers an x86_64 unwind step knows: the instruction, stack and frame pointers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Regs {
+    pub ip: u64,
+    pub sp: u64,
+    pub bp: u64,
+}
+
+/// What a file's CFI says of one frame.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// No FDE covers the address (or the file has no `.eh_frame`).
+    NoInfo,
+    /// The rule marks the outermost frame: the return address is undefined (`_start`, `clone3`).
+    Root,
+    /// The caller's registers: `ip` is its return address.
+    Caller(Regs),
+    /// An FDE covers the address, but its rule names a register this step does not know or
+    /// reads outside the copied stack.
+    Unknown,
+}
+
+/// The SVMA ranges of the functions whose CFA rule framehop cannot follow: a DWARF expression
+/// (the CFA read from memory after a realignment) or a register other than rsp and rbp.
+/// framehop answers those with a frame-pointer guess, which gets the return address right
+/// (a realigning function copies it above its frame pointer) and the caller's stack pointer
+/// wrong, so every frame above it is junk: they are unwound here instead. Sorted, from one
+/// pass over `.eh_frame` (a few ms for the largest library) the first time a frame of the file
+/// is unwound.
+pub fn own_rule_ranges(eh_bytes: &[u8], eh_svma: u64, text_svma: Option<u64>) -> Vec<(u64, u64)> {
+    let eh = EhFrame::new(eh_bytes, LittleEndian);
+    let mut bases = BaseAddresses::default().set_eh_frame(eh_svma);
+    if let Some(text) = text_svma {
+        bases = bases.set_text(text);
+    }
+    let mut out = Vec::new();
+    let mut entries = eh.entries(&bases);
+    for _ in 0..MAX_FDES {
+        let Ok(Some(entry)) = entries.next() else {
+            break;
+        };
+        let gimli::CieOrFde::Fde(partial) = entry else {
+            continue;
+        };
+        let Ok(fde) = partial.parse(EhFrame::cie_from_offset) else {
+            continue;
+        };
+        let mut insns = fde.instructions(&eh, &bases);
+        for _ in 0..MAX_INSTRUCTIONS {
+            let Ok(Some(insn)) = insns.next() else {
+                break;
+            };
+            use gimli::CallFrameInstruction as I;
+            let own = match insn {
+                I::DefCfaExpression { .. } => true,
+                I::DefCfa { register, .. }
+                | I::DefCfaSf { register, .. }
+                | I::DefCfaRegister { register } => {
+                    register != X86_64::RSP && register != X86_64::RBP
+                }
+                _ => false,
+            };
+            if own {
+                let start = fde.initial_address();
+                out.push((start, start.saturating_add(fde.len())));
+                break;
+            }
+        }
+    }
+    out.sort_unstable();
+    out
+}
+
+impl ElfFile {
+    /// Whether the function at `svma` has a CFA rule framehop cannot follow
+    /// (`own_rule_ranges`).
+    pub fn needs_own_rule(&self, svma: u64) -> bool {
+        let ranges = self
+            .own_rules
+            .get_or_init(|| match self.section_data(".eh_frame") {
+                Some((bytes, at)) => {
+                    own_rule_ranges(bytes, at, self.section_data(".text").map(|(_, t)| t))
+                }
+                None => Vec::new(),
+            });
+        let i = ranges.partition_point(|r| r.0 <= svma);
+        i > 0 && svma < ranges[i - 1].1
+    }
+
+    /// Unwinds the frame at `svma` (already the lookup address: a return address minus one)
+    /// with the registers `regs` valid there. `read` reads a word of the copied stack.
+    pub fn cfi_step(
+        &self,
+        svma: u64,
+        regs: Regs,
+        read: &mut dyn FnMut(u64) -> Option<u64>,
+    ) -> Step {
+        let Some((eh_bytes, eh_svma)) = self.section_data(".eh_frame") else {
+            return Step::NoInfo;
+        };
+        let eh = EhFrame::new(eh_bytes, LittleEndian);
+        let mut bases = BaseAddresses::default().set_eh_frame(eh_svma);
+        if let Some((_, text)) = self.section_data(".text") {
+            bases = bases.set_text(text);
+        }
+        let hdr = self.section_data(".eh_frame_hdr").and_then(|(bytes, at)| {
+            bases = bases.clone().set_eh_frame_hdr(at);
+            EhFrameHdr::new(bytes, LittleEndian).parse(&bases, 8).ok()
+        });
+        // The sorted table of `.eh_frame_hdr` when there is one; a walk of the FDEs otherwise.
+        let fde = match hdr.as_ref().and_then(|h| h.table()) {
+            Some(table) => table.fde_for_address(&eh, &bases, svma, EhFrame::cie_from_offset),
+            None => eh.fde_for_address(&bases, svma, EhFrame::cie_from_offset),
+        };
+        let Ok(fde) = fde else {
+            return Step::NoInfo;
+        };
+        let mut ctx = UnwindContext::new();
+        let Ok(row) = fde.unwind_info_for_address(&eh, &bases, &mut ctx, svma) else {
+            return Step::Unknown;
+        };
+        let encoding = fde.cie().encoding();
+        let get = |r: gimli::Register| match r {
+            X86_64::RSP => Some(regs.sp),
+            X86_64::RBP => Some(regs.bp),
+            X86_64::RA => Some(regs.ip),
+            _ => None,
+        };
+        let eval = |expr: gimli::UnwindExpression<usize>,
+                    read: &mut dyn FnMut(u64) -> Option<u64>|
+         -> Option<u64> {
+            let expr = expr.get(&eh).ok()?;
+            evaluate(expr.0, encoding, &get, read)
+        };
+        let cfa = match row.cfa() {
+            CfaRule::RegisterAndOffset { register, offset } => {
+                get(*register).and_then(|v| v.checked_add_signed(*offset))
+            }
+            CfaRule::Expression(e) => eval(*e, read),
+        };
+        let Some(cfa) = cfa else {
+            return Step::Unknown;
+        };
+        let ra = match row.register(X86_64::RA) {
+            None | Some(RegisterRule::Undefined) => return Step::Root,
+            Some(RegisterRule::Offset(o)) => cfa.checked_add_signed(o).and_then(&mut *read),
+            Some(RegisterRule::Expression(e)) => eval(e, read).and_then(&mut *read),
+            _ => None,
+        };
+        let bp = match row.register(X86_64::RBP) {
+            None | Some(RegisterRule::Undefined | RegisterRule::SameValue) => Some(regs.bp),
+            Some(RegisterRule::Offset(o)) => cfa.checked_add_signed(o).and_then(&mut *read),
+            Some(RegisterRule::ValOffset(o)) => cfa.checked_add_signed(o),
+            Some(RegisterRule::Expression(e)) => eval(e, read).and_then(&mut *read),
+            Some(RegisterRule::ValExpression(e)) => eval(e, read),
+            _ => None,
+        };
+        match (ra, bp) {
+            // The caller's frame is above this one's: a CFA below the stack pointer is a rule
+            // misread, and a zero return address ends nothing.
+            (Some(ip), Some(bp)) if ip != 0 && cfa > regs.sp => {
+                Step::Caller(Regs { ip, sp: cfa, bp })
+            }
+            _ => Step::Unknown,
+        }
+    }
+
+    /// Whether the instruction that ends just before `svma` is a call, the test that a word
+    /// found on a stack is a return address: `Some(Some(target))` for a direct call (the SVMA
+    /// it calls), `Some(None)` for an indirect one.
+    pub fn call_before(&self, svma: u64) -> Option<Option<u64>> {
+        let (text, at) = self.section_data(".text")?;
+        call_before(text, at, svma)
+    }
+}
+
+/// `ElfFile::call_before` over the bytes of a text section loaded at `text_svma`.
+fn call_before(text: &[u8], text_svma: u64, svma: u64) -> Option<Option<u64>> {
+    let end = usize::try_from(svma.checked_sub(text_svma)?).ok()?;
+    if end > text.len() {
+        return None;
+    }
+    // x86 call instructions are 2 (`call *%rax`) to 7 bytes long (with a prefix, 8).
+    (2..=8.min(end)).find_map(|len| {
+        let from = svma - len as u64;
+        let mut d = Decoder::with_ip(64, &text[end - len..end], from, DecoderOptions::NONE);
+        let insn = d.decode();
+        (!insn.is_invalid() && insn.len() == len && insn.mnemonic() == Mnemonic::Call)
+            .then(|| (insn.op0_kind() == OpKind::NearBranch64).then(|| insn.near_branch_target()))
+    })
+}
+
+/// Evaluates a DWARF expression whose registers come from `get` and whose memory reads come
+/// from the copied stack.
+fn evaluate(
+    bytes: Slice<'_>,
+    encoding: gimli::Encoding,
+    get: &dyn Fn(gimli::Register) -> Option<u64>,
+    read: &mut dyn FnMut(u64) -> Option<u64>,
+) -> Option<u64> {
+    let mut e = Evaluation::new(bytes, encoding);
+    e.set_max_iterations(MAX_EXPRESSION_STEPS);
+    let mut r = e.evaluate().ok()?;
+    for _ in 0..MAX_EXPRESSION_STEPS {
+        r = match r {
+            EvaluationResult::Complete => break,
+            EvaluationResult::RequiresRegister { register, .. } => e
+                .resume_with_register(Value::Generic(get(register)?))
+                .ok()?,
+            EvaluationResult::RequiresMemory {
+                address, size: 8, ..
+            } => e.resume_with_memory(Value::Generic(read(address)?)).ok()?,
+            _ => return None,
+        };
+    }
+    match e.as_result().last()?.location {
+        Location::Address { address } => Some(address),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_return_address_follows_a_call() {
+        // At 0x1000: call 0x1100 (e8 rel32); mov %rax,%rbx; call *0x3e0(%r9); call *%rax;
+        // then an add whose last bytes look like nothing callable.
+        let text = [
+            0xe8, 0xfb, 0x00, 0x00, 0x00, // 0x1000 call 0x1100
+            0x48, 0x89, 0xc3, // 0x1005 mov %rax,%rbx
+            0x41, 0xff, 0x91, 0xe0, 0x03, 0x00, 0x00, // 0x1008 call *0x3e0(%r9)
+            0xff, 0xd0, // 0x100f call *%rax
+            0x48, 0x83, 0xc0, 0x10, // 0x1011 add $0x10,%rax
+        ];
+        assert_eq!(call_before(&text, 0x1000, 0x1005), Some(Some(0x1100)));
+        assert_eq!(call_before(&text, 0x1000, 0x100f), Some(None));
+        assert_eq!(call_before(&text, 0x1000, 0x1011), Some(None));
+        // After a mov and an add: not a return address.
+        assert_eq!(call_before(&text, 0x1000, 0x1008), None);
+        assert_eq!(call_before(&text, 0x1000, 0x1015), None);
+        // Outside the section, or before its start.
+        assert_eq!(call_before(&text, 0x1000, 0x2000), None);
+        assert_eq!(call_before(&text, 0x1000, 0x0fff), None);
+        assert_eq!(call_before(&text, 0x1000, 0x1001), None);
+    }
+
+    #[test]
+    fn a_realigned_frame_reads_its_cfa_from_the_stack() {
+        // GCC's rule for a function that realigned its stack: CFA = *(rbp - 24).
+        let expr = [0x76u8, 0x68, 0x06]; // DW_OP_breg6 -24; DW_OP_deref
+        let encoding = gimli::Encoding {
+            address_size: 8,
+            format: gimli::Format::Dwarf32,
+            version: 4,
+        };
+        let get = |r: gimli::Register| (r == X86_64::RBP).then_some(0x7000_0100);
+        let mut read = |a: u64| (a == 0x7000_0100 - 24).then_some(0x7000_0400);
+        let cfa = evaluate(
+            EndianSlice::new(&expr, LittleEndian),
+            encoding,
+            &get,
+            &mut read,
+        );
+        assert_eq!(cfa, Some(0x7000_0400));
+        // A read outside the copy ends the evaluation.
+        let mut nothing = |_: u64| None;
+        let none = evaluate(
+            EndianSlice::new(&expr, LittleEndian),
+            encoding,
+            &get,
+            &mut nothing,
+        );
+        assert_eq!(none, None);
+    }
+}
