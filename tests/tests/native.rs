@@ -219,41 +219,51 @@ const JUNK_C: &str = r#"
 #include <time.h>
 volatile unsigned long sink;
 double secs;
-struct timespec t0;
-__attribute__((noinline)) void spin(void) {
-    struct timespec t;
+__attribute__((noinline)) void spin_for(double s) {
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
     do {
         for (int i = 0; i < 100000; i++) sink += i;
         clock_gettime(CLOCK_MONOTONIC, &t);
-    } while ((t.tv_sec - t0.tv_sec) + (t.tv_nsec - t0.tv_nsec) / 1e9 < secs);
+    } while ((t.tv_sec - t0.tv_sec) + (t.tv_nsec - t0.tv_nsec) / 1e9 < s);
 }
-/* A hand-written function without unwind information whose frame pointer points at junk, as
-   in assembly kernels (OpenBLAS): nothing tells an unwinder where its return address is. */
+__attribute__((noinline)) void spin(void) { spin_for(secs); sink++; }
+__attribute__((noinline)) void spin_deep(void) { spin_for(secs); sink++; }
+/* Hand-written functions without unwind information, as in assembly kernels (OpenBLAS).
+   junk_frame's frame pointer points at junk. big_frame reserves 160 KiB below its return
+   address, more than any stack copy holds, and touches none of it. */
 __attribute__((used)) unsigned long junk[4] = {
     0x3fc33c32a4c4e434UL, 0x3fc33c32a4c4e434UL, 0x3fc33c32a4c4e434UL, 0};
 void junk_frame(void);
+void big_frame(void);
 __asm__(".text\n.globl junk_frame\n.type junk_frame,@function\njunk_frame:\n"
         "  push %rbp\n  push %rbx\n  sub $8, %rsp\n"
         "  lea junk(%rip), %rbp\n  call spin\n"
         "  add $8, %rsp\n  pop %rbx\n  pop %rbp\n  ret\n"
-        ".size junk_frame, .-junk_frame\n");
+        ".size junk_frame, .-junk_frame\n"
+        ".globl big_frame\n.type big_frame,@function\nbig_frame:\n"
+        "  push %rbp\n  sub $163840, %rsp\n  lea junk(%rip), %rbp\n  call spin_deep\n"
+        "  add $163840, %rsp\n  pop %rbp\n  ret\n"
+        ".size big_frame, .-big_frame\n");
 int main(int argc, char **argv) {
     secs = argc > 1 ? atof(argv[1]) : 2.0;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
     junk_frame();
+    big_frame();
     return 0;
 }
 "#;
 
-/// A native stack the unwinder cannot finish is marked `[truncated]` at its root, and no frame
-/// is made from the junk it would read past the frame without unwind information.
+/// A native frame without unwind information (hand-written assembly with junk in its frame
+/// pointer) is stepped over by a scan for its return address, checked to follow a call to it:
+/// the stack is whole, and no frame is made from the junk. One whose caller is beyond the
+/// stack copy cannot be stepped over: its stack is marked `[truncated]` at its root.
 #[test]
-fn truncated_stacks_are_marked_and_junk_is_not_a_frame() {
+fn frames_without_unwind_information_are_stepped_over_or_marked_truncated() {
     require_root();
     let dir = scratch("native_junk");
     let prog = compile_c(&dir, "junk", JUNK_C, &["-O2"]);
     let out = dir.join("junk.json");
-    profile_command(&out, &["-m", "cpu"], &[prog.to_str().unwrap(), "2"]);
+    profile_command(&out, &["-m", "cpu"], &[prog.to_str().unwrap(), "1.5"]);
     let v = Viewer::load(&out).unwrap();
     let procs = v.processes().unwrap();
     let p = procs
@@ -262,15 +272,25 @@ fn truncated_stacks_are_marked_and_junk_is_not_a_frame() {
         .expect("process junk");
     let paths = v.call_paths(&p.threads[0].handle).unwrap();
     let in_spin = paths.count(|n| n.iter().any(|f| f == "spin"));
+    let whole = paths.count(|n| {
+        n.first().is_some_and(|f| f == "_start")
+            && n.windows(3).any(|w| w == ["main", "junk_frame", "spin"])
+    });
+    assert!(in_spin > 700, "{in_spin} samples in spin");
+    assert!(
+        whole as f64 >= 0.95 * in_spin as f64,
+        "{whole} of {in_spin} samples in spin are _start;...;main;junk_frame;spin"
+    );
+    let deep = paths.count(|n| n.iter().any(|f| f == "spin_deep"));
     let marked = paths.count(|n| {
         n.first().is_some_and(|f| f == "[truncated]")
-            && n.get(1).is_some_and(|f| f == "junk_frame")
-            && n.iter().any(|f| f == "spin")
+            && n.get(1).is_some_and(|f| f == "big_frame")
+            && n.iter().any(|f| f == "spin_deep")
     });
-    assert!(in_spin > 1000, "{in_spin} samples in spin");
+    assert!(deep > 700, "{deep} samples in spin_deep");
     assert!(
-        marked as f64 >= 0.95 * in_spin as f64,
-        "{marked} of {in_spin} samples in spin are [truncated];junk_frame;...;spin"
+        marked as f64 >= 0.95 * deep as f64,
+        "{marked} of {deep} samples in spin_deep are [truncated];big_frame;...;spin_deep"
     );
     let junk = paths.count(|n| n.iter().any(|f| f.contains("3fc33c32")));
     assert_eq!(junk, 0, "frames made of junk");
