@@ -288,13 +288,11 @@ impl Collector {
             return (f, name);
         }
         let lib = self.profile.lib(&m.path);
-        let entry = m.elf.as_ref().map_or(0, |e| e.entry);
         let (name, sym) = match m.elf.as_ref().and_then(|e| e.symbols().lookup(svma)) {
             Some((start, name)) => (name, Some(start)),
-            // The first instructions at a file's entry point, unnamed in a stripped dynamic
-            // loader: where the process started.
-            None if entry != 0 && svma >= entry && svma < entry + 16 => {
-                (Arc::from("_start"), Some(entry))
+            // Unnamed in a stripped dynamic loader: where the process started.
+            None if m.elf.as_ref().is_some_and(|e| e.at_entry(svma)) => {
+                (Arc::from("_start"), m.elf.as_ref().map(|e| e.entry))
             }
             // No symbol (a stripped library): named by library and offset, as perf does.
             None => (

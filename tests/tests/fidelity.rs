@@ -208,8 +208,33 @@ fn profile(dir: &Path, label: &str, args: &[&str]) -> PathBuf {
     let py = pypi_python();
     let mut command = vec![py.to_str().unwrap()];
     command.extend_from_slice(args);
-    profile_command(&out, &["-m", "cpu", "-f", "collapsed", "-q"], &command);
+    profile_quietly(&out, &command, &[]);
     out
+}
+
+/// Profiles `command` in cpu mode into a collapsed file, with `env` added, its output going
+/// nowhere (black's diff is large; nobody reads a pipe until the end).
+fn profile_quietly(out: &Path, command: &[&str], env: &[(&str, &str)]) {
+    let mut child = Command::new(profiler_bin())
+        .args([
+            "-o",
+            out.to_str().unwrap(),
+            "-m",
+            "cpu",
+            "-f",
+            "collapsed",
+            "-q",
+            "--",
+        ])
+        .args(command)
+        .envs(env.iter().copied())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_timeout(&mut child, Duration::from_secs(90));
+    let o = child.wait_with_output().unwrap();
+    assert!(o.status.success(), "{}", stderr_of(&o));
 }
 
 /// Module bodies, class bodies and their names live only while a module is imported: each
@@ -267,27 +292,11 @@ fn numpy_kernels_without_unwind_rules() {
     let out = dir.join("numpy.folded");
     let py = pypi_python();
     // One BLAS thread: the kernels run on the Python thread, under its frames.
-    let mut child = Command::new(profiler_bin())
-        .args([
-            "-o",
-            out.to_str().unwrap(),
-            "-m",
-            "cpu",
-            "-f",
-            "collapsed",
-            "-q",
-            "--",
-        ])
-        .arg(&py)
-        .args(["-c", NUMPY_KERNELS])
-        .env("OPENBLAS_NUM_THREADS", "1")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    wait_timeout(&mut child, Duration::from_secs(90));
-    let o = child.wait_with_output().unwrap();
-    assert!(o.status.success(), "{}", stderr_of(&o));
+    profile_quietly(
+        &out,
+        &[py.to_str().unwrap(), "-c", NUMPY_KERNELS],
+        &[("OPENBLAS_NUM_THREADS", "1")],
+    );
     check("numpy kernels", &out, 0.99);
     // Both kinds of code ran, and each is under the Python line that called it, through the
     // native callers between (whole chains, not a frame found at random on the stack).
@@ -365,27 +374,19 @@ fn black_reformatting() {
     let target = dir.join("solvers.py");
     std::fs::copy(src.trim(), &target).unwrap();
     let out = dir.join("black.folded");
-    // The diff is large: it goes nowhere rather than into a pipe nobody reads until the end.
-    let mut child = Command::new(profiler_bin())
-        .args([
-            "-o",
-            out.to_str().unwrap(),
+    profile_quietly(
+        &out,
+        &[
+            py.to_str().unwrap(),
             "-m",
-            "cpu",
-            "-f",
-            "collapsed",
+            "black",
             "-q",
-            "--",
-        ])
-        .arg(&py)
-        .args(["-m", "black", "-q", "--diff", "--line-length", "60"])
-        .arg(&target)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    wait_timeout(&mut child, Duration::from_secs(90));
-    let o = child.wait_with_output().unwrap();
-    assert!(o.status.success(), "{}", stderr_of(&o));
+            "--diff",
+            "--line-length",
+            "60",
+            target.to_str().unwrap(),
+        ],
+        &[],
+    );
     check("black", &out, 0.99);
 }

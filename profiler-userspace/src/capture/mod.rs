@@ -404,18 +404,24 @@ impl Capture {
             .expect("ring buffer")
     }
 
+    /// Inserts `key -> value` into the hash map `name` (one of `names::MAPS`).
+    fn insert<K: aya::Pod, V: aya::Pod>(
+        &mut self,
+        name: &'static str,
+        key: K,
+        value: V,
+    ) -> Result<(), CaptureError> {
+        let map = self.bpf.map_mut(name).expect("a map the object declares");
+        let mut m: BpfHashMap<_, K, V> = BpfHashMap::try_from(map).map_err(map_err(name))?;
+        m.insert(key, value, 0).map_err(map_err(name))
+    }
+
     pub fn add_target(&mut self, pid: u32) -> Result<(), CaptureError> {
-        let mut m: BpfHashMap<_, u32, u32> =
-            BpfHashMap::try_from(self.bpf.map_mut(names::MAP_TARGETS).expect("TARGETS"))
-                .map_err(map_err(names::MAP_TARGETS))?;
-        m.insert(pid, 1, 0).map_err(map_err(names::MAP_TARGETS))
+        self.insert(names::MAP_TARGETS, pid, 1u32)
     }
 
     pub fn set_py_proc(&mut self, pid: u32, cfg: &PyProcConfig) -> Result<(), CaptureError> {
-        let mut m: BpfHashMap<_, u32, PyProcConfig> =
-            BpfHashMap::try_from(self.bpf.map_mut(names::MAP_PY_PROCS).expect("PY_PROCS"))
-                .map_err(map_err(names::MAP_PY_PROCS))?;
-        m.insert(pid, *cfg, 0).map_err(map_err(names::MAP_PY_PROCS))
+        self.insert(names::MAP_PY_PROCS, pid, *cfg)
     }
 
     pub fn remove_py_proc(&mut self, pid: u32) {
@@ -427,19 +433,12 @@ impl Capture {
     }
 
     pub fn set_py_thread(&mut self, pid: u32, tid: u32, tstate: u64) -> Result<(), CaptureError> {
-        let mut m: BpfHashMap<_, u64, u64> =
-            BpfHashMap::try_from(self.bpf.map_mut(names::MAP_PY_THREADS).expect("PY_THREADS"))
-                .map_err(map_err(names::MAP_PY_THREADS))?;
-        m.insert(thread_key(pid, tid), tstate, 0)
-            .map_err(map_err(names::MAP_PY_THREADS))
+        self.insert(names::MAP_PY_THREADS, thread_key(pid, tid), tstate)
     }
 
+    /// Where a thread's stack mapping ends: its copies step over untouched pages below it.
     pub fn set_stack_top(&mut self, pid: u32, tid: u32, top: u64) -> Result<(), CaptureError> {
-        let mut m: BpfHashMap<_, u64, u64> =
-            BpfHashMap::try_from(self.bpf.map_mut(names::MAP_STACK_TOPS).expect("STACK_TOPS"))
-                .map_err(map_err(names::MAP_STACK_TOPS))?;
-        m.insert(thread_key(pid, tid), top, 0)
-            .map_err(map_err(names::MAP_STACK_TOPS))
+        self.insert(names::MAP_STACK_TOPS, thread_key(pid, tid), top)
     }
 
     pub fn remove_py_thread(&mut self, pid: u32, tid: u32) {

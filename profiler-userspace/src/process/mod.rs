@@ -47,6 +47,9 @@ pub struct Process {
     /// (`unwind::Walker::scan`): a loop calls the same kernel from the same depth again and
     /// again, and the first guess tried is then the right one. A hint only: each is checked.
     pub scan_hints: rustc_hash::FxHashMap<u64, u64>,
+    /// gimli's working space for the unwind rules evaluated here (`unwind::Walker::cfi_step`),
+    /// kept so that a step allocates nothing.
+    pub cfi_context: Box<gimli::UnwindContext<usize>>,
     /// Threads whose stack end the BPF side was given (`Collector::take_stack_tops`).
     pub stack_tops: rustc_hash::FxHashSet<u32>,
     maps_read_at: Option<Instant>,
@@ -149,6 +152,7 @@ impl Process {
             roots: Default::default(),
             stack_tops: Default::default(),
             scan_hints: Default::default(),
+            cfi_context: Box::new(gimli::UnwindContext::new()),
             maps_read_at: None,
             maps_read_ns: 0,
             unreadable: false,
@@ -296,13 +300,17 @@ impl Process {
     }
 
     pub fn module_for(&self, addr: u64) -> Option<&Module> {
-        let i = self
-            .modules
-            .partition_point(|m| m.start <= addr)
-            .checked_sub(1)?;
-        let m = &self.modules[i];
-        (addr < m.end).then_some(m)
+        module_at(&self.modules, addr)
     }
+}
+
+/// The module of `modules` (sorted by start) that contains `addr`.
+pub fn module_at(modules: &[Module], addr: u64) -> Option<&Module> {
+    let i = modules
+        .partition_point(|m| m.start <= addr)
+        .checked_sub(1)?;
+    let m = &modules[i];
+    (addr < m.end).then_some(m)
 }
 
 /// `CLOCK_MONOTONIC` in nanoseconds, the clock of the BPF program's timestamps.

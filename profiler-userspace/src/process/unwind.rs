@@ -5,7 +5,7 @@
 use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
 use framehop::{FrameAddress, Unwinder};
 
-use super::{Module, Process};
+use super::{module_at, Module, Process};
 use crate::capture::record::RawSample;
 use crate::stack::cfi::{Regs, Step};
 use crate::stack::elf::FileBytes;
@@ -77,6 +77,7 @@ struct Walker<'a, 'r> {
     modules: &'a [Module],
     roots: &'a mut rustc_hash::FxHashSet<u64>,
     hints: &'a mut rustc_hash::FxHashMap<u64, u64>,
+    cfi_context: &'a mut gimli::UnwindContext<usize>,
     /// Frames the scan's trials may still walk (`SCAN_FRAMES`).
     budget: usize,
     /// Where the frames the scan found begin.
@@ -99,6 +100,7 @@ pub fn unwind_user(process: &mut Process, s: &RawSample) -> Unwound {
         modules: &process.modules,
         roots: &mut process.roots,
         hints: &mut process.scan_hints,
+        cfi_context: &mut process.cfi_context,
         budget: SCAN_FRAMES,
         scanned_from: None,
         read: &mut read,
@@ -125,7 +127,7 @@ pub fn unwind_user(process: &mut Process, s: &RawSample) -> Unwound {
     }
 }
 
-impl Walker<'_, '_> {
+impl<'a> Walker<'a, '_> {
     /// Unwinds from the last of `frames` outward; true when the thread's root was reached.
     fn walk(&mut self, frames: &mut Vec<Frame>, scan: bool) -> bool {
         while frames.len() < MAX_NATIVE_FRAMES {
@@ -190,13 +192,8 @@ impl Walker<'_, '_> {
         false
     }
 
-    fn module(&self, addr: u64) -> Option<&Module> {
-        let i = self
-            .modules
-            .partition_point(|m| m.start <= addr)
-            .checked_sub(1)?;
-        let m = &self.modules[i];
-        (addr < m.end).then_some(m)
+    fn module(&self, addr: u64) -> Option<&'a Module> {
+        module_at(self.modules, addr)
     }
 
     fn needs_own_rule(&self, f: Frame) -> bool {
@@ -208,13 +205,15 @@ impl Walker<'_, '_> {
 
     fn cfi_step(&mut self, f: Frame) -> Step {
         let lookup = f.addr.address_for_lookup();
-        let Some(m) = self.module(lookup) else {
+        let Some((m, elf)) = self.module(lookup).and_then(|m| Some((m, m.elf.as_ref()?))) else {
             return Step::NoInfo;
         };
-        let Some(elf) = m.elf.clone() else {
-            return Step::NoInfo;
-        };
-        elf.cfi_step(lookup.wrapping_sub(m.bias), f.regs, self.read)
+        elf.cfi_step(
+            lookup.wrapping_sub(m.bias),
+            f.regs,
+            self.read,
+            self.cfi_context,
+        )
     }
 
     /// Where no rule unwinds a frame (hand-written assembly without CFI, such as OpenBLAS's
@@ -316,17 +315,12 @@ impl Walker<'_, '_> {
         }
     }
 
-    /// A return address within the first instructions at a file's entry point: the program
-    /// (or the dynamic loader, while it relocates) started there, in code with no CFI to say
-    /// so (ld.so's `_start` calls `_dl_start` 3 bytes in).
+    /// A frame at a file's entry point (`ElfFile::at_entry`): where the process started.
     fn at_entry(&self, f: Frame) -> bool {
         let lookup = f.addr.address_for_lookup();
         self.module(lookup)
-            .and_then(|m| Some((m, m.elf.as_ref()?)))
-            .is_some_and(|(m, elf)| {
-                let svma = lookup.wrapping_sub(m.bias);
-                elf.entry != 0 && svma >= elf.entry && svma < elf.entry + 16
-            })
+            .and_then(|m| Some((m.bias, m.elf.as_ref()?)))
+            .is_some_and(|(bias, elf)| elf.at_entry(lookup.wrapping_sub(bias)))
     }
 
     /// The start of the function containing `addr`, by its file's symbols.

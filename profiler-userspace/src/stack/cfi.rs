@@ -110,13 +110,22 @@ impl ElfFile {
         i > 0 && svma < ranges[i - 1].1
     }
 
+    /// Whether `svma` is among the first instructions at the file's entry point, where a
+    /// program (or the dynamic loader, while it relocates) starts: code with no CFI and, in a
+    /// stripped ld.so, no symbol (its `_start` calls `_dl_start` 3 bytes in).
+    pub fn at_entry(&self, svma: u64) -> bool {
+        self.entry != 0 && svma >= self.entry && svma < self.entry + 16
+    }
+
     /// Unwinds the frame at `svma` (already the lookup address: a return address minus one)
-    /// with the registers `regs` valid there. `read` reads a word of the copied stack.
+    /// with the registers `regs` valid there. `read` reads a word of the copied stack; `ctx` is
+    /// gimli's working space, kept by the caller so that a step allocates nothing.
     pub fn cfi_step(
         &self,
         svma: u64,
         regs: Regs,
         read: &mut dyn FnMut(u64) -> Option<u64>,
+        ctx: &mut UnwindContext<usize>,
     ) -> Step {
         let Some((eh_bytes, eh_svma)) = self.section_data(".eh_frame") else {
             return Step::NoInfo;
@@ -138,8 +147,7 @@ impl ElfFile {
         let Ok(fde) = fde else {
             return Step::NoInfo;
         };
-        let mut ctx = UnwindContext::new();
-        let Ok(row) = fde.unwind_info_for_address(&eh, &bases, &mut ctx, svma) else {
+        let Ok(row) = fde.unwind_info_for_address(&eh, &bases, ctx, svma) else {
             return Step::Unknown;
         };
         let encoding = fde.cie().encoding();
