@@ -310,7 +310,7 @@ pub async fn run(cli: RunArgs, command: Command) -> Result<i32, AppError> {
         return Ok(0);
     }
     let elapsed = started.elapsed();
-    session.drain(ring.get_mut());
+    session.drain_all(ring.get_mut());
     let now = monotonic_ns();
     session.settle_sched(now);
     session.collector.finish(now);

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use profiler_common::PyProcConfig;
 
-use crate::capture::record::Record;
+use crate::capture::record::{Record, RecordError};
 use crate::capture::ring::RecordSource;
 use crate::capture::{Capture, CaptureError};
 use crate::collect::Collector;
@@ -98,6 +98,10 @@ const MAX_PENDING: usize = 256;
 const RECHECK_SCANS: u64 = 30;
 /// Records per code-object validation epoch (a few ms of samples at high rates).
 const EPOCH_RECORDS: u32 = 256;
+/// The longest one drain reads for. A ring that refills as fast as it is read (an overload)
+/// would otherwise hold the reader in one drain for good: `-d`, Ctrl-C and the ticks' work
+/// would never come.
+const DRAIN_BUDGET: Duration = Duration::from_millis(100);
 
 pub struct Session<T: Targets> {
     pub targets: T,
@@ -162,28 +166,46 @@ impl<T: Targets> Session<T> {
         }
     }
 
-    /// Hands every waiting record to the collector, then acts on the execs and forks among
-    /// them. Returns the number of records read.
+    /// Hands the waiting records to the collector, for `DRAIN_BUDGET` at most, then acts on
+    /// the execs and forks among them. Returns the number of records read.
     pub fn drain(&mut self, source: &mut impl RecordSource) -> u32 {
+        self.drain_until(source, Some(Instant::now() + DRAIN_BUDGET))
+    }
+
+    /// Hands every waiting record to the collector: at the end of a run, when the programs are
+    /// detached and nothing refills the ring.
+    pub fn drain_all(&mut self, source: &mut impl RecordSource) -> u32 {
+        self.drain_until(source, None)
+    }
+
+    fn drain_until(&mut self, source: &mut impl RecordSource, until: Option<Instant>) -> u32 {
         let mut n = 0u32;
         self.collector.python.new_epoch();
         while let Some(record) = source.next_record(Record::parse) {
             n += 1;
             if n.is_multiple_of(EPOCH_RECORDS) {
                 self.collector.python.new_epoch();
-            }
-            match record {
-                Ok(Record::Sample(s)) => self.collector.handle(s),
-                Ok(Record::Sched(r)) => self.collector.handle_sched(&r),
-                Ok(Record::Event(e)) => self.collector.handle_event(e),
-                Err(e) => {
-                    log::debug!("bad record: {e}");
-                    self.collector.bad_record();
+                if until.is_some_and(|t| Instant::now() >= t) {
+                    self.handle(record);
+                    break;
                 }
             }
+            self.handle(record);
         }
         self.follow_lifetimes();
         n
+    }
+
+    fn handle(&mut self, record: Result<Record, RecordError>) {
+        match record {
+            Ok(Record::Sample(s)) => self.collector.handle(s),
+            Ok(Record::Sched(r)) => self.collector.handle_sched(&r),
+            Ok(Record::Event(e)) => self.collector.handle_event(e),
+            Err(e) => {
+                log::debug!("bad record: {e}");
+                self.collector.bad_record();
+            }
+        }
     }
 
     /// Charges what the scheduler program holds and has not sent (each thread's open span and

@@ -241,6 +241,35 @@ fn subprocesses_makes_children_explicit_targets() {
     assert!(s.targets.procs.contains(&child));
 }
 
+/// A ring that refills as fast as it is read (an overload), for far longer than a drain may
+/// take: a drain without a bound reads it all, for many seconds, and fails the test.
+struct Endless(u32);
+
+impl RecordSource for Endless {
+    fn next_record<R>(&mut self, f: impl FnOnce(&[u8]) -> R) -> Option<R> {
+        if self.0 == 50_000_000 {
+            return None;
+        }
+        self.0 += 1;
+        Some(f(&event(99, 1, 0, 0)))
+    }
+}
+
+/// A drain of a ring that never empties returns within its budget, so the run's deadline and
+/// signals are seen; the end of a run still reads everything left.
+#[test]
+fn a_drain_of_a_ring_that_never_empties_ends() {
+    let mut s = session(Scope::default());
+    let mut source = Endless(0);
+    let t0 = std::time::Instant::now();
+    let n = s.drain(&mut source);
+    assert!(n > 0 && n == source.0, "{n} records read of {}", source.0);
+    assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+    let mut q = VecDeque::from(vec![event(99, 1, 0, 0); 5000]);
+    assert_eq!(s.drain_all(&mut q), 5000);
+    assert!(q.is_empty());
+}
+
 #[test]
 fn records_that_do_not_decode_are_counted_and_skipped() {
     let mut s = session(Scope::default());
