@@ -70,7 +70,8 @@ pub struct RunArgs {
     #[arg(short, long)]
     pub output: Option<PathBuf>,
     /// Output formats, comma-separated: gecko (Firefox Profiler), collapsed (folded stacks),
-    /// jsonl (CPython sampler JSONL), pprof, flamegraph (SVG).
+    /// jsonl (CPython sampler JSONL), pprof, flamegraph (SVG), pstats (Python's pstats.Stats),
+    /// heatmap (HTML: Python source lines shaded by their samples).
     #[arg(short, long, value_parser = format_parser(), value_delimiter = ',')]
     pub format: Vec<Format>,
     /// Serve the profile to profiler.firefox.com from 127.0.0.1 and print its link (until Ctrl-C).
@@ -144,6 +145,10 @@ pub struct ConvertArgs {
     /// Count another mode than the recording's (from a wall or all recording).
     #[arg(short, long, value_parser = mode_parser())]
     pub mode: Option<Mode>,
+    /// Compare with an earlier recording: a differential flame graph (red: a larger share than
+    /// in the baseline, blue: a smaller one) or folded stacks with both counts (`-f collapsed`).
+    #[arg(long, value_name = "BASELINE.tbpf")]
+    pub diff_against: Option<PathBuf>,
     /// Serve the Gecko profile to profiler.firefox.com from 127.0.0.1 (until Ctrl-C).
     #[arg(long)]
     pub open: bool,

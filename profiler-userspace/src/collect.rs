@@ -29,6 +29,8 @@ pub struct Collector {
     kernel: KernelSymbols,
     kernel_lib: LibId,
     native_frames: FxHashMap<(Arc<str>, u64, Category), FrameId>,
+    /// Names Python gave threads, by (pid, tid), given to the profile's threads as they end.
+    thread_names: FxHashMap<(u32, u32), String>,
     kernel_frames: FxHashMap<u64, FrameId>,
     pub python: PythonRegistry,
     start_ns: u64,
@@ -141,6 +143,10 @@ fn ensure_process(profile: &mut Profile, python: &PythonRegistry, pid: u32, comm
 
 pub use crate::process::monotonic_ns;
 
+fn alive_task(pid: u32, tid: u32) -> bool {
+    std::path::Path::new(&format!("/proc/{pid}/task/{tid}")).exists()
+}
+
 impl Collector {
     pub fn new(start_ns: u64, python: PythonRegistry, mode: Mode, interval_ms: f64) -> Collector {
         let mut profile = Profile::new(mode, interval_ms);
@@ -152,6 +158,7 @@ impl Collector {
             kernel: KernelSymbols::load(),
             kernel_lib,
             native_frames: FxHashMap::default(),
+            thread_names: FxHashMap::default(),
             kernel_frames: FxHashMap::default(),
             python,
             start_ns,
@@ -218,18 +225,11 @@ impl Collector {
         f
     }
 
-    /// Whether a native stack (root first) is in the GIL hand-off path: a named GIL function, or
-    /// (interpreters without a symbol table, whose `take_gil`/`drop_gil` are anonymous) a
-    /// condition-variable or mutex wait called straight from the Python runtime, which in
-    /// CPython's glibc builds only the GIL does (its own locks use semaphores).
-    fn in_gil_handoff(&self, native: &[(FrameId, Arc<str>)]) -> bool {
-        if native
-            .iter()
-            .any(|(_, n)| crate::python::is_gil_function(n))
-        {
-            return true;
-        }
-        native.windows(2).any(|w| {
+    /// Where an anonymous function of the Python runtime waits on a condition variable or mutex
+    /// straight from the runtime, which in CPython's glibc builds only the GIL does (its own
+    /// locks use semaphores): `take_gil` or `drop_gil` in an interpreter without a symbol table.
+    fn anonymous_gil_frame(&self, native: &[(FrameId, Arc<str>)]) -> Option<usize> {
+        native.windows(2).position(|w| {
             let (caller, callee) = (&w[0], &w[1]);
             matches!(
                 callee.1.as_ref(),
@@ -237,8 +237,18 @@ impl Collector {
             ) && caller.1.contains("+0x")
                 && self.profile.funcs[self.profile.frames[caller.0].func]
                     .lib
-                    .is_some_and(|l| self.profile.libs[l].name.contains("python"))
+                    .is_some_and(|l| self.profile.libs[l].is_interpreter())
         })
+    }
+
+    /// Whether a kernel frame is in an exec, which replaces the process's memory.
+    fn is_exec_point(&self, f: FrameId) -> bool {
+        let name = self.profile.funcs[self.profile.frames[f].func]
+            .name
+            .as_ref();
+        name.starts_with("__x64_sys_execve")
+            || name.starts_with("__ia32_sys_execve")
+            || name == "begin_new_exec"
     }
 
     /// Whether a kernel frame is in BPF program or tracepoint-dispatch code (by its symbol, from
@@ -300,6 +310,15 @@ impl Collector {
                 None,
             ),
         };
+        // The GIL hand-off and the garbage collector are named for what they are, in every
+        // stack they are in (the Gecko output colours what they call the same way).
+        let cat = if crate::python::is_gil_function(&name) {
+            Category::Gil
+        } else if crate::python::is_gc_function(&name) && self.profile.libs[lib].is_interpreter() {
+            Category::Gc
+        } else {
+            cat
+        };
         let func = self.profile.func(Func {
             name: name.clone(),
             file: None,
@@ -327,15 +346,42 @@ impl Collector {
         c.last_lag_ms = lag_ms;
         c.max_lag_ms = c.max_lag_ms.max(lag_ms);
         let pid = s.pid;
+        // Kernel frames, root first. The innermost ones of an off-CPU capture are the
+        // profiler's own BPF program and the tracepoint that ran it; the thread's stack ends at
+        // the scheduler.
+        let mut kstack: &[u64] = &s.kstack;
+        while let Some((&k, rest)) = kstack.split_first() {
+            if !self.is_tracing_frame(k) {
+                break;
+            }
+            kstack = rest;
+        }
+        let kernel: Vec<FrameId> = kstack.iter().rev().map(|&k| self.kernel_frame(k)).collect();
+        // A sample inside an exec: the user registers are the old program's, whose mappings
+        // are gone or going (the maps read now are the new program's); its kernel stack says it.
+        let replaced = kernel.iter().any(|&f| self.is_exec_point(f));
         let elves = &mut self.elves;
         let proc = self
             .procs
             .entry(pid)
             .or_insert_with(|| Process::new(pid, &s.comm));
-        if s.ip != 0 {
+        // A main-thread sample named otherwise than the process is now: it ran the program the
+        // process exec'd away from since (a launcher's child waiting for its start), whose code
+        // the mappings read now do not show. The name is read again to be sure (a process may
+        // rename itself; its later samples then match).
+        let foreign = s.tid == pid
+            && !s.comm.is_empty()
+            && s.comm != proc.comm
+            && crate::process::read_comm(pid).is_some_and(|c| {
+                let differs = c != s.comm;
+                proc.comm = c;
+                differs
+            });
+        let replaced = replaced || foreign;
+        if s.ip != 0 && !replaced {
             proc.ensure_maps(s.ip, s.time_ns, elves);
         }
-        let mut unwound = if s.flags & profiler_common::SAMPLE_NO_USER == 0 {
+        let mut unwound = if s.flags & profiler_common::SAMPLE_NO_USER == 0 && !replaced {
             let mut u = unwind_user(proc, &s);
             // A return address outside every known module: a library mapped since the maps
             // were read. Re-read them (rate-limited) and unwind again.
@@ -417,6 +463,19 @@ impl Collector {
         if unwound.truncated {
             self.profile.counters.native_truncated += 1;
         }
+        // The GIL hand-off of an interpreter without a symbol table is the GIL's, as a named
+        // `take_gil` is (`native_frame`): its frame says so, for what it calls to be coloured so.
+        if py.is_some() {
+            if let Some(i) = self.anonymous_gil_frame(&native) {
+                let mut fr = self.profile.frames[native[i].0].clone();
+                fr.category = Category::Gil;
+                native[i].0 = self.profile.frame(fr);
+            }
+        }
+        // Waiting for the GIL: a frame of the GIL hand-off is on the stack.
+        let in_gil_handoff = native
+            .iter()
+            .any(|(f, _)| self.profile.frames[*f].category == Category::Gil);
         let mut root_first: Vec<FrameId> = match py {
             Some(PythonFrames {
                 ref activations, ..
@@ -433,18 +492,7 @@ impl Collector {
             // not mistaken for whole ones (and do not root at a Python or library frame).
             root_first.insert(0, self.truncated_frame());
         }
-        // The innermost kernel frames of an off-CPU capture are the profiler's own BPF program
-        // and the tracepoint that ran it; the thread's stack ends at the scheduler.
-        let mut kstack: &[u64] = &s.kstack;
-        while let Some((&k, rest)) = kstack.split_first() {
-            if !self.is_tracing_frame(k) {
-                break;
-            }
-            kstack = rest;
-        }
-        for &k in kstack.iter().rev() {
-            root_first.push(self.kernel_frame(k));
-        }
+        root_first.extend_from_slice(&kernel);
         if root_first.is_empty() {
             self.profile.counters.kernel_only += 1;
         }
@@ -455,7 +503,7 @@ impl Collector {
             // Waiting for the GIL: in the GIL hand-off path. A thread inside `drop_gil` may still
             // be the recorded holder while it blocks on the GIL's mutex to release it; it is
             // giving the GIL up (3.13+ clears `holds_gil` on entry), so it does not hold it.
-            if self.in_gil_handoff(&native) {
+            if in_gil_handoff {
                 st &= !state::HAS_GIL;
                 st |= state::GIL_WAIT;
             }
@@ -637,6 +685,7 @@ impl Collector {
     /// caches stay.
     pub fn rotate(&mut self, now_ns: u64) -> Profile {
         let end = self.time_ms(now_ns);
+        self.apply_thread_names();
         let mut next = self.profile.successor(end);
         self.profile.finish(end);
         self.kernel_lib = next.lib(&Arc::from(KERNEL_LIB));
@@ -653,6 +702,10 @@ impl Collector {
     pub fn sweep(&mut self) {
         let alive = |pid: u32| std::path::Path::new(&format!("/proc/{pid}")).exists();
         self.procs.retain(|&pid, _| alive(pid));
+        // Names are given before their threads' entries go with them.
+        self.apply_thread_names();
+        self.thread_names
+            .retain(|&(pid, tid), _| alive(pid) && alive_task(pid, tid));
         self.python.sweep(alive);
     }
 
@@ -702,6 +755,23 @@ impl Collector {
     /// Ends the run at `end_ns`: closes every timeline, sorts samples, builds markers.
     pub fn finish(&mut self, end_ns: u64) {
         let end = self.time_ms(end_ns);
+        self.apply_thread_names();
         self.profile.finish(end);
+    }
+
+    /// The name Python gave a thread of `pid`.
+    pub fn name_thread(&mut self, pid: u32, tid: u32, name: String) {
+        self.thread_names.insert((pid, tid), name);
+    }
+
+    /// Gives the profile's threads the names Python gave them.
+    fn apply_thread_names(&mut self) {
+        for p in self.profile.processes.values_mut() {
+            for t in p.threads.values_mut() {
+                if let Some(name) = self.thread_names.get(&(p.pid, t.tid)) {
+                    t.python_name = Some(name.clone());
+                }
+            }
+        }
     }
 }

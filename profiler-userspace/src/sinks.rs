@@ -190,14 +190,12 @@ impl Sink for Top {
         Some(Duration::from_secs(1))
     }
     fn take_interval(&mut self, p: &Profile, run: &RunInfo, elapsed: Duration) {
+        // The view adds the processes and threads sampled in its window.
         let line = format!(
-            "tachyon-bpf top: {:.0} s, {} samples in the last second, lost {}, {} processes, \
-             {} threads",
+            "tachyon-bpf top: {:.0} s, {} samples in the last second, lost {}",
             elapsed.as_secs_f64(),
             p.counters.samples,
             run.lost,
-            p.all_processes().count(),
-            p.thread_count(),
         );
         self.view.add(p, line);
         self.draw();

@@ -121,8 +121,7 @@ pub fn tools_dir() -> PathBuf {
         .unwrap_or_else(|| workspace().join(".tools"))
 }
 
-/// Debian's build of `python3.MINOR` that `cargo xtask` unpacks (3.14, and 3.15 which the
-/// profiler does not support yet).
+/// Debian's build of `python3.MINOR` that `cargo xtask` unpacks (3.14 and 3.15).
 pub fn debian_python(minor: u32) -> PathBuf {
     let p = tools_dir().join(format!("debian-python/usr/bin/python3.{minor}"));
     assert!(
@@ -134,7 +133,8 @@ pub fn debian_python(minor: u32) -> PathBuf {
 }
 
 /// Every CPython the tests run: (label, interpreter path), pyenv 3.8-3.13, Debian's 3.11 and
-/// Debian's (unstable) 3.14. A missing one fails the test (the machine is not set up as CI's).
+/// Debian's (unstable) 3.14 and 3.15. A missing one fails the test (the machine is not set up
+/// as CI's).
 pub fn interpreters() -> Vec<(String, PathBuf)> {
     let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
     let mut out = Vec::new();
@@ -147,6 +147,7 @@ pub fn interpreters() -> Vec<(String, PathBuf)> {
     assert!(debian.exists(), "Debian's python3.11 is missing");
     out.push(("debian-3.11".into(), debian));
     out.push(("debian-3.14".into(), debian_python(14)));
+    out.push(("debian-3.15".into(), debian_python(15)));
     out
 }
 

@@ -1,7 +1,8 @@
 //! One recorded run, converted without root after its process is gone into every format, each
 //! read back by the tool people open it with: the Firefox Profiler CLI (Gecko), `go tool pprof`
-//! (pprof), inferno (folded stacks, and the SVG it draws), and a reader of CPython's JSONL
-//! schema that enforces its rules. All must agree on the total and on the hottest functions.
+//! (pprof), inferno (folded stacks, and the SVG it draws), Python's `pstats` (the statistics
+//! file), and a reader of CPython's JSONL schema that enforces its rules. All must agree on the
+//! total and on the hottest functions.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::{Read, Write};
@@ -96,7 +97,7 @@ fn record_and_convert(dir: &Path) -> PathBuf {
         "convert",
         rec.to_str().unwrap(),
         "--format",
-        "gecko,collapsed,jsonl,pprof,flamegraph",
+        "gecko,collapsed,jsonl,pprof,flamegraph,pstats,heatmap",
         "-o",
         base.to_str().unwrap(),
     ])
@@ -107,7 +108,15 @@ fn record_and_convert(dir: &Path) -> PathBuf {
         "convert as nobody: {}",
         String::from_utf8_lossy(&o.stderr)
     );
-    for ext in ["json", "folded", "jsonl", "pb.gz", "svg"] {
+    for ext in [
+        "json",
+        "folded",
+        "jsonl",
+        "pb.gz",
+        "svg",
+        "pstats",
+        "heatmap.html",
+    ] {
         assert!(
             out.join(format!("run.{ext}")).exists(),
             "run.{ext} was not written"
@@ -172,6 +181,60 @@ fn collapsed_tally(path: &Path) -> Tally {
     let all = svg_total(&svg);
     assert_eq!(all, t.total, "inferno's total");
     t
+}
+
+/// Per Python function of a collapsed file (`file.py:func:line` frames): samples where it is
+/// the innermost Python frame, and samples it is on the stack in; and the total of samples
+/// with a Python frame.
+fn collapsed_python(path: &Path) -> (HashMap<String, (f64, f64)>, f64) {
+    let text = std::fs::read_to_string(path).unwrap();
+    let mut out: HashMap<String, (f64, f64)> = HashMap::new();
+    let mut total = 0.0;
+    for line in text.lines() {
+        let (stack, n) = line.rsplit_once(' ').unwrap();
+        let n: f64 = n.parse().unwrap();
+        let python: Vec<String> = stack
+            .split(';')
+            .skip(2)
+            .filter(|f| f.contains(".py:") || f.starts_with('<'))
+            .map(folded_func)
+            .collect();
+        let Some(leaf) = python.last() else { continue };
+        total += n;
+        out.entry(leaf.clone()).or_default().0 += n;
+        let distinct: HashSet<&String> = python.iter().collect();
+        for f in distinct {
+            out.entry(f.clone()).or_default().1 += n;
+        }
+    }
+    (out, total)
+}
+
+/// Loads a stats file with `python`'s own `pstats.Stats`: per function name of `work.py`,
+/// (primitive calls, calls, tottime, cumtime, callers' names); under "" the primitive calls of
+/// every function.
+fn pstats_of(python: &Path, path: &Path) -> HashMap<String, (f64, f64, f64, f64, Vec<String>)> {
+    let script = r#"
+import json, pstats, sys
+s = pstats.Stats(sys.argv[1])
+out = {"": [sum(v[0] for v in s.stats.values()), 0, 0, 0, []]}
+for (file, line, name), (cc, nc, tt, ct, callers) in s.stats.items():
+    if file.endswith("work.py"):
+        out[name] = [cc, nc, tt, ct, sorted(c[2] for c in callers)]
+print(json.dumps(out))
+"#;
+    let o = Command::new(python)
+        .args(["-c", script, path.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "pstats: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let v: HashMap<String, (f64, f64, f64, f64, Vec<String>)> =
+        serde_json::from_slice(&o.stdout).unwrap();
+    v
 }
 
 /// The `all (N samples, 100%)` total of an inferno SVG.
@@ -396,6 +459,37 @@ fn every_format_agrees_and_converts_without_root() {
         "flame graph total"
     );
 
+    // The statistics file, as Python 3.8's and 3.12's `pstats` load it: the samples of each
+    // function where it is the innermost Python frame (tottime) and where it is on the stack
+    // (cumtime), as the folded stacks count them, and its caller.
+    let (folded, python_total) = collapsed_python(&with("folded"));
+    let interval_s = 0.001;
+    for label in ["3.8.18", "3.12.1"] {
+        let stats = pstats_of(&python(label), &with("pstats"));
+        let direct = stats[""].0;
+        assert!(
+            (direct - python_total).abs() <= (python_total * 0.01).max(3.0),
+            "{label}: pstats has {direct} samples, the folded stacks {python_total} with Python"
+        );
+        for func in ["heavy", "medium", "light", "main"] {
+            let (cc, nc, tt, ct, callers) = &stats[func];
+            let (own, on_stack) = folded[func];
+            let slack = (on_stack * 0.01).max(3.0);
+            assert!(
+                (cc - own).abs() <= slack && (nc - on_stack).abs() <= slack,
+                "{label}: {func}: pstats {cc}/{nc} samples, folded {own}/{on_stack}"
+            );
+            assert!(
+                (tt - cc * interval_s).abs() < 0.05 && (ct - nc * interval_s).abs() < 0.05,
+                "{label}: {func}: tottime {tt} s for {cc} samples, cumtime {ct} s for {nc}"
+            );
+            if func != "main" {
+                assert_eq!(callers, &["main"], "{label}: {func} is called by main");
+            }
+        }
+        assert!(stats["heavy"].2 > stats["light"].2, "{label}: {stats:?}");
+    }
+
     // The recording converts to another mode: cpu drops the (few) off-CPU samples.
     let cpu = dir.join("out/cpu.folded");
     let o = as_nobody(&[
@@ -515,4 +609,401 @@ fn bad_recordings_and_format_misuse() {
         .output()
         .unwrap();
     check_error(&o, 2, "record writes a recording");
+}
+
+const SHIFT: &str = r#"
+import sys, time
+def busy(n):
+    x = 0
+    for i in range(n):
+        x += i
+def alpha(): busy(30000)
+def beta(): busy(10000)
+def gamma(): busy(10000)
+def delta(): busy(10000)
+new = sys.argv[1] == "new"
+t0 = time.time()
+while time.time() - t0 < 2:
+    if new:
+        alpha(); beta(); beta(); beta(); gamma()
+    else:
+        alpha(); alpha(); alpha(); beta(); delta()
+"#;
+
+/// `convert NEW --diff-against BASELINE`: two runs of one program whose work moved from `alpha`
+/// to `beta`, with `gamma` only in the new one and `delta` only in the baseline. The flame graph
+/// colours what grew red and what shrank blue and marks `gamma` new; `delta` is reported gone;
+/// the folded diff carries both counts, the baseline's scaled to the new total.
+#[test]
+fn a_diff_against_a_baseline_shows_what_moved() {
+    require_root();
+    let dir = scratch("formats_diff");
+    let script = dir.join("shift.py");
+    std::fs::write(&script, SHIFT).unwrap();
+    let py = python("3.12.1");
+    let record = |name: &str, arg: &str, mode: &str| {
+        let rec = dir.join(format!("{name}.tbpf"));
+        let o = run_profiler(
+            &[
+                "record",
+                "-m",
+                mode,
+                "-o",
+                rec.to_str().unwrap(),
+                "--",
+                py.to_str().unwrap(),
+                script.to_str().unwrap(),
+                arg,
+            ],
+            Duration::from_secs(60),
+        );
+        assert!(o.status.success(), "record: {}", stderr_of(&o));
+        rec
+    };
+    let old = record("old", "old", "cpu");
+    let new = record("new", "new", "cpu");
+    let svg = dir.join("diff.svg");
+    let o = run_profiler(
+        &[
+            "convert",
+            new.to_str().unwrap(),
+            "--diff-against",
+            old.to_str().unwrap(),
+            "-o",
+            svg.to_str().unwrap(),
+        ],
+        Duration::from_secs(60),
+    );
+    assert!(o.status.success(), "convert: {}", stderr_of(&o));
+    let err = stderr_of(&o);
+    // `  -45.3   87.3% ->  42.0%  shift.py:alpha`
+    let change = |func: &str| -> (f64, f64) {
+        let line = err
+            .lines()
+            .find(|l| l.ends_with(&format!("shift.py:{func}")))
+            .unwrap_or_else(|| panic!("no change line for {func}: {err}"));
+        let nums: Vec<f64> = line
+            .split_whitespace()
+            .filter_map(|w| w.trim_end_matches('%').parse().ok())
+            .collect();
+        (nums[1], nums[2])
+    };
+    let (a0, a1) = change("alpha");
+    let (b0, b1) = change("beta");
+    let (g0, g1) = change("gamma");
+    // Work units: baseline alpha 90k, beta 10k, delta 10k; now alpha 30k, beta 30k, gamma 10k.
+    assert!(
+        (a0 - 81.8).abs() < 8.0 && (a1 - 42.9).abs() < 8.0,
+        "alpha {a0} -> {a1}: {err}"
+    );
+    assert!(
+        (b0 - 9.1).abs() < 5.0 && (b1 - 42.9).abs() < 8.0,
+        "beta {b0} -> {b1}: {err}"
+    );
+    assert!(
+        g0 == 0.0 && (g1 - 14.3).abs() < 8.0,
+        "gamma {g0} -> {g1}: {err}"
+    );
+    assert!(
+        err.lines()
+            .any(|l| l.contains("gone:") && l.contains("shift.py:delta")),
+        "delta is gone: {err}"
+    );
+
+    // The SVG: `busy` under alpha shrank (blue), under beta grew (red), gamma is marked new.
+    let text = std::fs::read_to_string(&svg).unwrap();
+    let frames: Vec<(String, (u8, u8, u8))> = text
+        .split("<g><title>")
+        .skip(1)
+        .filter_map(|g| {
+            let (title, rest) = g.split_once("</title>")?;
+            let fill = rest.split("fill=\"rgb(").nth(1)?.split(')').next()?;
+            let c: Vec<u8> = fill.split(',').filter_map(|x| x.parse().ok()).collect();
+            Some((title.to_string(), (c[0], c[1], c[2])))
+        })
+        .collect();
+    let busy: Vec<&(String, (u8, u8, u8))> = frames
+        .iter()
+        .filter(|(t, _)| t.starts_with("shift.py:busy (") && t.contains("%; "))
+        .collect();
+    // `name (N samples, P%; +D%)`: the change of the frame's own samples.
+    let delta = |t: &str| -> f64 {
+        t.rsplit("%; ")
+            .next()
+            .and_then(|d| d.trim_end_matches("%)").parse().ok())
+            .unwrap_or(0.0)
+    };
+    let shrank = busy
+        .iter()
+        .min_by(|a, b| delta(&a.0).total_cmp(&delta(&b.0)))
+        .expect("busy frames");
+    let grew = busy
+        .iter()
+        .max_by(|a, b| delta(&a.0).total_cmp(&delta(&b.0)))
+        .expect("busy frames");
+    assert!(delta(&shrank.0) < -2.0 && delta(&grew.0) > 2.0, "{busy:?}");
+    // Shades of blue and red (white is no change).
+    let (r, g, b) = shrank.1;
+    assert!(b == 255 && r == g && r < 240, "blue: {shrank:?}");
+    let (r, g, b) = grew.1;
+    assert!(r == 255 && g == b && b < 240, "red: {grew:?}");
+    assert!(
+        frames
+            .iter()
+            .any(|(t, _)| t.starts_with("shift.py:gamma (new) (")),
+        "gamma is marked new"
+    );
+    assert!(text.contains("of the baseline is on call paths that are gone"));
+
+    // The folded diff: both counts per call path, the baseline's scaled to the new total.
+    let folded = dir.join("diff.folded");
+    let o = run_profiler(
+        &[
+            "convert",
+            new.to_str().unwrap(),
+            "--diff-against",
+            old.to_str().unwrap(),
+            "-f",
+            "collapsed",
+            "-o",
+            folded.to_str().unwrap(),
+            "-q",
+        ],
+        Duration::from_secs(60),
+    );
+    assert!(o.status.success(), "{}", stderr_of(&o));
+    let (mut before, mut after, mut alpha_before, mut alpha_after) = (0.0, 0.0, 0.0, 0.0);
+    for line in std::fs::read_to_string(&folded).unwrap().lines() {
+        let mut it = line.rsplitn(3, ' ');
+        let a: f64 = it.next().unwrap().parse().unwrap();
+        let b: f64 = it.next().unwrap().parse().unwrap();
+        let stack = it.next().unwrap();
+        assert!(
+            !stack.contains("[pid ") && !stack.contains("[tid "),
+            "{stack}"
+        );
+        before += b;
+        after += a;
+        if stack.contains(";shift.py:alpha;") {
+            alpha_before += b;
+            alpha_after += a;
+        }
+    }
+    assert!(after > 1000.0, "{after} samples");
+    // Scaled to the new total, less the baseline's call paths that are gone (`delta`, ~9%).
+    assert!(
+        before <= 1.02 * after && before >= 0.8 * after,
+        "baseline {before} scaled against {after}"
+    );
+    assert!(
+        alpha_before > 1.5 * alpha_after,
+        "alpha {alpha_before} -> {alpha_after}"
+    );
+
+    // Modes must match, and the diff is one format.
+    let wall = record("wall", "old", "wall");
+    let o = run_profiler(
+        &[
+            "convert",
+            new.to_str().unwrap(),
+            "--diff-against",
+            wall.to_str().unwrap(),
+        ],
+        Duration::from_secs(60),
+    );
+    assert!(
+        o.status.success(),
+        "a wall baseline gives cpu mode: {}",
+        stderr_of(&o)
+    );
+    let o = run_profiler(
+        &[
+            "convert",
+            wall.to_str().unwrap(),
+            "--diff-against",
+            new.to_str().unwrap(),
+        ],
+        Duration::from_secs(60),
+    );
+    check_error(&o, 2, "pick a mode both give with --mode");
+    let o = run_profiler(
+        &[
+            "convert",
+            new.to_str().unwrap(),
+            "--diff-against",
+            old.to_str().unwrap(),
+            "-f",
+            "gecko",
+        ],
+        Duration::from_secs(60),
+    );
+    check_error(&o, 2, "--diff-against writes one format");
+}
+
+const HEAT_MAIN: &str = r#"
+import time, secret_helper
+def hot(n):
+    s = 0
+    for i in range(n):
+        s += i * i  # HOT
+    return s
+def cool(n):
+    return sum(range(n))
+t0 = time.time()
+while time.time() - t0 < 2:
+    hot(50000)
+    cool(50000)
+    secret_helper.private_work(20000)
+"#;
+
+const HEAT_HELPER: &str = r#"
+def private_work(n):
+    x = 0
+    for i in range(n):
+        x += i
+    return x
+"#;
+
+/// Parses a heatmap page with Python's `html.parser` (no browser): the index rows
+/// `[file, self_ms, total_ms]`, and per page id its rows `[line, self_ms, total_ms, code]` and its
+/// note (why the source is not shown).
+fn parse_heatmap(path: &Path) -> Value {
+    let script = r#"
+import json, sys
+from html.parser import HTMLParser
+class P(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.index, self.pages, self.sec, self.row, self.cell, self.note = [], {}, None, None, None, False
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "section":
+            self.sec = a["id"]
+            self.pages.setdefault(self.sec, {"rows": [], "note": ""})
+        elif tag == "tr" and "data-file" in a:
+            self.index.append([a["data-file"], float(a["data-self-ms"]), float(a["data-total-ms"])])
+        elif tag == "tr" and "data-line" in a:
+            self.row = [int(a["data-line"]), float(a["data-self-ms"]), float(a["data-total-ms"]), ""]
+            self.pages[self.sec]["rows"].append(self.row)
+        elif tag == "td" and a.get("class") == "code":
+            self.cell = True
+        elif tag == "p" and a.get("class") == "note":
+            self.note = True
+    def handle_endtag(self, tag):
+        if tag == "td":
+            self.cell = False
+        if tag == "p":
+            self.note = False
+    def handle_data(self, d):
+        if self.cell and self.row is not None:
+            self.row[3] += d
+        if self.note:
+            self.pages[self.sec]["note"] += d
+p = P()
+p.feed(open(sys.argv[1], encoding="utf-8").read())
+print(json.dumps({"index": p.index, "pages": p.pages}))
+"#;
+    let o = Command::new("python3")
+        .args(["-c", script, path.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "html.parser: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    serde_json::from_slice(&o.stdout).unwrap()
+}
+
+/// `-f heatmap`: one HTML file that opens offline, read back with an HTML parser. The index puts
+/// the script first; its page shows its source with the `# HOT` line hottest, and its lines'
+/// self time adds up to the folded stacks' time in its functions. A module only root may read
+/// (mode 0600) is profiled, but its source is not put into the page: root would otherwise show
+/// any file a process names as its code.
+#[test]
+fn heatmap_shows_sources_by_their_samples() {
+    require_root();
+    let dir = scratch("formats_heatmap");
+    let main = dir.join("heat_main.py");
+    std::fs::write(&main, HEAT_MAIN).unwrap();
+    std::fs::set_permissions(&main, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let helper = dir.join("secret_helper.py");
+    std::fs::write(&helper, HEAT_HELPER).unwrap();
+    std::fs::set_permissions(&helper, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let base = dir.join("run");
+    let py = python("3.12.1");
+    profile_command(
+        &base,
+        &["-m", "cpu", "-f", "heatmap,collapsed", "-q"],
+        &[py.to_str().unwrap(), main.to_str().unwrap()],
+    );
+    let page = dir.join("run.heatmap.html");
+    let html = std::fs::read_to_string(&page).unwrap();
+    assert!(
+        !html.contains("<script src") && !html.contains("<link") && !html.contains("http"),
+        "self-contained"
+    );
+    let v = parse_heatmap(&page);
+    let index = v["index"].as_array().unwrap();
+    let main_path = main.to_str().unwrap();
+    assert_eq!(
+        index[0][0], main_path,
+        "the script is the hottest file: {index:?}"
+    );
+    let pages = v["pages"].as_object().unwrap();
+    let rows = pages["f0"]["rows"].as_array().unwrap();
+    assert_eq!(
+        rows.len(),
+        HEAT_MAIN.lines().count(),
+        "the whole file: {rows:?}"
+    );
+    let hottest = rows
+        .iter()
+        .max_by(|a, b| a[1].as_f64().unwrap().total_cmp(&b[1].as_f64().unwrap()))
+        .unwrap();
+    assert!(
+        hottest[3].as_str().unwrap().contains("# HOT"),
+        "the hottest line: {hottest:?}"
+    );
+    // The script's own lines' self time is the folded stacks' self time in its functions.
+    let folded = std::fs::read_to_string(dir.join("run.folded")).unwrap();
+    let mut in_main = 0.0;
+    for line in folded.lines() {
+        let (stack, n) = line.rsplit_once(' ').unwrap();
+        let leaf = stack
+            .split(';')
+            .rev()
+            .find(|f| f.contains(".py:") || f.starts_with('<'))
+            .unwrap_or("");
+        if leaf.starts_with("heat_main.py:") {
+            in_main += n.parse::<f64>().unwrap();
+        }
+    }
+    let self_ms: f64 = rows.iter().map(|r| r[1].as_f64().unwrap()).sum();
+    assert!(
+        (self_ms - in_main).abs() <= (in_main * 0.01).max(3.0),
+        "heatmap {self_ms} ms vs folded {in_main} samples of 1 ms"
+    );
+    // The private module: sampled, its lines listed, its text not shown.
+    let secret = index
+        .iter()
+        .position(|r| r[0] == helper.to_str().unwrap())
+        .expect("the helper is in the index");
+    let sp = &pages[&format!("f{secret}")];
+    assert!(
+        sp["note"]
+            .as_str()
+            .unwrap()
+            .contains("not readable by every user"),
+        "{sp:?}"
+    );
+    assert!(!html.contains("x += i\n") && !html.contains("def private_work"));
+    assert!(
+        sp["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r[1].as_f64().unwrap() > 100.0),
+        "its hot line is listed: {sp:?}"
+    );
 }

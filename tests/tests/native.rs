@@ -446,3 +446,79 @@ fn stripped_libraries_are_named_from_their_debug_files() {
         "{named} of {spin} samples in spin start at clone3;start_thread"
     );
 }
+
+fn sh(dir: &std::path::Path, script: &str) {
+    let o = Command::new("sh")
+        .args(["-euc", script])
+        .current_dir(dir)
+        .output()
+        .expect("sh");
+    assert!(
+        o.status.success(),
+        "{script}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+/// A stripped library's static function is named from the debug file its `.gnu_debuglink`
+/// names (in `DIR/.debug/`, checked by its CRC-32; the library has no build id to look up), and
+/// from its MiniDebugInfo (`.gnu_debugdata`, an xz-compressed symbol table, as Fedora ships
+/// its libraries), each built here with binutils and xz the way distributions do it.
+#[test]
+fn stripped_libraries_are_named_from_debuglink_and_minidebuginfo() {
+    require_root();
+    let dir = scratch("native_debuglink");
+    for (kind, recipe) in [
+        (
+            "debuglink",
+            "mkdir -p .debug
+             objcopy --only-keep-debug libdl_kind.so .debug/libdl_kind.so.debug
+             strip libdl_kind.so
+             objcopy --add-gnu-debuglink=.debug/libdl_kind.so.debug libdl_kind.so",
+        ),
+        (
+            "minidebuginfo",
+            "objcopy --only-keep-debug libdl_kind.so mini
+             objcopy --strip-debug mini
+             rm -f mini.xz && xz mini
+             strip libdl_kind.so
+             objcopy --add-section .gnu_debugdata=mini.xz libdl_kind.so",
+        ),
+    ] {
+        let name = format!("libdl_{kind}.so");
+        let lib = compile_c(
+            &dir,
+            &name,
+            STRIPPED_LIB_C,
+            &["-O2", "-shared", "-fPIC", "-g", "-Wl,--build-id=none"],
+        );
+        sh(&dir, &recipe.replace("libdl_kind.so", &name));
+        let syms = Command::new("nm").arg(&lib).output().unwrap();
+        assert!(
+            String::from_utf8_lossy(&syms.stderr).contains("no symbols"),
+            "{kind}: {name} is stripped"
+        );
+        let prog = compile_c(&dir, "debuglink_main", STRIPPED_MAIN_C, &["-O2", "-ldl"]);
+        let out = dir.join(format!("{kind}.json"));
+        profile_command(
+            &out,
+            &["-m", "cpu", "-q"],
+            &[prog.to_str().unwrap(), lib.to_str().unwrap(), "1.5"],
+        );
+        let v = Viewer::load(&out).unwrap();
+        let procs = v.processes().unwrap();
+        let p = procs
+            .iter()
+            .find(|p| p.name == "debuglink_main")
+            .expect("process debuglink_main");
+        let paths = v.call_paths(&p.threads[0].handle).unwrap();
+        let named = paths.with_sequence(&["run_stripped", "hidden_spin"]);
+        assert!(
+            named as f64 >= 0.8 * paths.total as f64,
+            "{kind}: {named} of {} samples in run_stripped > hidden_spin",
+            paths.total
+        );
+        let unnamed = paths.count(|n| n.iter().any(|f| f.contains(&format!("{name}+0x"))));
+        assert_eq!(unnamed, 0, "{kind}: frames of {name} without a name");
+    }
+}

@@ -329,7 +329,7 @@ print(" ".join(str(t.native_id) for t in ts))
 fn threads_that_block_at_once_keep_their_python_frames() {
     require_root();
     let dir = scratch("offcpu_waiters");
-    for label in ["3.8.18", "3.12.1", "3.13.0"] {
+    for label in ["3.8.18", "3.12.1", "3.13.0", "debian-3.15"] {
         let (profile, out) = profile_script(&dir, "waiters", &python(label), WAITERS, &[]);
         let tids: Vec<u64> = out
             .split_whitespace()
@@ -378,7 +378,14 @@ print(json.dumps(res))
 fn gil_waits_match_what_threads_measure() {
     require_root();
     let dir = scratch("offcpu_gil");
-    for label in ["3.8.18", "3.11.7", "3.12.1", "3.13.0", "debian-3.11"] {
+    for label in [
+        "3.8.18",
+        "3.11.7",
+        "3.12.1",
+        "3.13.0",
+        "debian-3.11",
+        "debian-3.15",
+    ] {
         let (profile, out) = profile_script(&dir, "contend", &python(label), CONTEND, &[]);
         let res: Vec<(u64, f64, f64)> = serde_json::from_str(out.trim()).unwrap();
         let v = Viewer::load(&profile).unwrap();
@@ -438,7 +445,7 @@ print(in_gc)
 fn gc_collecting_markers_cover_collections() {
     require_root();
     let dir = scratch("offcpu_gc");
-    for label in ["3.9.18", "3.12.1", "3.13.0"] {
+    for label in ["3.9.18", "3.12.1", "3.13.0", "debian-3.15"] {
         let (profile, out) = profile_script(&dir, "gc_loop", &python(label), GC_LOOP, &[]);
         let in_gc_ms: f64 = out.trim().parse::<f64>().unwrap() * 1000.0;
         let v = Viewer::load(&profile).unwrap();
@@ -479,7 +486,14 @@ while time.perf_counter() - t0 < 2.0:
 fn exception_mode_keeps_only_time_with_an_exception() {
     require_root();
     let dir = scratch("offcpu_exc");
-    for label in ["3.8.18", "3.10.13", "3.11.7", "3.12.1", "3.13.0"] {
+    for label in [
+        "3.8.18",
+        "3.10.13",
+        "3.11.7",
+        "3.12.1",
+        "3.13.0",
+        "debian-3.15",
+    ] {
         let (profile, _) = profile_script(
             &dir,
             "exceptions",
@@ -498,6 +512,18 @@ fn exception_mode_keeps_only_time_with_an_exception() {
         assert!(
             plain as f64 <= 0.02 * handler as f64,
             "{label}: {plain} ms without an exception kept (vs {handler})"
+        );
+        // The Exception track, as CPython's sampler draws it: about half the run (the except
+        // block) has an exception, the other half (`plain_work`) none.
+        let (t, _) = thread_with(&v, "handler_work");
+        let m = v.marker_totals(&t.handle).unwrap();
+        let with = m.get("Has Exception").map_or(0.0, |x| x.1);
+        let without = m.get("No Exception").map_or(0.0, |x| x.1);
+        let share = with / (with + without).max(1.0);
+        assert!(
+            (0.4..=0.6).contains(&share) && with >= 0.9 * handler as f64,
+            "{label}: Has Exception {with:.0} ms, No Exception {without:.0} ms, \
+             {handler} ms sampled in the except block"
         );
     }
 }

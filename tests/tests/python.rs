@@ -1,7 +1,7 @@
 //! Python processes of every installed CPython (pyenv 3.8-3.13, Debian's python3.11 and 3.14),
 //! profiled for real and read back through the Firefox Profiler CLI.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -431,7 +431,7 @@ fn gil_state_of_contending_threads() {
     let dir = scratch("py_gil");
     let script = dir.join("gil_app.py");
     std::fs::write(&script, CONTEND).unwrap();
-    for label in ["3.10.13", "3.12.1", "3.13.0", "debian-3.14"] {
+    for label in ["3.10.13", "3.12.1", "3.13.0", "debian-3.14", "debian-3.15"] {
         let py = python(label);
         let out = dir.join(format!("{label}.json"));
         profile_command(
@@ -487,21 +487,46 @@ while time.time() - t0 < float(sys.argv[1]):
     newer_work()
 "#;
 
-/// A CPython newer than the profiler knows (Debian's 3.15) is named once, as unsupported, and
-/// still profiled: native stacks from the interpreter's entry down to its eval loop, no Python
-/// frames invented from layouts that may have moved.
+/// A copy of Debian's python3.15 in `dir` that says it is 3.16 where a remote reader looks
+/// first (its debug offsets' version), run with its own standard library.
+fn python_3_16(dir: &Path) -> (PathBuf, String) {
+    let mut bin = std::fs::read(debian_python(15)).unwrap();
+    // The cookie, then the version: the struct's initial value in the file's data.
+    let mut wanted = b"xdebugpy".to_vec();
+    wanted.extend_from_slice(&0x030f_02f0u64.to_le_bytes());
+    let at = bin
+        .windows(16)
+        .position(|w| w == wanted)
+        .expect("python3.15 carries its debug offsets");
+    bin[at + 8..at + 16].copy_from_slice(&0x0310_00a0u64.to_le_bytes());
+    let py = dir.join("python3.16");
+    std::fs::write(&py, bin).unwrap();
+    std::fs::set_permissions(&py, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let home = tools_dir().join("debian-python/usr");
+    (py, home.to_str().unwrap().to_string())
+}
+
+/// A CPython newer than the profiler knows (3.16, as a copy of 3.15 that says so) is named
+/// once, as unsupported, and still profiled: native stacks from the interpreter's entry down to
+/// its eval loop, no Python frames invented from layouts that may have moved.
 #[test]
 fn newer_python_is_reported_once_and_keeps_native_stacks() {
     require_root();
     let dir = scratch("py_newer");
     let script = dir.join("newer_app.py");
     std::fs::write(&script, NEWER).unwrap();
-    let py = debian_python(15);
+    let (py, home) = python_3_16(&dir);
     let out = dir.join("newer.json");
     let o = profile_command(
         &out,
         &[],
-        &[py.to_str().unwrap(), script.to_str().unwrap(), "2"],
+        &[
+            "env",
+            &format!("PYTHONHOME={home}"),
+            py.to_str().unwrap(),
+            script.to_str().unwrap(),
+            "2",
+        ],
     );
     let err = stderr_of(&o);
     assert_eq!(
@@ -510,15 +535,15 @@ fn newer_python_is_reported_once_and_keeps_native_stacks() {
         1,
         "{err}"
     );
-    assert!(err.contains("runs Python 3.15."), "{err}");
+    assert!(err.contains("runs Python 3.16."), "{err}");
     let v = Viewer::load(&out).unwrap();
     let procs = v.processes().unwrap();
     let p = procs
         .iter()
-        .find(|p| p.threads.iter().any(|t| t.name.contains("python3.15")))
+        .find(|p| p.threads.iter().any(|t| t.name.contains("python3.16")))
         .unwrap_or_else(|| {
             panic!(
-                "no python3.15 process: {:?}",
+                "no python3.16 process: {:?}",
                 procs.iter().map(|p| &p.name).collect::<Vec<_>>()
             )
         });
@@ -778,4 +803,74 @@ fn a_call_path_has_one_shape_whatever_runs_below() {
         direct as f64 >= 0.97 * in_sort as f64,
         "{direct} of {in_sort} samples in list.sort have work > builtin_sorted > list_sort"
     );
+}
+
+const CONSTRUCT: &str = r#"
+import sys, time
+
+class Point:
+    def __init__(self, n):
+        x = 0
+        for i in range(n):
+            x += i * i
+        self.x = x
+
+def build(n):
+    return Point(n)
+
+t0 = time.time()
+while time.time() - t0 < float(sys.argv[1]):
+    build(5000)
+"#;
+
+/// 3.13+ runs a class's Python `__init__` under a frame of the interpreter's own (named
+/// `__init__`, in a file `__init__`, line 0), in the same eval loop. It is no code of the
+/// program: `build` calls `Point.__init__` directly, as the source says.
+#[test]
+fn a_constructor_is_called_by_its_caller() {
+    require_root();
+    let dir = scratch("py_construct");
+    let script = dir.join("construct.py");
+    std::fs::write(&script, CONSTRUCT).unwrap();
+    for (label, py) in interpreters() {
+        let minor = minor_of(&label);
+        let init = if minor >= 11 {
+            "Point.__init__"
+        } else {
+            "__init__"
+        };
+        let out = dir.join(format!("{label}.json"));
+        profile_command(
+            &out,
+            &["-m", "cpu"],
+            &[py.to_str().unwrap(), script.to_str().unwrap(), "1.5"],
+        );
+        let v = Viewer::load(&out).unwrap();
+        let procs = v.processes().unwrap();
+        let t = main_thread(&procs, "construct.py");
+        let paths = v.call_paths(&t.handle).unwrap();
+        let in_init = paths.count(|n| n.iter().any(|f| f == init));
+        // Before 3.13 the call goes through the type's native `tp_init`, in an eval loop of
+        // its own; from 3.13 on it stays in the caller's.
+        let called = paths.count(|n| {
+            if minor >= 13 {
+                n.windows(2).any(|w| w[0] == "build" && w[1] == init)
+            } else {
+                let at = |name: &str| n.iter().position(|f| f == name);
+                matches!((at("build"), at(init)), (Some(b), Some(i)) if b < i)
+            }
+        });
+        assert!(in_init >= 500, "{label}: {in_init} samples in {init}");
+        assert!(
+            called as f64 >= 0.98 * in_init as f64,
+            "{label}: {called} of {in_init} samples in {init} have it called by build"
+        );
+        if minor >= 11 {
+            let shim = paths.count(|n| n.iter().any(|f| f == "__init__"));
+            assert_eq!(
+                shim, 0,
+                "{label}: a frame of the interpreter's own is shown"
+            );
+        }
+    }
 }

@@ -64,7 +64,10 @@ fn status_line_on_a_terminal_only_and_a_summary() {
     let (procs, threads) = (count(" processes"), count(" threads"));
     assert!((1..=2).contains(&procs), "processes in {last:?}");
     assert!((1..=2).contains(&threads), "threads in {last:?}");
-    assert!(shown.contains("top 5 by self time (wall mode):"), "{shown}");
+    assert!(
+        shown.contains("top 5 Python functions by self time (wall mode;"),
+        "{shown}"
+    );
     let total = shown
         .split("top 5 Python functions by total time:")
         .nth(1)
@@ -85,7 +88,7 @@ fn status_line_on_a_terminal_only_and_a_summary() {
     let o = profile_command(&out, &[], &[py.to_str().unwrap(), script.to_str().unwrap()]);
     let err = stderr_of(&o);
     assert!(!err.contains('\r') && !err.contains("\x1b["), "{err}");
-    assert!(err.contains("top 5 by self time"), "{err}");
+    assert!(err.contains("top 5 Python functions by self time"), "{err}");
 
     // --quiet on a terminal: nothing but the command's own output.
     let o = Command::new("script")

@@ -21,6 +21,11 @@
 //! 7. **A mixed host**: busy processes beside processes whose threads sleep and wake thousands of
 //!    times a second, 20 s at 1 kHz: the profiler's CPU per sample, all included.
 //! 8. **Idle processes**: the profiler's CPU with 500 idle processes on the host, against none.
+//! 9. **CPython's own sampler** (`python3.15 -m profiling.sampling`, the closest peer) on Debian's
+//!    3.15: the workload's slowdown under it (`--pstats`, `--native --gecko`) and under
+//!    tachyon-bpf (cpu and wall), the samples each delivers per second, how far their top-10
+//!    function shares are apart, and whether the two JSONL files have one schema.
+//!    `cargo xtask bench cpython` runs this section alone.
 //!
 //! The targets from the issue are printed beside each number.
 
@@ -331,10 +336,12 @@ fn interpreters(tools: &Path) -> Result<Vec<(String, PathBuf)>> {
         ));
     }
     out.push(("debian-3.11".into(), PathBuf::from("/usr/bin/python3.11")));
-    out.push((
-        "debian-3.14".into(),
-        tools.join("debian-python/usr/bin/python3.14"),
-    ));
+    for minor in [14, 15] {
+        out.push((
+            format!("debian-3.{minor}"),
+            tools.join(format!("debian-python/usr/bin/python3.{minor}")),
+        ));
+    }
     for (l, p) in &out {
         if !p.exists() {
             bail!("interpreter {l} is missing at {}", p.display());
@@ -843,6 +850,11 @@ pub fn bench(tachyon: &Path, tools: &Path) -> Result<()> {
     }
     raw.insert("idle".into(), json!(idle_raw));
 
+    // 9. CPython's own sampler.
+    let (cp_md, cp_raw) = cpython_sampler(tachyon, tools, &dir, &pin)?;
+    md.extend(cp_md);
+    raw.insert("cpython_sampler".into(), cp_raw);
+
     let text = md.join("\n") + "\n";
     print!("{text}");
     let results = crate::workspace().join("bench/results.md");
@@ -854,4 +866,303 @@ pub fn bench(tachyon: &Path, tools: &Path) -> Result<()> {
     )?;
     eprintln!("bench: wrote {}", results.display());
     Ok(())
+}
+
+/// Rounds of the CPython-sampler comparison (median reported).
+const CP_ROUNDS: usize = 5;
+
+/// Self samples per Python function (`file:func`, the innermost `file:func:line` frame of each
+/// folded line), and the total of lines that have one, over the lines with a frame of `under`
+/// (`file:func`): the part of a run both profilers see alike.
+fn python_self(
+    folded: &Path,
+    under: &str,
+) -> Result<(std::collections::HashMap<String, f64>, f64)> {
+    let text = std::fs::read_to_string(folded)?;
+    let mut by = std::collections::HashMap::new();
+    let mut total = 0.0;
+    for line in text.lines() {
+        let Some((stack, n)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let Ok(n) = n.parse::<f64>() else { continue };
+        if !stack
+            .split(';')
+            .any(|f| f.starts_with(&format!("{under}:")))
+        {
+            continue;
+        }
+        let leaf = stack.split(';').rev().find_map(|f| {
+            let (rest, line) = f.rsplit_once(':')?;
+            line.parse::<u32>().ok()?;
+            let (file, func) = rest.split_once(':')?;
+            (file.ends_with(".py") || file.starts_with('<')).then(|| format!("{file}:{func}"))
+        });
+        if let Some(leaf) = leaf {
+            total += n;
+            *by.entry(leaf).or_insert(0.0) += n;
+        }
+    }
+    Ok((by, total))
+}
+
+/// The workload's three parts timed from inside (thread CPU time around each call): what a
+/// profile's shares of them should be. Prints `{"squares": %, "fib": %, "c_heavy": %}`.
+const TRUTH: &str = r#"
+import json, os, sys, time
+script, iters, cpu = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+src = open(script).read().rsplit("main()", 1)[0]
+exec(compile(src, script, "exec"))
+os.sched_setaffinity(0, {cpu})
+tt = {"squares": 0.0, "fib": 0.0, "c_heavy": 0.0}
+for _ in range(iters):
+    t = time.thread_time(); squares(60000); tt["squares"] += time.thread_time() - t
+    t = time.thread_time(); fib(16); tt["fib"] += time.thread_time() - t
+    t = time.thread_time(); c_heavy(); tt["c_heavy"] += time.thread_time() - t
+total = sum(tt.values())
+print(json.dumps({k: 100 * v / total for k, v in tt.items()}))
+"#;
+
+/// Samples of a folded file with a frame of `file:func` for each of `funcs`, over those with a
+/// frame of `under`, in percent.
+fn total_shares(folded: &Path, under: &str, funcs: &[&str]) -> Result<Vec<f64>> {
+    let text = std::fs::read_to_string(folded)?;
+    let mut n = vec![0.0; funcs.len()];
+    let mut all = 0.0;
+    let has = |stack: &str, f: &str| stack.split(';').any(|x| x.starts_with(&format!("{f}:")));
+    for line in text.lines() {
+        let Some((stack, c)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let Ok(c) = c.parse::<f64>() else { continue };
+        if !has(stack, under) {
+            continue;
+        }
+        all += c;
+        for (i, f) in funcs.iter().enumerate() {
+            if has(stack, f) {
+                n[i] += c;
+            }
+        }
+    }
+    Ok(n.into_iter()
+        .map(|x| 100.0 * x / f64::max(all, 1.0))
+        .collect())
+}
+
+/// Record types and each type's keys, of a JSONL file.
+fn jsonl_shape(path: &Path) -> Result<std::collections::BTreeMap<String, Vec<String>>> {
+    let mut out = std::collections::BTreeMap::new();
+    for line in std::fs::read_to_string(path)?.lines() {
+        let v: Value = serde_json::from_str(line)?;
+        let ty = v["type"].as_str().unwrap_or("?").to_string();
+        let mut keys: Vec<String> = v
+            .as_object()
+            .map_or(Vec::new(), |o| o.keys().cloned().collect());
+        keys.sort();
+        out.entry(ty).or_insert(keys);
+    }
+    Ok(out)
+}
+
+/// Section 9: CPython's own sampler on Debian's 3.15, beside tachyon-bpf, on the section-1
+/// workload pinned to one CPU.
+pub fn cpython_sampler(
+    tachyon: &Path,
+    tools: &Path,
+    dir: &Path,
+    pin: &str,
+) -> Result<(Vec<String>, Value)> {
+    let py = tools.join("debian-python/usr/bin/python3.15");
+    if !py.exists() {
+        bail!("{} is missing: run `cargo xtask setup`", py.display());
+    }
+    let script = dir.join("bench_work.py");
+    std::fs::write(&script, WORKLOAD)?;
+    let iters = "300";
+    let target = |c: &mut Command| {
+        c.arg(&script).arg(iters).arg(pin);
+    };
+    let sampler = |args: &[&str], out: &Path| -> Result<f64> {
+        let mut c = Command::new(&py);
+        c.args(["-m", "profiling.sampling", "run", "-r", "1khz"])
+            .args(args)
+            .arg("-o")
+            .arg(out);
+        target(&mut c);
+        timed(&mut c)
+    };
+    let ours = |mode: &str, format: &str, out: &Path| -> Result<f64> {
+        let mut c = Command::new(tachyon);
+        c.args(["-m", mode, "-r", "1000", "-q", "-f", format, "-o"])
+            .arg(out)
+            .arg("--")
+            .arg(&py);
+        target(&mut c);
+        timed(&mut c)
+    };
+    let cp_pstats = dir.join("cpython.pstats");
+    let cp_gecko = dir.join("cpython-gecko.json");
+    let cp_folded = dir.join("cpython.folded");
+    let our_cpu = dir.join("tachyon-cpu.folded");
+    let our_wall = dir.join("tachyon-wall.folded");
+    type Run<'a> = (&'a str, Box<dyn Fn() -> Result<f64> + 'a>);
+    let configs: Vec<Run> = vec![
+        (
+            "alone",
+            Box::new(|| {
+                let mut c = Command::new(&py);
+                target(&mut c);
+                timed(&mut c)
+            }),
+        ),
+        (
+            "CPython sampler --pstats",
+            Box::new(|| sampler(&["--pstats"], &cp_pstats)),
+        ),
+        (
+            "CPython sampler --native --gecko",
+            Box::new(|| sampler(&["--native", "--gecko"], &cp_gecko)),
+        ),
+        (
+            "tachyon-bpf -m cpu (native + Python + kernel)",
+            Box::new(|| ours("cpu", "collapsed", &our_cpu)),
+        ),
+        (
+            "tachyon-bpf -m wall (native + Python + kernel)",
+            Box::new(|| ours("wall", "collapsed", &our_wall)),
+        ),
+    ];
+    eprintln!(
+        "bench: CPython's sampler, {CP_ROUNDS} rounds of {} configurations",
+        configs.len()
+    );
+    let mut times: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
+    for round in 0..CP_ROUNDS {
+        for (i, (_, run)) in configs.iter().enumerate() {
+            times[i].push(run()?);
+        }
+        eprintln!("bench: round {} of {CP_ROUNDS} done", round + 1);
+    }
+    let meds: Vec<f64> = times.iter().map(|t| median(t.clone())).collect();
+    let mut md = vec![
+        "\n## 9. CPython's own sampler on Python 3.15 (1 kHz)\n".to_string(),
+        format!(
+            "The section-1 workload ({iters} iterations) on Debian's python3.15, pinned to one \
+             CPU, alone and under `python3.15 -m profiling.sampling run -r 1khz` and tachyon-bpf \
+             (launching it, `-r 1000`), interleaved, median of {CP_ROUNDS} rounds.\n"
+        ),
+        "| profiler | median s | slowdown | runs (s) |\n|---|---|---|---|".to_string(),
+    ];
+    let mut rows = Vec::new();
+    for (i, (name, _)) in configs.iter().enumerate() {
+        let runs: Vec<String> = times[i].iter().map(|t| format!("{t:.3}")).collect();
+        md.push(format!(
+            "| {name} | {:.3} | {:.3}x | {} |",
+            meds[i],
+            meds[i] / meds[0],
+            runs.join(" ")
+        ));
+        rows.push(json!({"profiler": name, "median_s": meds[i], "slowdown": meds[i] / meds[0], "runs": times[i]}));
+    }
+
+    // The samples each delivers, and their function shares, from one more run of each in cpu
+    // mode with folded stacks.
+    let cp_secs = sampler(&["--mode", "cpu", "--collapsed"], &cp_folded)?;
+    let our_secs = ours("cpu", "collapsed", &our_cpu)?;
+    // The timed part of the workload: under `main` (what runs before it, the interpreter's start
+    // and imports, tachyon-bpf sees from the first instruction and the CPython sampler not).
+    let (cp_by, cp_total) = python_self(&cp_folded, "bench_work.py:main")?;
+    let (our_by, our_total) = python_self(&our_cpu, "bench_work.py:main")?;
+    let mut top: Vec<(&String, &f64)> = cp_by.iter().collect();
+    top.sort_by(|a, b| b.1.total_cmp(a.1).then_with(|| a.0.cmp(b.0)));
+    md.push(format!(
+        "\nSamples under the workload's `main` per second of it, cpu mode (1,000 asked): \
+         CPython sampler {:.0}, tachyon-bpf {:.0}.\n",
+        cp_total / cp_secs,
+        our_total / our_secs
+    ));
+    md.push(
+        "Top-10 Python functions by self share (the innermost Python frame) under `main`, \
+         in the CPython sampler's order. Target: within 3 points.\n"
+            .into(),
+    );
+    md.push("| function | CPython sampler | tachyon-bpf | apart |\n|---|---|---|---|".into());
+    let mut worst: f64 = 0.0;
+    let mut shares = Vec::new();
+    for (func, n) in top.iter().take(10) {
+        let a = 100.0 * **n / cp_total.max(1.0);
+        let b = 100.0 * our_by.get(*func).copied().unwrap_or(0.0) / our_total.max(1.0);
+        worst = worst.max((a - b).abs());
+        md.push(format!(
+            "| `{func}` | {a:.1}% | {b:.1}% | {:.1} |",
+            (a - b).abs()
+        ));
+        shares.push(json!({"function": func, "cpython": a, "tachyon": b}));
+    }
+    md.push(format!("\nLargest difference: {worst:.1} points.\n"));
+
+    // Against the truth: the three parts of `work` timed from inside.
+    let truth_py = dir.join("bench_truth.py");
+    std::fs::write(&truth_py, TRUTH)?;
+    let o = Command::new(&py)
+        .arg(&truth_py)
+        .arg(&script)
+        .arg(iters)
+        .arg(pin)
+        .output()?;
+    let truth: Value = serde_json::from_slice(&o.stdout)
+        .with_context(|| format!("the timed workload: {}", String::from_utf8_lossy(&o.stderr)))?;
+    let parts = ["squares", "fib", "c_heavy"];
+    let qualified: Vec<String> = parts.iter().map(|p| format!("bench_work.py:{p}")).collect();
+    let qualified: Vec<&str> = qualified.iter().map(String::as_str).collect();
+    let cp_parts = total_shares(&cp_folded, "bench_work.py:work", &qualified)?;
+    let our_parts = total_shares(&our_cpu, "bench_work.py:work", &qualified)?;
+    md.push(
+        "Each part of `work` as a share of `work`'s samples (total, callees included), against \
+         the truth: the same calls timed from inside with `time.thread_time()`.\n"
+            .into(),
+    );
+    md.push("| part | truth | CPython sampler | tachyon-bpf |\n|---|---|---|---|".into());
+    let mut truth_rows = Vec::new();
+    let (mut cp_err, mut our_err): (f64, f64) = (0.0, 0.0);
+    for (i, part) in parts.iter().enumerate() {
+        let t = f(&truth[part]);
+        cp_err = cp_err.max((cp_parts[i] - t).abs());
+        our_err = our_err.max((our_parts[i] - t).abs());
+        md.push(format!(
+            "| `{part}` | {t:.1}% | {:.1}% | {:.1}% |",
+            cp_parts[i], our_parts[i]
+        ));
+        truth_rows.push(
+            json!({"part": part, "truth": t, "cpython": cp_parts[i], "tachyon": our_parts[i]}),
+        );
+    }
+    md.push(format!(
+        "\nLargest error against the truth: CPython sampler {cp_err:.1} points, tachyon-bpf \
+         {our_err:.1} points.\n"
+    ));
+
+    // The JSONL of each: record types and their keys.
+    let cp_jsonl = dir.join("cpython.jsonl");
+    let our_jsonl = dir.join("tachyon.jsonl");
+    sampler(&["--jsonl"], &cp_jsonl)?;
+    ours("wall", "jsonl", &our_jsonl)?;
+    let (cs, os) = (jsonl_shape(&cp_jsonl)?, jsonl_shape(&our_jsonl)?);
+    let same = cs == os;
+    md.push(format!(
+        "JSONL of one run each: record types {:?} (CPython sampler) and {:?} (tachyon-bpf); \
+         every type's keys {}.\n",
+        cs.keys().collect::<Vec<_>>(),
+        os.keys().collect::<Vec<_>>(),
+        if same {
+            "are the same".to_string()
+        } else {
+            format!("differ: {cs:?} against {os:?}")
+        }
+    ));
+    Ok((
+        md,
+        json!({"slowdown": rows, "samples_per_s": {"cpython": cp_total / cp_secs, "tachyon": our_total / our_secs}, "top10": shares, "worst_points": worst, "truth": truth_rows, "jsonl_same_shape": same}),
+    ))
 }

@@ -289,11 +289,20 @@ fn main() -> Result<()> {
             setup_toolchain()?;
             let tools = setup_tools()?;
             let bin = build_release()?;
-            bench::bench(&bin, &tools)?;
+            if rest.first().map(String::as_str) == Some("cpython") {
+                // Section 9 alone: printed, not written to bench/results.md.
+                let dir = workspace().join("target/bench");
+                std::fs::create_dir_all(&dir)?;
+                let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+                let (md, _) = bench::cpython_sampler(&bin, &tools, &dir, &(cpus - 1).to_string())?;
+                println!("{}", md.join("\n"));
+            } else {
+                bench::bench(&bin, &tools)?;
+            }
         }
         _ => {
             eprintln!(
-                "usage: cargo xtask <setup | build-ebpf | build | run -- ARGS | test [FILTER] | kernels | bench | fuzz [SECONDS] | soak [SECONDS]>"
+                "usage: cargo xtask <setup | build-ebpf | build | run -- ARGS | test [FILTER] | kernels | bench [cpython] | fuzz [SECONDS] | soak [SECONDS]>"
             );
             std::process::exit(2);
         }

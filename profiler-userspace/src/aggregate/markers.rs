@@ -1,5 +1,6 @@
 //! Per-thread state markers from the samples' states: Has GIL / No GIL, Waiting for GIL,
-//! Python Code / Native Code (the names CPython's own sampler writes) and GC Collecting. (On CPU
+//! Python Code / Native Code (the names CPython's own sampler writes), GC Collecting and
+//! Has Exception / No Exception (an exception raised or being handled, or none). (On CPU
 //! / Off CPU come from the scheduler, in `timeline`.)
 //!
 //! Each sample covers a span: an off-CPU sample its exact off-CPU interval, an on-CPU sample the
@@ -15,7 +16,7 @@ struct Track {
     test: fn(u8) -> bool,
 }
 
-const TRACKS: [Track; 6] = [
+const TRACKS: [Track; 8] = [
     Track {
         name: "Has GIL",
         category: Category::Gil,
@@ -50,6 +51,16 @@ const TRACKS: [Track; 6] = [
         name: "GC Collecting",
         category: Category::Gc,
         test: |s| s & state::GC != 0,
+    },
+    Track {
+        name: "Has Exception",
+        category: Category::Exception,
+        test: |s| s & state::PYTHON != 0 && s & state::EXCEPTION != 0,
+    },
+    Track {
+        name: "No Exception",
+        category: Category::Exception,
+        test: |s| s & state::PYTHON != 0 && s & state::EXCEPTION == 0,
     },
 ];
 

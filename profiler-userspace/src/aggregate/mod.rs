@@ -32,10 +32,12 @@ pub enum Category {
     Cpu = 6,
     Gc = 7,
     CodeType = 8,
+    /// Markers of the time a Python thread has an exception raised or being handled.
+    Exception = 9,
 }
 
 impl Category {
-    pub const ALL: [(Category, &'static str, &'static str); 9] = [
+    pub const ALL: [(Category, &'static str, &'static str); 10] = [
         (Category::Other, "Other", "grey"),
         (Category::Python, "Python", "yellow"),
         (Category::Native, "Native", "blue"),
@@ -45,6 +47,7 @@ impl Category {
         (Category::Cpu, "CPU", "purple"),
         (Category::Gc, "GC", "magenta"),
         (Category::CodeType, "Code Type", "red"),
+        (Category::Exception, "Exception", "brown"),
     ];
 }
 
@@ -57,6 +60,14 @@ pub type StackId = usize;
 pub struct Lib {
     pub name: Arc<str>,
     pub path: Arc<str>,
+}
+
+impl Lib {
+    /// Whether this is the Python interpreter's own code: libpython, or a statically linked
+    /// `python3.X` (the one file name convention the outputs colour by, and `collect` asks).
+    pub fn is_interpreter(&self) -> bool {
+        self.name.starts_with("libpython") || self.name.starts_with("python")
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -83,6 +94,10 @@ pub struct Frame {
     pub symbol_address: Option<u64>,
     pub category: Category,
 }
+
+/// The most CPU time a program may have used before its exec for it to be folded into the program
+/// it execs (`Profile::exec`).
+const PRE_EXEC_MOMENT_MS: f64 = 50.0;
 
 /// Thread states recorded with each sample (bit set).
 pub mod state {
@@ -163,17 +178,29 @@ pub struct Sample {
 }
 
 /// Every marker name the profiler writes (markers name themselves with these statics).
-pub const MARKER_NAMES: [&str; 9] = [
+pub const MARKER_NAMES: [&str; 11] = [
     "Has GIL",
     "No GIL",
     "Waiting for GIL",
     "Python Code",
     "Native Code",
     "GC Collecting",
+    "Has Exception",
+    "No Exception",
     "On CPU",
     "Off CPU",
     "Switching",
 ];
+
+/// Markers by start, then in the order of `MARKER_NAMES`: one order however they were made.
+fn sort_markers(markers: &mut [Marker]) {
+    let rank = |m: &Marker| MARKER_NAMES.iter().position(|n| *n == m.name);
+    markers.sort_by(|a, b| {
+        a.start_ms
+            .total_cmp(&b.start_ms)
+            .then_with(|| rank(a).cmp(&rank(b)))
+    });
+}
 
 /// A marker as stored in a recording.
 #[derive(Deserialize)]
@@ -212,7 +239,11 @@ pub struct Marker {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ThreadData {
     pub tid: u32,
+    /// The thread's `comm` (its OS name).
     pub name: String,
+    /// The name Python gave the thread (`threading.Thread.name`), where it was read.
+    #[serde(default)]
+    pub python_name: Option<String>,
     pub samples: Vec<Sample>,
     pub markers: Vec<Marker>,
     pub first_ms: f64,
@@ -480,7 +511,7 @@ impl Profile {
 
     pub fn process_mut(&mut self, pid: u32, name: &str, t_ms: f64) -> &mut ProcessData {
         let births = &mut self.births;
-        self.processes.entry(pid).or_insert_with(|| ProcessData {
+        let p = self.processes.entry(pid).or_insert_with(|| ProcessData {
             pid,
             name: name.to_string(),
             python: None,
@@ -490,7 +521,12 @@ impl Profile {
             start_ms: births.remove(&(pid, 0)),
             end_ms: None,
             generation: 0,
-        })
+        });
+        // Named again after an exec folded the moment before it in (`exec`).
+        if p.name.is_empty() {
+            p.name = name.to_string();
+        }
+        p
     }
 
     /// The thread, created on first sight.
@@ -511,6 +547,7 @@ impl Profile {
         let t = p.threads.entry(tid).or_insert_with(|| ThreadData {
             tid,
             name: thread_name.to_string(),
+            python_name: None,
             samples: Vec::new(),
             markers: Vec::new(),
             first_ms: t_ms,
@@ -585,6 +622,27 @@ impl Profile {
     /// The process `pid` replaced its program: what came before is a finished process, and the
     /// new program starts now.
     pub fn exec(&mut self, pid: u32, t_ms: f64) {
+        // A program that ran for moments before its exec (a launcher's or a shell's child between
+        // fork and exec) is not a process of its own in the profile: its time is the new
+        // program's start, on the same track.
+        let interval = self.interval_ms;
+        if let Some(p) = self.processes.get_mut(&pid) {
+            let on_cpu = p
+                .threads
+                .values()
+                .flat_map(|t| &t.samples)
+                .filter(|s| s.state & state::ON_CPU != 0)
+                .count();
+            if on_cpu as f64 * interval <= PRE_EXEC_MOMENT_MS {
+                // Named again by the new program's first sample.
+                p.name.clear();
+                p.python = None;
+                if let Some(t) = p.threads.get_mut(&pid) {
+                    t.name.clear();
+                }
+                return;
+            }
+        }
         self.retire(pid, t_ms);
         self.births.insert((pid, 0), t_ms);
         self.births.insert((pid, pid), t_ms);
@@ -638,6 +696,7 @@ impl Profile {
                     ThreadData {
                         tid: t.tid,
                         name: t.name.clone(),
+                        python_name: t.python_name.clone(),
                         samples: Vec::new(),
                         markers: Vec::new(),
                         first_ms: 0.0,
@@ -673,6 +732,26 @@ impl Profile {
     }
 
     /// Ends the run at `end_ms`: closes open intervals, sorts samples, computes CPU deltas and
+    /// Recordings made before the exception markers existed get them from their samples'
+    /// states (which have the exception bit), so that they convert as a run does today.
+    pub fn add_missing_exception_markers(&mut self) {
+        let interval = self.interval_ms;
+        for p in self.retired.iter_mut().chain(self.processes.values_mut()) {
+            for t in p.threads.values_mut() {
+                if t.markers.iter().any(|m| m.category == Category::Exception) {
+                    continue;
+                }
+                let built = markers::build(&t.samples, interval);
+                t.markers.extend(
+                    built
+                        .into_iter()
+                        .filter(|m| m.category == Category::Exception),
+                );
+                sort_markers(&mut t.markers);
+            }
+        }
+    }
+
     /// builds the state markers.
     pub fn finish(&mut self, end_ms: f64) {
         self.end_ms = end_ms;
@@ -687,7 +766,7 @@ impl Profile {
                 t.markers = markers::build(&t.samples, interval);
                 t.markers
                     .extend(timeline::cpu_markers(&t.sched, start, end));
-                t.markers.sort_by(|a, b| a.start_ms.total_cmp(&b.start_ms));
+                sort_markers(&mut t.markers);
                 if let Some(last) = t.samples.last() {
                     t.last_ms = t.last_ms.max(last.time_ms + last.weight_ms);
                 }
@@ -774,6 +853,40 @@ mod tests {
             "poll"
         );
         assert_eq!(next.frames[frames[0]].line, Some(4));
+    }
+
+    fn on_cpu(p: &mut Profile, pid: u32, name: &str, t: f64) {
+        p.add_sample(pid, name, pid, name, t, None, 0);
+    }
+
+    #[test]
+    fn a_moment_before_an_exec_is_the_new_programs_start_and_a_program_is_not() {
+        let mut p = Profile::new(Mode::Wall, 1.0);
+        // A launcher's child: two samples between fork and exec.
+        p.task_born(5, 5, 0.0);
+        on_cpu(&mut p, 5, "launcher", 1.0);
+        on_cpu(&mut p, 5, "launcher", 2.0);
+        p.exec(5, 3.0);
+        on_cpu(&mut p, 5, "python3", 4.0);
+        assert!(
+            p.retired.is_empty(),
+            "no track for the moment before the exec"
+        );
+        let proc_ = &p.processes[&5];
+        assert_eq!(proc_.name, "python3");
+        assert_eq!(proc_.start_ms, Some(0.0), "the track starts at the fork");
+        assert_eq!(proc_.threads[&5].name, "python3");
+        assert_eq!(proc_.threads[&5].samples.len(), 3);
+        // A program that ran for longer than moments before its exec stays a process of its own.
+        for i in 0..100 {
+            on_cpu(&mut p, 5, "python3", 5.0 + i as f64);
+        }
+        p.exec(5, 200.0);
+        on_cpu(&mut p, 5, "sh", 201.0);
+        assert_eq!(p.retired.len(), 1);
+        assert_eq!(p.retired[0].name, "python3");
+        assert_eq!(p.retired[0].generation, 1);
+        assert_eq!(p.processes[&5].name, "sh");
     }
 
     #[test]

@@ -57,18 +57,26 @@ pub fn flamegraph(p: &Profile, run: &RunInfo) -> Result<Vec<u8>, String> {
         run.rate_hz,
         run.interval_ms
     ));
+    draw(opts, &text, "no samples 0")
+}
+
+/// Draws folded `text` with inferno. Counts are samples, colours come from the frame names (the
+/// same profile always draws the same picture), and an empty profile still gets a valid
+/// picture: inferno refuses an empty input, so it draws `empty` (a line of the input's kind).
+pub fn draw(
+    mut opts: inferno::flamegraph::Options<'_>,
+    text: &str,
+    empty: &str,
+) -> Result<Vec<u8>, String> {
     opts.count_name = "samples".into();
-    // Colours from the frame names, so the same profile always draws the same picture.
     opts.deterministic = true;
     let mut out = Vec::new();
-    if text.is_empty() {
-        // inferno refuses an empty input; an empty profile still gets a valid picture.
+    let result = if text.is_empty() {
         opts.title.push_str(": no samples");
-        inferno::flamegraph::from_lines(&mut opts, ["no samples 0"], &mut out)
-            .map_err(|e| format!("flame graph: {e}"))?;
-        return Ok(out);
-    }
-    inferno::flamegraph::from_lines(&mut opts, text.lines(), &mut out)
-        .map_err(|e| format!("flame graph: {e}"))?;
+        inferno::flamegraph::from_lines(&mut opts, [empty], &mut out)
+    } else {
+        inferno::flamegraph::from_lines(&mut opts, text.lines(), &mut out)
+    };
+    result.map_err(|e| format!("flame graph: {e}"))?;
     Ok(out)
 }

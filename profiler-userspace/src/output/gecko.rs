@@ -8,7 +8,9 @@ use std::collections::HashMap;
 use serde_json::{json, Value};
 
 use super::RunInfo;
-use crate::aggregate::{Category, FrameId, FuncId, ProcessData, Profile, StackId, ThreadData};
+use crate::aggregate::{
+    Category, FrameId, FuncId, Marker, ProcessData, Profile, Sample, StackId, ThreadData,
+};
 
 const PREPROCESSED_VERSION: u32 = 57;
 const GECKO_VERSION: u32 = 32;
@@ -32,19 +34,40 @@ impl Strings {
     }
 }
 
+/// The subcategory of Python for the interpreter's own C code under a Python frame (its index in
+/// the category's `subcategories`).
+const SUB_INTERPRETER: u32 = 1;
+
+/// What a stack node's ancestors make of its frames' colours: under a Python frame, in the GIL
+/// hand-off, in the garbage collector.
+#[derive(Clone, Copy, Default)]
+struct Context {
+    under_python: bool,
+    gil: bool,
+    gc: bool,
+}
+
 /// Per-thread tables built from the profile's shared ones, holding only what the thread uses.
 #[derive(Default)]
 struct ThreadTables {
+    /// Native frames that are not in a Python process are "User", as perf calls them.
+    python_process: bool,
     stack_map: HashMap<StackId, usize>,
-    frame_map: HashMap<FrameId, usize>,
+    stack_ctx: Vec<Context>,
+    /// A frame of the profile gets one row per colour it is drawn in (the same function is
+    /// interpreter work under a Python frame and plain native code at startup); the rows share
+    /// the function, so the call tree is not split.
+    frame_map: HashMap<(FrameId, u32, u32), usize>,
     func_map: HashMap<FuncId, usize>,
     res_map: HashMap<(Option<usize>, Option<String>), usize>,
     sym_map: HashMap<(usize, u64), usize>,
     stack_frame: Vec<usize>,
     stack_prefix: Vec<Option<usize>>,
     stack_cat: Vec<u32>,
+    stack_subcat: Vec<u32>,
     fr_address: Vec<i64>,
     fr_cat: Vec<u32>,
+    fr_subcat: Vec<u32>,
     fr_func: Vec<usize>,
     fr_line: Vec<Option<u32>>,
     fr_sym: Vec<Option<usize>>,
@@ -105,8 +128,53 @@ impl ThreadTables {
         i
     }
 
-    fn frame(&mut self, p: &Profile, strings: &mut Strings, frame: FrameId) -> usize {
-        if let Some(&i) = self.frame_map.get(&frame) {
+    /// The colour of `frame` below ancestors `ctx`, and the context it makes for its callees.
+    fn colour(&self, p: &Profile, frame: FrameId, ctx: Context) -> (Category, u32, Context) {
+        let fr = &p.frames[frame];
+        let func = &p.funcs[fr.func];
+        if func.is_python {
+            let ctx = Context {
+                under_python: true,
+                gil: false,
+                gc: false,
+            };
+            return (Category::Python, 0, ctx);
+        }
+        // The GIL hand-off and the collector are named as such when frames are made (`collect`):
+        // what they call is theirs too.
+        let is_kernel = fr.category == Category::Kernel;
+        let ctx = Context {
+            under_python: ctx.under_python,
+            gil: ctx.gil || fr.category == Category::Gil,
+            gc: ctx.gc || fr.category == Category::Gc,
+        };
+        let in_interpreter = func.lib.is_some_and(|l| p.libs[l].is_interpreter());
+        let (cat, sub) = if ctx.gil {
+            (Category::Gil, 0)
+        } else if ctx.gc {
+            (Category::Gc, 0)
+        } else if is_kernel || fr.category == Category::Other {
+            (fr.category, 0)
+        } else if ctx.under_python && in_interpreter {
+            (Category::Python, SUB_INTERPRETER)
+        } else if self.python_process {
+            (Category::Native, 0)
+        } else {
+            (Category::User, 0)
+        };
+        (cat, sub, ctx)
+    }
+
+    fn frame(
+        &mut self,
+        p: &Profile,
+        strings: &mut Strings,
+        frame: FrameId,
+        cat: Category,
+        sub: u32,
+    ) -> usize {
+        let key = (frame, cat as u32, sub);
+        if let Some(&i) = self.frame_map.get(&key) {
             return i;
         }
         let fr = &p.frames[frame];
@@ -125,11 +193,12 @@ impl ThreadTables {
         let i = self.fr_func.len();
         self.fr_address
             .push(fr.address.map(|a| a as i64).unwrap_or(-1));
-        self.fr_cat.push(fr.category as u32);
+        self.fr_cat.push(cat as u32);
+        self.fr_subcat.push(sub);
         self.fr_func.push(func);
         self.fr_line.push(fr.line);
         self.fr_sym.push(sym);
-        self.frame_map.insert(frame, i);
+        self.frame_map.insert(key, i);
         i
     }
 
@@ -149,11 +218,15 @@ impl ThreadTables {
         }
         let mut prefix = cur.map(|s| self.stack_map[&s]);
         for &s in chain.iter().rev() {
-            let frame = self.frame(p, strings, p.stacks[s].0);
+            let ctx = prefix.map(|i| self.stack_ctx[i]).unwrap_or_default();
+            let (cat, sub, ctx) = self.colour(p, p.stacks[s].0, ctx);
+            let frame = self.frame(p, strings, p.stacks[s].0, cat, sub);
             let i = self.stack_frame.len();
             self.stack_frame.push(frame);
             self.stack_prefix.push(prefix);
-            self.stack_cat.push(self.fr_cat[frame]);
+            self.stack_cat.push(cat as u32);
+            self.stack_subcat.push(sub);
+            self.stack_ctx.push(ctx);
             self.stack_map.insert(s, i);
             prefix = Some(i);
         }
@@ -161,58 +234,258 @@ impl ThreadTables {
     }
 }
 
+/// Marker types: (type, label, description, colour, drawn in the timeline overview, has the
+/// off-CPU fields). Colours are the Firefox Profiler's graph colours.
+const MARKER_TYPES: [(&str, &str, &str, &str, bool, bool); 11] = [
+    ("HasGIL", "Has GIL", "The thread holds the GIL", "green", false, false),
+    ("NoGIL", "No GIL", "The thread does not hold the GIL", "grey", false, false),
+    (
+        "WaitingforGIL",
+        "Waiting for GIL",
+        "The thread waits to take the GIL",
+        "red",
+        true,
+        false,
+    ),
+    ("OnCPU", "On CPU", "The thread runs on a CPU", "blue", false, false),
+    (
+        "OffCPU",
+        "Off CPU",
+        "The thread is not running: it sleeps, waits for I/O or a lock, or is preempted",
+        "grey",
+        false,
+        true,
+    ),
+    (
+        "Switching",
+        "Switching",
+        "The thread goes on and off CPUs faster than the sampling period (the CPU graph shows its share)",
+        "orange",
+        false,
+        false,
+    ),
+    (
+        "PythonCode",
+        "Python Code",
+        "The thread runs Python code (holds the GIL)",
+        "yellow",
+        false,
+        false,
+    ),
+    (
+        "NativeCode",
+        "Native Code",
+        "The thread runs native code without the GIL",
+        "teal",
+        false,
+        false,
+    ),
+    (
+        "GCCollecting",
+        "GC Collecting",
+        "The interpreter's garbage collector runs",
+        "magenta",
+        true,
+        false,
+    ),
+    (
+        "HasException",
+        "Has Exception",
+        "An exception is being raised or handled in the thread",
+        "brown",
+        false,
+        false,
+    ),
+    (
+        "NoException",
+        "No Exception",
+        "No exception is being raised or handled in the thread",
+        "grey",
+        false,
+        false,
+    ),
+];
+
 fn marker_schema() -> Value {
-    let names = [
-        ("HasGIL", "Has GIL", "The thread holds the GIL"),
-        ("NoGIL", "No GIL", "The thread does not hold the GIL"),
-        (
-            "WaitingforGIL",
-            "Waiting for GIL",
-            "The thread waits to take the GIL",
-        ),
-        ("OnCPU", "On CPU", "The thread runs on a CPU"),
-        ("OffCPU", "Off CPU", "The thread is not running"),
-        (
-            "Switching",
-            "Switching",
-            "The thread goes on and off CPUs faster than the sampling period (the CPU graph shows its share)",
-        ),
-        (
-            "PythonCode",
-            "Python Code",
-            "The thread runs Python code (holds the GIL)",
-        ),
-        (
-            "NativeCode",
-            "Native Code",
-            "The thread runs native code without the GIL",
-        ),
-        (
-            "GCCollecting",
-            "GC Collecting",
-            "The interpreter's garbage collector runs",
-        ),
-    ];
     Value::Array(
-        names
+        MARKER_TYPES
             .iter()
-            .map(|(ty, label, desc)| {
+            .map(|&(ty, label, desc, _, overview, waits)| {
+                let mut display = vec!["marker-chart", "marker-table"];
+                if overview {
+                    display.push("timeline-overview");
+                }
+                // Searchable: a marker search ("I/O", "futex", a function) then filters the
+                // call tree to the samples during the markers it finds.
+                let mut fields = vec![
+                    json!({"key": "duration", "label": "Duration", "format": "duration"}),
+                    json!({"key": "function", "label": "Python function at the start", "format": "string", "searchable": true}),
+                ];
+                if waits {
+                    fields.push(json!({"key": "reason", "label": "Reason", "format": "string", "searchable": true}));
+                    fields.push(json!({"key": "waitedOn", "label": "Waited in", "format": "string", "searchable": true}));
+                }
+                fields.push(
+                    json!({"key": "color", "label": "Colour", "format": "string", "hidden": true}),
+                );
+                let table = if waits {
+                    format!("{label}: {{marker.data.reason}} in {{marker.data.function}}")
+                } else {
+                    format!("{label} in {{marker.data.function}}")
+                };
                 json!({
                     "name": ty,
-                    "display": ["marker-chart", "marker-table", "timeline-overview"],
+                    "display": display,
                     "chartLabel": label,
                     "tooltipLabel": label,
-                    "tableLabel": label,
+                    "tableLabel": table,
                     "description": desc,
-                    "fields": [],
+                    "colorField": "color",
+                    "fields": fields,
                 })
             })
             .collect(),
     )
 }
 
+/// Why a thread was off CPU, read from the stack it blocked in: the system call (or kernel path)
+/// it waited in, and its kind.
+fn wait_of(p: &Profile, stack: StackId) -> Option<(String, &'static str)> {
+    let frames = p.stack_root_first(stack);
+    let names: Vec<&str> = frames
+        .iter()
+        .map(|&f| p.funcs[p.frames[f].func].name.as_ref())
+        .collect();
+    if frames
+        .iter()
+        .any(|&f| p.frames[f].category == Category::Gil)
+    {
+        return Some(("the GIL".into(), "GIL"));
+    }
+    let kernel = |f: &FrameId| p.frames[*f].category == Category::Kernel;
+    let first_kernel = frames.iter().position(kernel)?;
+    for n in &names[first_kernel..] {
+        let call = [
+            "__x64_sys_",
+            "__ia32_sys_",
+            "__se_sys_",
+            "__do_sys_",
+            "ksys_",
+        ]
+        .iter()
+        .find_map(|pre| n.strip_prefix(pre));
+        if let Some(call) = call {
+            let kind = match call {
+                "futex" | "futex_waitv" | "sched_yield" => "lock",
+                "clock_nanosleep" | "nanosleep" | "pause" => "sleep",
+                "wait4" | "waitid" => "child process",
+                "read" | "write" | "readv" | "writev" | "pread64" | "pwrite64" | "recvfrom"
+                | "recvmsg" | "recvmmsg" | "sendto" | "sendmsg" | "sendmmsg" | "accept"
+                | "accept4" | "connect" | "epoll_wait" | "epoll_pwait" | "epoll_pwait2"
+                | "select" | "pselect6" | "poll" | "ppoll" | "openat" | "fsync" | "fdatasync"
+                | "sendfile64" | "splice" | "io_uring_enter" | "io_getevents" => "I/O",
+                _ => "system call",
+            };
+            // `time.sleep` waits in `select` (glibc: pselect6) before 3.11.
+            let sleeping = names[..first_kernel]
+                .iter()
+                .any(|n| matches!(*n, "time_sleep" | "pysleep"));
+            return Some((call.to_string(), if sleeping { "sleep" } else { kind }));
+        }
+    }
+    let path = &names[first_kernel..];
+    if path
+        .iter()
+        .any(|n| n.contains("page_fault") || *n == "handle_mm_fault")
+    {
+        return Some(("a page fault".into(), "page fault"));
+    }
+    if path
+        .iter()
+        .any(|n| n.starts_with("irqentry_exit") || n.starts_with("preempt_schedule"))
+    {
+        return Some(("preemption".into(), "preempted"));
+    }
+    None
+}
+
+/// The innermost Python function of a stack.
+fn python_function(p: &Profile, stack: StackId) -> Option<String> {
+    let mut cur = Some(stack);
+    while let Some(s) = cur {
+        let f = &p.funcs[p.frames[p.stacks[s].0].func];
+        if f.is_python {
+            return Some(f.name.to_string());
+        }
+        cur = p.stacks[s].1;
+    }
+    None
+}
+
+/// What a marker says of the stack at its start: the Python function, and the wait.
+type StackFacts = (Option<String>, Option<(String, &'static str)>);
+
+/// The fields of a marker, from the thread's sample at its start.
+fn marker_data(
+    p: &Profile,
+    t: &ThreadData,
+    m: &Marker,
+    cache: &mut HashMap<StackId, StackFacts>,
+) -> Value {
+    let kind = MARKER_TYPES.iter().find(|k| k.1 == m.name);
+    let mut data = json!({
+        "type": kind.map_or_else(|| m.name.replace(' ', ""), |k| k.0.to_string()),
+        "tid": t.tid,
+        "duration": m.end_ms - m.start_ms,
+        "color": kind.map_or("grey", |k| k.3),
+    });
+    let waits = kind.is_some_and(|k| k.5);
+    // The sample at the start: an off-CPU marker's is the capture taken as the thread left the
+    // CPU; others' the first sample in the marker.
+    let from = t
+        .samples
+        .partition_point(|s: &Sample| s.time_ms < m.start_ms - 1e-3);
+    let sample = t.samples[from..]
+        .iter()
+        .take_while(|s| s.time_ms <= m.end_ms.max(m.start_ms + 1e-3))
+        .find(|s| !waits || s.state & crate::aggregate::state::ON_CPU == 0);
+    if let Some(stack) = sample.and_then(|s| s.stack) {
+        let (func, wait) = cache
+            .entry(stack)
+            .or_insert_with(|| (python_function(p, stack), wait_of(p, stack)));
+        if let Some(f) = func {
+            data["function"] = json!(f);
+        }
+        if waits {
+            if let Some((on, kind)) = wait {
+                data["waitedOn"] = json!(on);
+                data["reason"] = json!(kind);
+            }
+        }
+    }
+    data
+}
+
+/// A thread's track name: the name it was given (a Python thread's, or one set with
+/// `pthread_setname_np`, which Python 3.14's threading does), or its program's with its tid.
+pub fn thread_name(proc: &ProcessData, t: &ThreadData) -> String {
+    if let Some(name) = &t.python_name {
+        return name.clone();
+    }
+    let program = proc.threads.get(&proc.pid).map(|m| m.name.as_str());
+    if t.name.is_empty() || Some(t.name.as_str()) == program {
+        let comm = if t.name.is_empty() { "thread" } else { &t.name };
+        format!("{comm} (tid {})", t.tid)
+    } else {
+        t.name.clone()
+    }
+}
+
 fn thread_json(p: &Profile, strings: &mut Strings, proc: &ProcessData, t: &ThreadData) -> Value {
-    let mut tt = ThreadTables::default();
+    let mut tt = ThreadTables {
+        python_process: proc.python.is_some(),
+        ..ThreadTables::default()
+    };
     let mut s_stack = Vec::with_capacity(t.samples.len());
     let mut s_time = Vec::with_capacity(t.samples.len());
     let mut s_weight = Vec::with_capacity(t.samples.len());
@@ -237,12 +510,13 @@ fn thread_json(p: &Profile, strings: &mut Strings, proc: &ProcessData, t: &Threa
     let mut m_end = Vec::new();
     let mut m_cat = Vec::new();
     let mut m_data = Vec::new();
+    let mut marker_cache = HashMap::new();
     for m in &t.markers {
         m_name.push(strings.id(m.name));
         m_start.push(m.start_ms);
         m_end.push(m.end_ms);
         m_cat.push(m.category as u32);
-        m_data.push(json!({"type": m.name.replace(' ', ""), "tid": t.tid}));
+        m_data.push(marker_data(p, t, m, &mut marker_cache));
     }
     let n_markers = m_name.len();
     let is_main = t.tid == pid;
@@ -254,7 +528,7 @@ fn thread_json(p: &Profile, strings: &mut Strings, proc: &ProcessData, t: &Threa
         "registerTime": t.start_ms.or(proc.start_ms).unwrap_or(0.0),
         "unregisterTime": t.end_ms.or(proc.end_ms),
         "pausedRanges": [],
-        "name": if is_main { proc_name.to_string() } else { t.name.clone() },
+        "name": if is_main { proc_name.to_string() } else { thread_name(proc, t) },
         "isMainThread": is_main,
         // Earlier programs of a pid are separate processes in the viewer.
         "pid": if proc.generation == 0 { pid.to_string() } else { format!("{pid}.{}", proc.generation) },
@@ -281,14 +555,14 @@ fn thread_json(p: &Profile, strings: &mut Strings, proc: &ProcessData, t: &Threa
             "frame": tt.stack_frame,
             "prefix": tt.stack_prefix,
             "category": tt.stack_cat,
-            "subcategory": vec![0; tt.stack_frame.len()],
+            "subcategory": tt.stack_subcat,
             "length": tt.stack_frame.len(),
         },
         "frameTable": {
             "address": tt.fr_address,
             "inlineDepth": vec![0; tt.fr_func.len()],
             "category": tt.fr_cat,
-            "subcategory": vec![0; tt.fr_func.len()],
+            "subcategory": tt.fr_subcat,
             "func": tt.fr_func,
             "nativeSymbol": tt.fr_sym,
             "innerWindowID": vec![Value::Null; tt.fr_func.len()],
@@ -329,13 +603,34 @@ pub fn to_json(p: &Profile, run: &RunInfo) -> Value {
     let mut strings = Strings::default();
     let mut threads = Vec::new();
     for proc in p.all_processes() {
-        for t in proc.threads.values() {
+        // The main thread first, then the busiest: the viewer keeps this order for its tracks.
+        let mut order: Vec<(&ThreadData, f64)> = proc
+            .threads
+            .values()
+            .map(|t| {
+                let busy: f64 = t.samples.iter().map(|s| s.cpu_delta_us).sum();
+                (t, busy)
+            })
+            .collect();
+        order.sort_by(|a, b| {
+            (b.0.tid == proc.pid)
+                .cmp(&(a.0.tid == proc.pid))
+                .then(b.1.total_cmp(&a.1))
+                .then(a.0.tid.cmp(&b.0.tid))
+        });
+        for (t, _) in order {
             threads.push(thread_json(p, &mut strings, proc, t));
         }
     }
     let categories: Vec<Value> = Category::ALL
         .iter()
-        .map(|(_, name, color)| json!({"name": name, "color": color, "subcategories": ["Other"]}))
+        .map(|(cat, name, color)| {
+            let subcategories: &[&str] = match cat {
+                Category::Python => &["Other", "interpreter"],
+                _ => &["Other"],
+            };
+            json!({"name": name, "color": color, "subcategories": subcategories})
+        })
         .collect();
     let libs: Vec<Value> = p
         .libs
@@ -373,6 +668,11 @@ pub fn to_json(p: &Profile, run: &RunInfo) -> Value {
         "pythonCycles": c.py_cycles,
         "pythonBadLineTables": c.py_bad_line_tables,
         "maxReaderLagMs": c.max_lag_ms,
+        // Native frames no symbol named, by file: the viewer cannot tell them from named ones.
+        "unnamedFrames": super::summary::unnamed_frames(p)
+            .into_iter()
+            .map(|(file, n)| (file, json!(n)))
+            .collect::<serde_json::Map<_, _>>(),
         "profilerCost": run.cost.map(|k| json!({
             "userCpuMs": k.user_cpu_ms,
             "bpfMs": k.bpf_ms,

@@ -6,10 +6,14 @@
 
 pub mod collapsed;
 pub mod continuous;
+pub mod diff;
 pub mod files;
+pub mod functions;
 pub mod gecko;
+pub mod heatmap;
 pub mod jsonl;
 pub mod pprof;
+pub mod pstats;
 pub mod recording;
 pub mod serve;
 pub mod summary;
@@ -175,15 +179,21 @@ pub enum Format {
     Pprof,
     /// A self-contained interactive SVG flame graph.
     Flamegraph,
+    /// Python's `pstats` statistics (marshalled), for `pstats.Stats`, snakeviz and the like.
+    Pstats,
+    /// A self-contained HTML page of Python source files with each line shaded by its samples.
+    Heatmap,
 }
 
 impl Format {
-    pub const ALL: [Format; 5] = [
+    pub const ALL: [Format; 7] = [
         Format::Gecko,
         Format::Collapsed,
         Format::Jsonl,
         Format::Pprof,
         Format::Flamegraph,
+        Format::Pstats,
+        Format::Heatmap,
     ];
 
     /// The name `--format` takes.
@@ -194,6 +204,8 @@ impl Format {
             Format::Jsonl => "jsonl",
             Format::Pprof => "pprof",
             Format::Flamegraph => "flamegraph",
+            Format::Pstats => "pstats",
+            Format::Heatmap => "heatmap",
         }
     }
 
@@ -208,6 +220,8 @@ impl Format {
             Format::Jsonl => "jsonl",
             Format::Pprof => "pb.gz",
             Format::Flamegraph => "svg",
+            Format::Pstats => "pstats",
+            Format::Heatmap => "heatmap.html",
         }
     }
 
@@ -218,6 +232,8 @@ impl Format {
             Format::Jsonl => Ok(jsonl::to_text(p, run).into_bytes()),
             Format::Pprof => pprof::to_bytes(p, run),
             Format::Flamegraph => collapsed::flamegraph(p, run),
+            Format::Pstats => Ok(pstats::to_bytes(p)),
+            Format::Heatmap => Ok(heatmap::to_html(p, run).into_bytes()),
         };
         encoded.map_err(|e| Error::new(ErrorKind::Encode, format!("{self:?}: {e}")))
     }
@@ -239,7 +255,16 @@ pub fn output_paths(output: Option<&Path>, formats: &[Format]) -> Vec<(Format, P
         .map(|o| {
             let s = o.to_string_lossy();
             let known = [
-                ".json", ".folded", ".jsonl", ".pb.gz", ".svg", ".tbpf", ".txt", ".pprof",
+                ".json",
+                ".folded",
+                ".jsonl",
+                ".pb.gz",
+                ".svg",
+                ".tbpf",
+                ".txt",
+                ".pprof",
+                ".pstats",
+                ".heatmap.html",
             ];
             known
                 .iter()
@@ -332,8 +357,13 @@ pub fn process_label(p: &ProcessData) -> String {
     }
 }
 
+/// How a thread is named as a root frame: the name Python gave it, else its `comm`, with its tid.
 pub fn thread_label(t: &ThreadData) -> String {
-    format!("{} [tid {}]", t.name, t.tid)
+    format!(
+        "{} [tid {}]",
+        t.python_name.as_ref().unwrap_or(&t.name),
+        t.tid
+    )
 }
 
 /// One frame as text, in the conventions of folded stacks: Python frames as CPython's sampler
@@ -639,7 +669,12 @@ mod tests {
     fn recordings_of_every_version_still_convert() {
         let (p, run) = fixture::profile(Mode::Wall);
         let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/src/output/testdata");
-        for v in [1, 2] {
+        // TACHYON_FREEZE_RECORDING=1 writes the frozen file of a new version.
+        if std::env::var_os("TACHYON_FREEZE_RECORDING").is_some() {
+            let b = recording::to_bytes(&p, &run).unwrap();
+            std::fs::write(format!("{dir}/v3-wall.tbpf"), b).unwrap();
+        }
+        for v in [1, 2, 3] {
             let path = PathBuf::from(format!("{dir}/v{v}-wall.tbpf"));
             let (q, qrun) = recording::load(&path)
                 .unwrap_or_else(|e| panic!("version {v}: {}: {e}", path.display()));
@@ -662,19 +697,14 @@ mod tests {
             }
         }
         // The current version is what is written: a change to the schema must add a version
-        // (and a frozen file here), not rewrite this one. TACHYON_FREEZE_RECORDING=1 writes
-        // the frozen file of a new version.
-        if std::env::var_os("TACHYON_FREEZE_RECORDING").is_some() {
-            let b = recording::to_bytes(&p, &run).unwrap();
-            std::fs::write(format!("{dir}/v2-wall.tbpf"), b).unwrap();
-        }
-        let v2 = std::fs::read(format!("{dir}/v2-wall.tbpf")).unwrap();
+        // (and a frozen file here), not rewrite this one.
+        let v2 = std::fs::read(format!("{dir}/v3-wall.tbpf")).unwrap();
         let mut a = String::new();
         let mut b = String::new();
         std::io::Read::read_to_string(&mut flate2::read::GzDecoder::new(&v2[..]), &mut a).unwrap();
         let now = recording::to_bytes(&p, &run).unwrap();
         std::io::Read::read_to_string(&mut flate2::read::GzDecoder::new(&now[..]), &mut b).unwrap();
-        assert_eq!(a, b, "the version-2 schema changed: add version 3 instead");
+        assert_eq!(a, b, "the version-3 schema changed: add version 4 instead");
     }
 
     #[test]

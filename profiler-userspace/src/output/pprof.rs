@@ -261,7 +261,7 @@ pub fn build(p: &Profile, run: &RunInfo) -> PProfile {
             num_unit: 0,
         };
         let proc_name = s.id(&process_label(st.process));
-        let thread_name = s.id(&st.thread.name);
+        let thread_name = s.id(st.thread.python_name.as_ref().unwrap_or(&st.thread.name));
         out.sample.push(PSample {
             location_id: locs,
             value: vec![n as i64, (st.ms * 1e6).round() as i64],

@@ -18,8 +18,9 @@ use crate::aggregate::{
 
 const FORMAT: &str = "tachyon-bpf recording";
 /// The version written. Version 1 (the first release's recordings, a dump of the profiler's
-/// internal profile) is still read; see `docs/recording.md` for both.
-const VERSION: u32 = 2;
+/// internal profile) and version 2 (version 3's schema without the `Exception` category and
+/// markers) are still read; see `docs/recording.md`.
+const VERSION: u32 = 3;
 
 // ---- Version 2: the recording's own schema (docs/recording.md). Tables are columns; ids are
 // indexes into them; categories and marker names are stored by their display names. Nothing
@@ -132,6 +133,9 @@ struct V2Process {
 struct V2Thread {
     tid: u32,
     name: String,
+    /// `threading.Thread.name` (absent in recordings that did not read it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    python_name: Option<String>,
     first_ms: f64,
     last_ms: f64,
     start_ms: Option<f64>,
@@ -244,6 +248,7 @@ fn v2_process(p: &ProcessData, retired: bool) -> V2Process {
                 V2Thread {
                     tid: t.tid,
                     name: t.name.clone(),
+                    python_name: t.python_name.clone(),
                     first_ms: t.first_ms,
                     last_ms: t.last_ms,
                     start_ms: t.start_ms,
@@ -450,6 +455,7 @@ fn from_v2(r: V2) -> Result<(Profile, RunInfo), String> {
                 ThreadData {
                     tid: t.tid,
                     name: t.name,
+                    python_name: t.python_name,
                     samples,
                     markers,
                     first_ms: t.first_ms,
@@ -590,7 +596,7 @@ fn checked(text: &[u8]) -> Result<(Profile, RunInfo), String> {
             let rec: V1 = serde_json::from_slice(text).map_err(|e| format!("is damaged: {e}"))?;
             (rec.profile, rec.run)
         }
-        VERSION => {
+        2 | VERSION => {
             let rec: V2 = serde_json::from_slice(text).map_err(|e| format!("is damaged: {e}"))?;
             from_v2(rec)?
         }
@@ -601,6 +607,7 @@ fn checked(text: &[u8]) -> Result<(Profile, RunInfo), String> {
         }
     };
     profile.reindex().map_err(|e| format!("is damaged: {e}"))?;
+    profile.add_missing_exception_markers();
     Ok((profile, run))
 }
 

@@ -52,39 +52,81 @@ pub fn function_times(p: &Profile) -> (Vec<(FuncId, f64, f64)>, f64) {
     (v, all)
 }
 
-/// Summary lines: the top functions by self and by total time, then per process (busiest
-/// first) its share on CPU and, for Python, holding and waiting for the GIL.
+/// Summary lines. With Python in the profile: the top Python functions by self and by total
+/// time, each with its on-CPU, off-CPU and GIL-wait split, then the top native functions by
+/// on-CPU self time (native scaffolding, on every stack, never shows). Without: the top functions
+/// by self and total time. Then per process (busiest first) its share on CPU and, for Python,
+/// holding and waiting for the GIL.
 pub fn lines(p: &Profile, top: usize) -> Vec<String> {
     let mut out = Vec::new();
-    let (funcs, all) = function_times(p);
+    let v = super::functions::view(p, false);
+    let all = v.all.total();
     if all <= 0.0 {
         return out;
     }
     let pct = |ms: f64| 100.0 * ms / all;
-    out.push(format!("top {top} by self time ({} mode):", p.mode.name()));
-    for (f, s, _) in funcs.iter().take(top) {
-        out.push(format!("  {:5.1}%  {}", pct(*s), func_label(p, *f)));
-    }
-    let mut by_total = funcs.clone();
-    by_total.sort_by(|a, b| b.2.total_cmp(&a.2).then(a.0.cmp(&b.0)));
-    // With Python in the profile, its functions are what a user scans the totals for (the
-    // native scaffolding under them, _start to the eval loop, is in every stack).
-    let python = by_total.iter().any(|(f, _, _)| p.funcs[*f].is_python);
-    // Pass-through roots (_start, the main module: in nearly every stack, no time of their own)
-    // tell nothing.
-    let informative: Vec<_> = by_total
-        .iter()
-        .filter(|(f, _, _)| !python || p.funcs[*f].is_python)
-        .filter(|(_, s, t)| pct(*t) < 95.0 || *s > 0.005 * t)
-        .take(top)
-        .collect();
-    out.push(if python {
-        format!("top {top} Python functions by total time:")
+    let python = v.rows.iter().any(|r| r.python);
+    if python {
+        let split = |s: &super::functions::Split| {
+            let (on, off, gil) = s.shares();
+            format!("on CPU {on:.0}%, off CPU {off:.0}%, waiting for the GIL {gil:.0}%")
+        };
+        let mut rows: Vec<&super::functions::Row> = v.rows.iter().filter(|r| r.python).collect();
+        out.push(format!(
+            "top {top} Python functions by self time ({} mode; self includes the native code they run):",
+            p.mode.name()
+        ));
+        for r in rows.iter().take(top) {
+            out.push(format!(
+                "  {:5.1}%  {}  ({})",
+                pct(r.self_time.total()),
+                r.label,
+                split(&r.self_time)
+            ));
+        }
+        rows.sort_by(|a, b| {
+            b.total
+                .total()
+                .total_cmp(&a.total.total())
+                .then_with(|| a.label.cmp(&b.label))
+        });
+        out.push(format!("top {top} Python functions by total time:"));
+        // Pass-through roots (the main module, a thread's bootstrap: in nearly every stack of
+        // theirs, no time of their own) tell nothing.
+        for r in rows
+            .iter()
+            .filter(|r| {
+                pct(r.total.total()) < 95.0 || r.self_time.total() > 0.005 * r.total.total()
+            })
+            .take(top)
+        {
+            out.push(format!(
+                "  {:5.1}%  {}  ({})",
+                pct(r.total.total()),
+                r.label,
+                split(&r.total)
+            ));
+        }
+        out.push(format!("top {top} native functions by self time on CPU:"));
+        for (label, ms) in v.native_self.iter().take(top) {
+            out.push(format!("  {:5.1}%  {label}", pct(*ms)));
+        }
     } else {
-        format!("top {top} by total time:")
-    });
-    for (f, _, t) in informative {
-        out.push(format!("  {:5.1}%  {}", pct(*t), func_label(p, *f)));
+        let (funcs, _) = function_times(p);
+        out.push(format!("top {top} by self time ({} mode):", p.mode.name()));
+        for (f, s, _) in funcs.iter().take(top) {
+            out.push(format!("  {:5.1}%  {}", pct(*s), func_label(p, *f)));
+        }
+        let mut by_total = funcs.clone();
+        by_total.sort_by(|a, b| b.2.total_cmp(&a.2).then(a.0.cmp(&b.0)));
+        out.push(format!("top {top} by total time:"));
+        for (f, _, t) in by_total
+            .iter()
+            .filter(|(_, s, t)| pct(*t) < 95.0 || *s > 0.005 * t)
+            .take(top)
+        {
+            out.push(format!("  {:5.1}%  {}", pct(*t), func_label(p, *f)));
+        }
     }
     let mut procs: Vec<(String, f64, f64, f64, f64, bool)> = Vec::new();
     for proc_ in p.all_processes() {
@@ -131,7 +173,65 @@ pub fn lines(p: &Profile, top: usize) -> Vec<String> {
     if procs.len() > top {
         out.push(format!("  ... and {} more", procs.len() - top));
     }
+    let unnamed = unnamed_frames(p);
+    if !unnamed.is_empty() {
+        let n: usize = unnamed.iter().map(|u| u.1).sum();
+        let files: Vec<String> = unnamed
+            .iter()
+            .take(top)
+            .map(|(file, k)| format!("{file} ({k})"))
+            .collect();
+        let more = if unnamed.len() > top {
+            format!(" and {} more files", unnamed.len() - top)
+        } else {
+            String::new()
+        };
+        out.push(format!(
+            "native frames without a symbol (shown as file+offset; a debug file would name them): {n}, in {}{more}",
+            files.join(", ")
+        ));
+    }
     out
+}
+
+/// Native code addresses in sampled stacks that no symbol table named (shown as
+/// `file+0xoffset`, or `0xaddress` outside any file): (file, distinct addresses), most first.
+pub fn unnamed_frames(p: &Profile) -> Vec<(String, usize)> {
+    let mut seen = HashSet::new();
+    for st in stack_totals(p) {
+        for f in p.stack_root_first(st.stack) {
+            let fr = &p.frames[f];
+            let func = &p.funcs[fr.func];
+            if func.is_python || fr.category == crate::aggregate::Category::Kernel {
+                continue;
+            }
+            let unnamed = match func.lib {
+                Some(l) => {
+                    fr.symbol_address.is_none()
+                        && func
+                            .name
+                            .strip_prefix(p.libs[l].name.as_ref())
+                            .is_some_and(|rest| rest.starts_with("+0x"))
+                }
+                None => func.name.starts_with("0x"),
+            };
+            if unnamed {
+                seen.insert(f);
+            }
+        }
+    }
+    let mut by_file: HashMap<String, usize> = HashMap::new();
+    for f in seen {
+        let file = p.funcs[p.frames[f].func]
+            .lib
+            .map_or("anonymous memory".to_string(), |l| {
+                p.libs[l].name.to_string()
+            });
+        *by_file.entry(file).or_default() += 1;
+    }
+    let mut v: Vec<(String, usize)> = by_file.into_iter().collect();
+    v.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    v
 }
 
 /// A reader this far behind the samples is reported (ms).
@@ -167,20 +267,36 @@ mod tests {
         let (p, _) = fixture::profile(Mode::Wall);
         let l = lines(&p, 3);
         let text = l.join("\n");
-        // 28 ms in all: the 14 ms of sleeping end in the kernel's schedule.
-        assert_eq!(l[0], "top 3 by self time (wall mode):");
-        assert!(
-            l[1].contains("50.0%  schedule ([kernel.kallsyms])"),
+        // 28 ms in all. Python functions by self time: `main` sleeps 14 ms in `time_sleep` (its
+        // own self time, off CPU), `work` runs 9 ms.
+        assert_eq!(
+            l[0],
+            "top 3 Python functions by self time (wall mode; self includes the native code they run):"
+        );
+        assert_eq!(
+            l[1], "   50.0%  main (app.py:10)  (on CPU 0%, off CPU 100%, waiting for the GIL 0%)",
             "{text}"
         );
-        assert!(l[2].contains("32.1%  work (app.py:20)"), "{text}");
+        assert_eq!(
+            l[2], "   32.1%  work (app.py:20)  (on CPU 100%, off CPU 0%, waiting for the GIL 0%)",
+            "{text}"
+        );
         // Totals list Python functions only: no native scaffolding such as `_start`.
         let i = l
             .iter()
             .position(|x| x == "top 3 Python functions by total time:")
             .unwrap_or_else(|| panic!("{text}"));
-        assert_eq!(l[i + 1], "   82.1%  main (app.py:10)", "{text}");
-        assert_eq!(l[i + 2], "   32.1%  work (app.py:20)", "{text}");
+        assert_eq!(
+            l[i + 1],
+            "   82.1%  main (app.py:10)  (on CPU 39%, off CPU 61%, waiting for the GIL 0%)",
+            "{text}"
+        );
+        assert!(l[i + 2].starts_with("   32.1%  work (app.py:20)"), "{text}");
+        // Native code by its own CPU time, never the kernel's scheduler.
+        assert_eq!(l[i + 3], "top 3 native functions by self time on CPU:");
+        assert_eq!(l[i + 4], "   17.9%  crunch;loop [app]", "{text}");
+        assert!(!text.contains("schedule"), "{text}");
+        let i = i + 2;
         assert!(l[i + 3].starts_with("per process"), "{text}");
         assert!(
             text.contains(

@@ -22,6 +22,20 @@ pub struct CodeInfo {
     pub ident: [u64; 3],
 }
 
+impl CodeInfo {
+    /// Whether this is the code object 3.13+ runs after a class's Python `__init__`
+    /// (`_Py_InitCleanup`, static in the interpreter): named `__init__` in a file `__init__`,
+    /// first line 0, and a line table of one entry without a location.
+    pub fn is_init_cleanup(&self) -> bool {
+        /// A line-table entry of 4 code units with no location (`PY_CODE_LOCATION_INFO_NONE`).
+        const NO_LOCATION_4: u8 = 128 | (15 << 3) | 3;
+        &*self.name == "__init__"
+            && &*self.file == "__init__"
+            && self.firstlineno == 0
+            && self.linetable == [NO_LOCATION_4]
+    }
+}
+
 /// Decodes a `str` object (any kind, compact or not).
 pub fn read_unicode(remote: &Remote, layout: &Layout, addr: u64, str_type: u64) -> Option<String> {
     let head = remote.read(addr, 80)?;

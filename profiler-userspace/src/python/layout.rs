@@ -38,6 +38,8 @@ pub struct Layout {
     /// `f_locals`: set only in frames of code that is not a function's (module and class bodies).
     pub frame_locals: u32,
     pub frame_read: u32,
+    /// The frame's first local (`f_localsplus` / `localsplus`).
+    pub frame_localsplus: u32,
     pub code_firstlineno: usize,
     pub code_filename: usize,
     pub code_name: usize,
@@ -81,6 +83,7 @@ pub fn builtin(minor: u32) -> Option<Layout> {
         frame_owner: NO_OFFSET,
         frame_locals: 56,
         frame_read: 112,
+        frame_localsplus: if minor == 10 { 352 } else { 360 },
         code_firstlineno: 40,
         code_filename: 104,
         code_name: 112,
@@ -117,6 +120,7 @@ pub fn builtin(minor: u32) -> Option<Layout> {
         frame_owner: 68,
         frame_locals: 24,
         frame_read: 72,
+        frame_localsplus: 72,
         code_firstlineno: 72,
         code_filename: 112,
         code_name: 120,
@@ -172,6 +176,7 @@ pub fn builtin(minor: u32) -> Option<Layout> {
             frame_owner: if minor == 13 { 70 } else { 74 },
             frame_locals: 40,
             frame_read: if minor == 13 { 72 } else { 80 },
+            frame_localsplus: if minor == 13 { 72 } else { 80 },
             code_firstlineno: 68,
             code_adaptive: if minor == 13 { 200 } else { 208 },
             unicode_ascii_data: 40,
@@ -182,6 +187,36 @@ pub fn builtin(minor: u32) -> Option<Layout> {
             code_mask: if minor == 13 { !0 } else { !3 },
             activations: Activations::Shim,
             tstate_cur_exc: 112,
+            ..modern
+        },
+        // 3.15: 3.14's frames and code objects; the thread state gained the GIL flags and the
+        // base frame before `thread_id`, the interpreter lost a word before its thread list,
+        // and the GC's state shrank. Read off Debian's 3.15.2 (its debug offsets, and live).
+        15 => Layout {
+            interp_head: 936,
+            interp_next: 7264,
+            interp_threads_head: 7336,
+            tstate_frame: 72,
+            cframe_frame: NO_OFFSET,
+            thread_id: 176,
+            native_thread_id: Some(184),
+            frame_code: 0,
+            frame_previous: 8,
+            frame_owner: 74,
+            frame_locals: 40,
+            frame_read: 80,
+            frame_localsplus: 80,
+            code_firstlineno: 68,
+            code_adaptive: 208,
+            unicode_ascii_data: 40,
+            unicode_compact_data: 56,
+            gil_in_runtime: None,
+            interp_gil_ptr: Some(16),
+            gc_collecting_interp: Some(7512),
+            code_mask: !3,
+            activations: Activations::Shim,
+            tstate_cur_exc: 136,
+            tstate_exc_info: 144,
             ..modern
         },
         _ => return None,
@@ -270,8 +305,36 @@ const DEBUG_POSITIONS_314: DebugPositions = DebugPositions {
     len: 664,
 };
 
-/// Reads `_Py_DebugOffsets` at the start of `_PyRuntime` and applies it to `layout` (3.13 and
-/// 3.14; a later version keeps only the runtime group, which has not moved).
+/// 3.15 adds the thread state's `holds_gil`, `gil_requested`, `current_exception`,
+/// `exc_state`, three frame pointers (`base_frame` among them) and an `err_stackitem` group, and
+/// the GC's `frame`; read off Debian's 3.15.2 and checked against the thread and frame it
+/// describes, live (`thread_id` against `pthread_self`, `holds_gil` and the GC's `collecting`
+/// while they are set).
+const DEBUG_POSITIONS_315: DebugPositions = DebugPositions {
+    interp_next: 64,
+    interp_threads_head: 72,
+    interp_gc: 88,
+    tstate_next: 192,
+    tstate_interp: 200,
+    tstate_frame: 208,
+    thread_id: 240,
+    native_thread_id: 248,
+    frame_previous: 320,
+    frame_code: 328,
+    frame_instr: 336,
+    frame_owner: 352,
+    code_filename: 384,
+    code_name: 392,
+    code_qualname: 400,
+    code_linetable: 408,
+    code_firstlineno: 416,
+    code_adaptive: 448,
+    gc_collecting: 760,
+    len: 776,
+};
+
+/// Reads `_Py_DebugOffsets` at the start of `_PyRuntime` and applies it to `layout` (3.13 to
+/// 3.15; a later version keeps only the runtime group, which has not moved).
 pub fn apply_debug_offsets(
     remote: &Remote,
     runtime: u64,
@@ -291,6 +354,7 @@ pub fn apply_debug_offsets(
     let pos = match (version >> 16) & 0xff {
         13 => &DEBUG_POSITIONS_313,
         14 => &DEBUG_POSITIONS_314,
+        15 => &DEBUG_POSITIONS_315,
         _ => return Some(DebugOffsets { free_threaded }),
     };
     let b = remote.read(runtime, pos.len)?;
@@ -411,52 +475,33 @@ mod tests {
             assert!((l.frame_owner == NO_OFFSET) || l.frame_owner < l.frame_read);
             assert!(l.frame_instr < l.frame_read && l.frame_previous < l.frame_read);
         }
-        assert!(builtin(7).is_none() && builtin(15).is_none());
+        assert!(builtin(7).is_none() && builtin(16).is_none());
+        assert_eq!(builtin(15).unwrap().thread_id, 176);
         assert_eq!(builtin(12).unwrap().interp_threads_head, 72);
         assert_eq!(builtin(14).unwrap().code_mask, !3);
     }
 
-    /// `_Py_DebugOffsets` as Debian's 3.14.10 has it (read live), laid out in this process's
-    /// memory: applied over a layout with every such field wrong, it must give the built-in 3.14
-    /// layout field for field; and
-    /// offsets that would not fit the BPF side's frame buffer are not taken.
-    #[test]
-    fn debug_offsets_of_3_14() {
-        fn put(b: &mut [u8], off: usize, v: u64) {
-            b[off..off + 8].copy_from_slice(&v.to_le_bytes());
-        }
+    fn put(b: &mut [u8], off: usize, v: u64) {
+        b[off..off + 8].copy_from_slice(&v.to_le_bytes());
+    }
+
+    /// A `_Py_DebugOffsets` of `version` with the interpreter list at `interp_head` and
+    /// `fields` (position, value), laid out in this process's memory.
+    fn debug_offsets(version: u64, interp_head: u64, fields: &[(usize, u64)]) -> Vec<u8> {
         let mut b = vec![0u8; 800];
         b[..8].copy_from_slice(DEBUG_COOKIE);
-        put(&mut b, 8, 0x030e_0af0);
-        put(&mut b, 40, 808);
-        for (off, v) in [
-            (64, 7272),
-            (72, 7344),
-            (88, 7408),
-            (192, 8),
-            (200, 16),
-            (208, 72),
-            (216, 152),
-            (224, 160),
-            (256, 8),
-            (264, 0),
-            (272, 56),
-            (288, 74),
-            (320, 112),
-            (328, 120),
-            (336, 128),
-            (344, 136),
-            (352, 68),
-            (384, 208),
-            (656, 192),
-        ] {
+        put(&mut b, 8, version);
+        put(&mut b, 40, interp_head);
+        for &(off, v) in fields {
             put(&mut b, off, v);
         }
-        let remote = Remote {
-            pid: std::process::id(),
-        };
-        // Every field the debug offsets carry starts wrong, so each must come from them.
-        let wrong = Layout {
+        b
+    }
+
+    /// `minor`'s built-in layout with every field the debug offsets carry wrong, so that each
+    /// must come from them.
+    fn wrong_but_for_debug_offsets(minor: u32) -> Layout {
+        Layout {
             interp_head: 1,
             interp_next: 1,
             interp_threads_head: 1,
@@ -476,8 +521,82 @@ mod tests {
             code_linetable: 1,
             code_adaptive: 1,
             gc_collecting_interp: None,
-            ..builtin(14).unwrap()
+            ..builtin(minor).unwrap()
+        }
+    }
+
+    /// `_Py_DebugOffsets` as Debian's 3.15.2 has it (read live): applied over a layout with
+    /// every such field wrong, it gives the built-in 3.15 layout field for field.
+    #[test]
+    fn debug_offsets_of_3_15() {
+        let b = debug_offsets(
+            0x030f_02f0,
+            936,
+            &[
+                (64, 7264),
+                (72, 7336),
+                (88, 7400),
+                (192, 8),
+                (200, 16),
+                (208, 72),
+                (240, 176),
+                (248, 184),
+                (320, 8),
+                (328, 0),
+                (336, 56),
+                (352, 74),
+                (384, 112),
+                (392, 120),
+                (400, 128),
+                (408, 136),
+                (416, 68),
+                (448, 208),
+                (760, 112),
+            ],
+        );
+        let remote = Remote {
+            pid: std::process::id(),
         };
+        let mut l = wrong_but_for_debug_offsets(15);
+        apply_debug_offsets(&remote, b.as_ptr() as u64, &mut l).unwrap();
+        assert_eq!(l, builtin(15).unwrap());
+    }
+
+    /// `_Py_DebugOffsets` as Debian's 3.14.10 has it (read live), laid out in this process's
+    /// memory: applied over a layout with every such field wrong, it must give the built-in 3.14
+    /// layout field for field; and
+    /// offsets that would not fit the BPF side's frame buffer are not taken.
+    #[test]
+    fn debug_offsets_of_3_14() {
+        let mut b = debug_offsets(
+            0x030e_0af0,
+            808,
+            &[
+                (64, 7272),
+                (72, 7344),
+                (88, 7408),
+                (192, 8),
+                (200, 16),
+                (208, 72),
+                (216, 152),
+                (224, 160),
+                (256, 8),
+                (264, 0),
+                (272, 56),
+                (288, 74),
+                (320, 112),
+                (328, 120),
+                (336, 128),
+                (344, 136),
+                (352, 68),
+                (384, 208),
+                (656, 192),
+            ],
+        );
+        let remote = Remote {
+            pid: std::process::id(),
+        };
+        let wrong = wrong_but_for_debug_offsets(14);
         let mut l = wrong.clone();
         let d = apply_debug_offsets(&remote, b.as_ptr() as u64, &mut l).unwrap();
         assert!(!d.free_threaded);

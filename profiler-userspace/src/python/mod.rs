@@ -1,7 +1,8 @@
-//! Python support, and the one place that knows CPython: finding 3.8-3.14 runtimes, feeding
+//! Python support, and the one place that knows CPython: finding 3.8-3.15 runtimes, feeding
 //! the BPF frame walk (per-process layout and the thread -> thread-state map), resolving code
 //! objects to names and lines, merging Python frames into native stacks, and the interpreter's
-//! native functions other layers ask about (`SPLIT_FUNCTIONS`, `is_gil_function`).
+//! native functions other layers ask about (`SPLIT_FUNCTIONS`, `is_gil_function`,
+//! `is_gc_function`).
 //!
 //! May import `process`, `stack` and `capture` (the raw sample); never `aggregate`. Resolved
 //! frames and counted events go to the caller through `ProfileSink`, which `collect`
@@ -11,6 +12,7 @@ pub mod code;
 pub mod layout;
 pub mod merge;
 pub mod remote;
+pub mod threads;
 
 use std::collections::{HashMap, HashSet};
 
@@ -129,6 +131,8 @@ pub struct PyProcess {
     retired: FxHashMap<(u64, [u64; 3]), Arc<CodeInfo>>,
     funcs: FxHashMap<(u64, [u64; 3]), FrameRef>,
     frames: FxHashMap<(FrameRef, u32), FrameRef>,
+    /// Reads of `threading` names tried, by host tid (`NAME_TRIES` once named or given up).
+    name_tries: HashMap<u32, u8>,
     /// Offset of the kernel tid in the C library's thread struct (found once, <= 3.10).
     pthread_tid_offset: Option<u64>,
     pub label: String,
@@ -277,6 +281,7 @@ impl PyProcess {
                 funcs: FxHashMap::default(),
                 frames: FxHashMap::default(),
                 pthread_tid_offset: None,
+                name_tries: HashMap::new(),
             });
         }
         Err(NotPython::NoRuntime)
@@ -593,12 +598,31 @@ pub fn is_gil_function(name: &str) -> bool {
         || name.starts_with("drop_gil.")
 }
 
+/// The garbage collector's entry points in CPython 3.8-3.15 (`collect` and
+/// `collect_with_callback` in 3.8-3.10, `gc_collect_main` in 3.11-3.13, `gc_collect_region` and
+/// its callers in 3.14): what runs under them is the collector's work.
+pub fn is_gc_function(name: &str) -> bool {
+    name.starts_with("gc_collect")
+        || name.starts_with("_PyGC_Collect")
+        || matches!(
+            name,
+            "collect" | "collect_with_callback" | "collect_generations"
+        )
+        || name.starts_with("collect.")
+}
+
 /// What changed in a Python process's threads: (tid, thread state) to install, tids to remove.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct ThreadChanges {
     pub set: Vec<(u32, u64)>,
     pub gone: Vec<u32>,
+    /// Threads whose `threading` name was read since the last call: (tid, name).
+    pub named: Vec<(u32, String)>,
 }
+
+/// Reads of a thread's name tried before giving up (a thread seen before its bootstrap frame
+/// is pushed gets another try at the next look; one started from C never has a name).
+const NAME_TRIES: u8 = 4;
 
 /// Everything the profiler knows about Python processes.
 #[derive(Default)]
@@ -821,8 +845,21 @@ impl PythonRegistry {
             .filter(|tid| !now.contains_key(tid))
             .copied()
             .collect();
+        let mut named = Vec::new();
+        p.name_tries.retain(|tid, _| now.contains_key(tid));
+        for (&tid, &tstate) in &now {
+            let tries = p.name_tries.entry(tid).or_insert(0);
+            if *tries >= NAME_TRIES {
+                continue;
+            }
+            *tries += 1;
+            if let Some(name) = threads::thread_name(&p.remote, &p.layout, p.str_type, tstate) {
+                *tries = NAME_TRIES;
+                named.push((tid, name));
+            }
+        }
         p.threads = now;
-        Some(ThreadChanges { set, gone })
+        Some(ThreadChanges { set, gone, named })
     }
 
     /// The Python frames of a sample of a known Python process (`None` for other processes);
@@ -903,6 +940,12 @@ impl PythonRegistry {
                 Some(k) if k < s.code_snaps.len() => p.sampled_code(f.code, &s.code_snaps[k], now),
                 _ => now,
             };
+            // 3.13+ runs a class's Python `__init__` under a frame of the interpreter's own
+            // (`_Py_InitCleanup`: it checks that `__init__` returned None), in the same eval
+            // loop: no code of the program, and no activation boundary.
+            if info.as_deref().is_some_and(CodeInfo::is_init_cleanup) {
+                continue;
+            }
             let frame = match info {
                 Some(ci) => p.frame_for(out, f.code, &ci, f.instr),
                 None => {

@@ -232,11 +232,24 @@ impl<T: Targets> Session<T> {
             .any(|&(pid, since, fast)| fast && since.elapsed() < YOUNG && waiting(pid))
     }
 
-    /// A process started now (the launched command, released to exec): looked at every
-    /// `YOUNG_TICK` until found.
-    pub fn started(&mut self, pid: u32) {
-        self.pending.push((pid, Instant::now(), true));
+    /// A process started now (the launched command, released to exec): looked at at once
+    /// when it is `held` at its entry point (its libraries are mapped, and none of its code has
+    /// run), then every `YOUNG_TICK` until found.
+    pub fn started(&mut self, pid: u32, held: bool) {
+        // Again after a wrapper's exec: young from now.
+        match self.pending.iter_mut().find(|p| p.0 == pid) {
+            Some(p) => *p = (pid, Instant::now(), true),
+            None => self.pending.push((pid, Instant::now(), true)),
+        }
         self.collector.launched = Some(pid);
+        if held {
+            self.discover_among(false, false, true);
+        }
+    }
+
+    /// Whether `pid` is a Python process the BPF side knows.
+    pub fn is_python(&self, pid: u32) -> bool {
+        self.collector.python.contains(pid)
     }
 
     /// Looks at the processes that have just started, then reads the records waiting (exec
@@ -402,6 +415,9 @@ impl<T: Targets> Session<T> {
             }
             for tid in changes.gone {
                 self.targets.remove_py_thread(pid, tid);
+            }
+            for (tid, name) in changes.named {
+                self.collector.name_thread(pid, tid, name);
             }
         }
     }

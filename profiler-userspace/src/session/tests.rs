@@ -202,7 +202,7 @@ fn an_exec_from_before_the_launched_command_was_looked_at_changes_nothing() {
         ..Scope::default()
     });
     assert!(s.targets.procs.contains(&pid));
-    s.started(pid);
+    s.started(pid, false);
     s.drain(&mut VecDeque::from([event_at(
         RECORD_EXEC,
         pid,
@@ -212,6 +212,20 @@ fn an_exec_from_before_the_launched_command_was_looked_at_changes_nothing() {
     )]));
     assert!(s.targets.procs.contains(&pid));
     assert_eq!(s.targets.threads_of(pid).len(), 2);
+}
+
+/// A launched command held at its entry point is looked at before it runs on: its runtime is
+/// known to the BPF side before any tick.
+#[test]
+fn a_held_launched_command_is_found_at_once() {
+    let py = Py::start();
+    let pid = py.pid();
+    let mut s = session(Scope::default());
+    s.started(pid, true);
+    assert!(s.targets.procs.contains(&pid));
+    let mut other = session(Scope::default());
+    other.started(pid, false);
+    assert!(!other.targets.procs.contains(&pid));
 }
 
 #[test]

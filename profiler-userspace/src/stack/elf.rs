@@ -51,9 +51,9 @@ pub struct ElfFile {
     /// (p_vaddr, p_offset, p_filesz) of each segment.
     pub segments: Vec<(u64, u64, u64)>,
     sections: HashMap<&'static str, SectionRef>,
-    /// The GNU build id, where the file has one and no `.symtab` of its own (a stripped file
-    /// whose symbols a separate debug file may hold).
-    stripped_build_id: Option<Vec<u8>>,
+    /// How a stripped file (no `.symtab` of its own) names its separate debug file: its GNU build
+    /// id and its `.gnu_debuglink` (file name and CRC-32).
+    stripped: Option<DebugLinks>,
 }
 
 const UNWIND_SECTIONS: [&str; 5] = [
@@ -181,11 +181,15 @@ impl ElfFile {
                 }
             }
         }
-        let stripped_build_id = if file.section_by_name(".symtab").is_none() {
-            file.build_id().ok().flatten().map(<[u8]>::to_vec)
-        } else {
-            None
-        };
+        let stripped =
+            file.section_by_name(".symtab")
+                .is_none()
+                .then(|| DebugLinks {
+                    build_id: file.build_id().ok().flatten().map(<[u8]>::to_vec),
+                    debuglink: file.gnu_debuglink().ok().flatten().and_then(|(name, crc)| {
+                        Some((String::from_utf8(name.to_vec()).ok()?, crc))
+                    }),
+                });
         Some(ElfFile {
             path,
             map,
@@ -196,7 +200,7 @@ impl ElfFile {
             entry,
             segments,
             sections,
-            stripped_build_id,
+            stripped,
         })
     }
 
@@ -210,12 +214,21 @@ impl ElfFile {
             let parts = super::split::split_parts(&file, &symbols, self.split);
             let symbols = symbols.with_parts(parts);
             let debug = self.debug.lock().ok().and_then(|mut d| d.take());
-            match (debug, self.stripped_build_id.as_deref()) {
-                (Some(f), Some(id)) => match debug_symbols(f, id) {
+            let symbols = match (debug, &self.stripped) {
+                (Some(f), Some(links)) => match debug_symbols(f, links) {
                     Some(d) => symbols.merged(d),
                     None => symbols,
                 },
                 _ => symbols,
+            };
+            match self
+                .stripped
+                .is_some()
+                .then(|| mini_debug_info(&file))
+                .flatten()
+            {
+                Some(d) => symbols.merged(d),
+                None => symbols,
             }
         })
     }
@@ -353,9 +366,9 @@ impl ElfCache {
             .map(|f| {
                 // Opened now, while the process (and its root) is there; read with the symbols.
                 if let Some(debug) = f
-                    .stripped_build_id
-                    .as_deref()
-                    .and_then(|b| debug_file(pid, b))
+                    .stripped
+                    .as_ref()
+                    .and_then(|links| debug_file(pid, path, links))
                 {
                     if let Ok(mut d) = f.debug.lock() {
                         *d = Some(debug);
@@ -371,33 +384,102 @@ impl ElfCache {
 /// Largest separate debug file read (they hold DWARF as well as the symbols).
 const MAX_DEBUG_BYTES: u64 = 1 << 30;
 
-/// A stripped file's separate debug file, as distributions install them
-/// (`/usr/lib/debug/.build-id/xx/yyyy.debug`, Debian's `*-dbg` and `*-dbgsym` packages), looked
-/// up inside the process's root like the file itself (a container's own debug files name its
-/// own libraries). Its symbols are used only when its build id is the file's (`debug_symbols`).
-fn debug_file(pid: u32, build_id: &[u8]) -> Option<File> {
+/// How a stripped file names its separate debug file.
+#[derive(Debug)]
+struct DebugLinks {
+    build_id: Option<Vec<u8>>,
+    /// `.gnu_debuglink`: the debug file's name and the CRC-32 of its contents.
+    debuglink: Option<(String, u32)>,
+}
+
+/// A stripped file's separate debug file, where distributions install them, looked up inside
+/// the process's root like the file itself (a container's own debug files name its own
+/// libraries): by build id (`/usr/lib/debug/.build-id/xx/yyyy.debug`, Debian's `*-dbg` and
+/// `*-dbgsym` packages), then by `.gnu_debuglink` name in `/usr/lib/debug/DIR/`, `DIR/.debug/`
+/// and `DIR/`, as GDB looks. Its symbols are used only when it is the file's (`debug_symbols`).
+fn debug_file(pid: u32, path: &Path, links: &DebugLinks) -> Option<File> {
     use std::os::unix::fs::OpenOptionsExt;
-    if build_id.len() < 2 {
-        return None;
+    let mut candidates = Vec::new();
+    if let Some(id) = links.build_id.as_deref().filter(|b| b.len() >= 2) {
+        let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
+        candidates.push(format!(
+            "usr/lib/debug/.build-id/{}/{}.debug",
+            &hex[..2],
+            &hex[2..]
+        ));
     }
-    let hex: String = build_id.iter().map(|b| format!("{b:02x}")).collect();
-    let rel = format!("usr/lib/debug/.build-id/{}/{}.debug", &hex[..2], &hex[2..]);
+    if let Some((name, _)) = &links.debuglink {
+        // A bare file name; anything else is not a link we follow.
+        let dir = path.parent().and_then(Path::to_str).unwrap_or("/");
+        let dir = dir.trim_start_matches('/');
+        if !name.is_empty() && !name.contains('/') && name != ".." {
+            candidates.push(format!("usr/lib/debug/{dir}/{name}"));
+            candidates.push(format!("{dir}/.debug/{name}"));
+            if Some(name.as_str()) != path.file_name().and_then(|n| n.to_str()) {
+                candidates.push(format!("{dir}/{name}"));
+            }
+        }
+    }
     let root = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_DIRECTORY)
         .open(format!("/proc/{pid}/root"))
         .ok()?;
-    let f = open_in_root(&root, Path::new(&rel)).ok()?;
-    let m = f.metadata().ok()?;
-    (m.file_type().is_file() && m.len() <= MAX_DEBUG_BYTES).then_some(f)
+    candidates.into_iter().find_map(|rel| {
+        let f = open_in_root(&root, Path::new(&rel)).ok()?;
+        let m = f.metadata().ok()?;
+        (m.file_type().is_file() && m.len() <= MAX_DEBUG_BYTES).then_some(f)
+    })
 }
 
-/// The symbols of a debug file `debug_file` opened, if its build id is `build_id`.
-fn debug_symbols(f: File, build_id: &[u8]) -> Option<SymbolTable> {
+/// The symbols of a debug file `debug_file` opened, if it is the one `links` names: the same
+/// build id where the file has one, else the CRC-32 its debug link records.
+fn debug_symbols(f: File, links: &DebugLinks) -> Option<SymbolTable> {
     let elf = ElfFile::from_file(Path::new("debug file"), f, &[])?;
     let parsed = object::File::parse(&elf.map[..]).ok()?;
-    if parsed.build_id().ok().flatten() != Some(build_id) {
-        return None;
+    let matches = match (&links.build_id, &links.debuglink) {
+        (Some(id), _) => parsed.build_id().ok().flatten() == Some(id.as_slice()),
+        (None, Some((_, crc))) => crc32fast::hash(&elf.map[..]) == *crc,
+        (None, None) => false,
+    };
+    matches.then(|| SymbolTable::from_elf(&parsed))
+}
+
+/// Largest decompressed MiniDebugInfo read (it holds a symbol table only).
+const MAX_MINI_DEBUG_BYTES: u64 = 64 << 20;
+
+/// The symbols of a file's MiniDebugInfo (`.gnu_debugdata`: an xz-compressed ELF holding the
+/// `.symtab` of functions the stripped file no longer names), as Fedora and others ship it.
+fn mini_debug_info(file: &object::File) -> Option<SymbolTable> {
+    let data = file.section_by_name(".gnu_debugdata")?.data().ok()?;
+    let mut out = Vec::new();
+    // The decoder's window grows with what it writes, so bounding the output bounds it too.
+    let mut limited = LimitedWriter {
+        out: &mut out,
+        left: MAX_MINI_DEBUG_BYTES,
+    };
+    lzma_rs::xz_decompress(&mut std::io::BufReader::new(data), &mut limited).ok()?;
+    let inner = object::File::parse(&out[..]).ok()?;
+    Some(SymbolTable::from_elf(&inner))
+}
+
+/// A writer that refuses to grow past a bound (a decompression bomb ends with an error).
+struct LimitedWriter<'a> {
+    out: &'a mut Vec<u8>,
+    left: u64,
+}
+
+impl std::io::Write for LimitedWriter<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if buf.len() as u64 > self.left {
+            return Err(std::io::Error::other("MiniDebugInfo too large"));
+        }
+        self.left -= buf.len() as u64;
+        self.out.extend_from_slice(buf);
+        Ok(buf.len())
     }
-    Some(SymbolTable::from_elf(&parsed))
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
