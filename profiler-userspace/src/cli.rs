@@ -117,6 +117,11 @@ pub struct RunArgs {
     /// Show interpreter-internal native frames between Python frames.
     #[arg(long)]
     pub show_internal: bool,
+    /// Name the bytecode instruction each sample's innermost Python frame runs (specialized
+    /// form included): Opcode markers in the Firefox Profiler, `file:func:line:OPNAME` in
+    /// collapsed stacks, an opcode per frame in JSONL.
+    #[arg(long)]
+    pub opcodes: bool,
     /// No summary on stderr.
     #[arg(short, long)]
     pub quiet: bool,

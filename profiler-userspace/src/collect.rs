@@ -7,12 +7,16 @@ use std::sync::Arc;
 use profiler_common::{thread_key, SchedRecord, ThreadSched, ATTR_UNKNOWN};
 
 use crate::aggregate::timeline::Window;
-use crate::aggregate::{state, Category, Frame, FrameId, Func, LibId, Mode, Profile, StackId};
+use crate::aggregate::{
+    state, Category, Frame, FrameId, Func, LibId, Mode, Opcode, Profile, StackId,
+};
 use crate::capture::record::{Event, EventKind, RawSample};
 use crate::process::unwind::{unwind_user, UserFrame};
 use crate::process::Process;
 use crate::python::merge::is_eval_frame;
-use crate::python::{FrameRef, ProfileSink, PyEvent, PyThreadState, PythonFrames, PythonRegistry};
+use crate::python::{
+    self, FrameRef, ProfileSink, PyEvent, PyThreadState, PythonFrames, PythonRegistry,
+};
 use crate::stack::elf::ElfCache;
 use crate::stack::symbols::KernelSymbols;
 
@@ -62,13 +66,22 @@ impl ProfileSink for PySink<'_> {
         })
     }
 
-    fn python_frame(&mut self, func: FrameRef, line: u32) -> FrameRef {
+    fn python_frame(
+        &mut self,
+        func: FrameRef,
+        line: u32,
+        opcode: Option<python::opcodes::Opcode>,
+    ) -> FrameRef {
         self.0.frame(Frame {
             func,
             line: Some(line),
             address: None,
             symbol_address: None,
             category: Category::Python,
+            opcode: opcode.map(|o| Opcode {
+                name: Arc::from(o.name),
+                base: o.base.map(Arc::from),
+            }),
         })
     }
 
@@ -87,6 +100,7 @@ impl ProfileSink for PySink<'_> {
             address: None,
             symbol_address: None,
             category: Category::Python,
+            opcode: None,
         })
     }
 
@@ -195,6 +209,7 @@ impl Collector {
             address: None,
             symbol_address: None,
             category: Category::Other,
+            opcode: None,
         })
     }
 
@@ -220,6 +235,7 @@ impl Collector {
             address: Some(addr),
             symbol_address: sym,
             category: Category::Kernel,
+            opcode: None,
         });
         self.kernel_frames.insert(addr, f);
         f
@@ -288,6 +304,7 @@ impl Collector {
                 address: None,
                 symbol_address: None,
                 category: cat,
+                opcode: None,
             });
             return (f, name);
         };
@@ -333,6 +350,7 @@ impl Collector {
             address: Some(svma),
             symbol_address: sym,
             category: cat,
+            opcode: None,
         });
         self.native_frames.insert(key, f);
         (f, name)
@@ -422,6 +440,7 @@ impl Collector {
                 frames: Vec::new(),
                 truncated: false,
                 scanned_from: None,
+                late_from: None,
             }
         };
         // Python frames of this instant, resolved to names and lines.
@@ -447,10 +466,17 @@ impl Collector {
             if !activations.is_empty() && s.flags & profiler_common::SAMPLE_NO_USER == 0 {
                 let mut evals = native.iter().filter(|(_, n)| is_eval_frame(n)).count();
                 // A stack scan that skipped eval-loop frames (it found a stale return address
-                // that still leads to the root) is refuted by the interpreter's own frames:
-                // only what the rules unwound is kept.
-                if evals < activations.len() && unwound.scanned_from.is_some() {
-                    unwound.refute_scan();
+                // that still leads to the root), or frames read after the sample that are not
+                // the sample's (the eval-loop frames do not pair with the activations), are
+                // refuted by the interpreter's own frames: only what the rules unwound from
+                // the copy is kept.
+                let late_wrong = unwound.late_from.is_some() && evals != activations.len();
+                if late_wrong || (evals < activations.len() && unwound.scanned_from.is_some()) {
+                    if late_wrong {
+                        unwound.refute_late();
+                    } else {
+                        unwound.refute_scan();
+                    }
                     native.clear();
                     for uf in unwound.frames.iter().rev() {
                         native.push(self.native_frame(pid, *uf, native_cat));

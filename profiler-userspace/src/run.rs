@@ -154,12 +154,9 @@ pub async fn run(cli: RunArgs, command: Command) -> Result<i32, AppError> {
     let start_ns = monotonic_ns();
     let start_epoch_ms = epoch_ms();
     let interval_ms = 1000.0 / rate as f64;
-    let collector = Collector::new(
-        start_ns,
-        python::PythonRegistry::new(cli.show_internal),
-        cli.mode,
-        interval_ms,
-    );
+    let mut registry = python::PythonRegistry::new(cli.show_internal);
+    registry.opcodes = cli.opcodes;
+    let collector = Collector::new(start_ns, registry, cli.mode, interval_ms);
     let ring = capture.take_ring();
     let mut session = Session::new(
         capture,

@@ -34,10 +34,12 @@ pub enum Category {
     CodeType = 8,
     /// Markers of the time a Python thread has an exception raised or being handled.
     Exception = 9,
+    /// Markers of the bytecode instruction a thread's innermost Python frame runs (`--opcodes`).
+    Opcodes = 10,
 }
 
 impl Category {
-    pub const ALL: [(Category, &'static str, &'static str); 10] = [
+    pub const ALL: [(Category, &'static str, &'static str); 11] = [
         (Category::Other, "Other", "grey"),
         (Category::Python, "Python", "yellow"),
         (Category::Native, "Native", "blue"),
@@ -48,6 +50,7 @@ impl Category {
         (Category::Gc, "GC", "magenta"),
         (Category::CodeType, "Code Type", "red"),
         (Category::Exception, "Exception", "brown"),
+        (Category::Opcodes, "Opcodes", "magenta"),
     ];
 }
 
@@ -93,6 +96,18 @@ pub struct Frame {
     /// Native: the SVMA of the function's symbol.
     pub symbol_address: Option<u64>,
     pub category: Category,
+    /// Python, with `--opcodes`: the instruction the innermost Python frame ran.
+    #[serde(default)]
+    pub opcode: Option<Opcode>,
+}
+
+/// A bytecode instruction as the interpreter's `dis` names it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Opcode {
+    /// Specialized form included (`LOAD_ATTR_INSTANCE_VALUE`).
+    pub name: Arc<str>,
+    /// For a specialized form, the instruction it specializes (`LOAD_ATTR`).
+    pub base: Option<Arc<str>>,
 }
 
 /// The most CPU time a program may have used before its exec for it to be folded into the program
@@ -802,6 +817,7 @@ mod tests {
             address: None,
             symbol_address: None,
             category: Category::Python,
+            opcode: None,
         });
         let stack = p.stack(&[f]);
         let t = p.thread_mut(7, "app", 7, "app", 1.0);
@@ -907,6 +923,7 @@ mod tests {
                 address: None,
                 symbol_address: None,
                 category: Category::User,
+                opcode: None,
             })
         };
         let (a, b, c) = (f(&mut p, "a"), f(&mut p, "b"), f(&mut p, "c"));

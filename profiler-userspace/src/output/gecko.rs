@@ -306,7 +306,91 @@ const MARKER_TYPES: [(&str, &str, &str, &str, bool, bool); 11] = [
     ),
 ];
 
+/// The schema of the `--opcodes` markers: one per run of samples whose innermost Python frame
+/// ran the same instruction of the same line, as CPython's sampler writes them.
+fn opcode_schema() -> Value {
+    json!({
+        "name": "Opcode",
+        "display": ["marker-chart", "marker-table"],
+        "chartLabel": "{marker.data.opname}",
+        "tooltipLabel": "{marker.data.opname}",
+        "tableLabel": "{marker.data.opname} at line {marker.data.line} in {marker.data.function}",
+        "description": "The bytecode instruction the thread's innermost Python frame runs",
+        "fields": [
+            {"key": "opname", "label": "Opcode", "format": "string", "searchable": true},
+            {"key": "base_opname", "label": "Base opcode", "format": "string", "searchable": true},
+            {"key": "is_specialized", "label": "Specialized", "format": "string"},
+            {"key": "line", "label": "Line", "format": "integer"},
+            {"key": "function", "label": "Function", "format": "string", "searchable": true},
+            {"key": "duration", "label": "Duration", "format": "duration"},
+        ],
+    })
+}
+
+/// The opcode markers of a thread (`--opcodes`): each run of kept samples whose innermost Python
+/// frame has the same function, line and instruction, from its first sample to the next run's.
+fn opcode_markers(p: &Profile, t: &ThreadData) -> Vec<(String, f64, f64, Value)> {
+    let mut leaf: HashMap<StackId, Option<FrameId>> = HashMap::new();
+    let mut out = Vec::new();
+    let mut open: Option<(FrameId, f64)> = None;
+    let mut last_end = 0.0;
+    let close = |out: &mut Vec<_>, (f, start): (FrameId, f64), end: f64| {
+        let fr: &crate::aggregate::Frame = &p.frames[f];
+        let Some(op) = &fr.opcode else { return };
+        let func = &p.funcs[fr.func];
+        out.push((
+            op.name.to_string(),
+            start,
+            end,
+            json!({
+                "type": "Opcode",
+                "tid": t.tid,
+                "opname": op.name.as_ref(),
+                "base_opname": op.base.as_deref().unwrap_or(&op.name),
+                "is_specialized": if op.base.is_some() { "yes" } else { "no" },
+                "line": fr.line.or(func.line).unwrap_or(0),
+                "function": func.name.as_ref(),
+                "duration": end - start,
+            }),
+        ));
+    };
+    for s in t.samples.iter().filter(|s| s.in_mode) {
+        let at = s.stack.and_then(|st| {
+            *leaf.entry(st).or_insert_with(|| {
+                let mut cur = Some(st);
+                while let Some(i) = cur {
+                    let f = p.stacks[i].0;
+                    if p.funcs[p.frames[f].func].is_python {
+                        return p.frames[f].opcode.is_some().then_some(f);
+                    }
+                    cur = p.stacks[i].1;
+                }
+                None
+            })
+        });
+        if open.map(|o| o.0) != at {
+            if let Some(o) = open.take() {
+                close(&mut out, o, s.time_ms);
+            }
+            open = at.map(|f| (f, s.time_ms));
+        }
+        last_end = s.time_ms + s.weight_ms;
+    }
+    if let Some(o) = open {
+        close(&mut out, o, last_end);
+    }
+    out
+}
+
 fn marker_schema() -> Value {
+    let mut schema = marker_types_schema();
+    if let Value::Array(a) = &mut schema {
+        a.push(opcode_schema());
+    }
+    schema
+}
+
+fn marker_types_schema() -> Value {
     Value::Array(
         MARKER_TYPES
             .iter()
@@ -517,6 +601,13 @@ fn thread_json(p: &Profile, strings: &mut Strings, proc: &ProcessData, t: &Threa
         m_end.push(m.end_ms);
         m_cat.push(m.category as u32);
         m_data.push(marker_data(p, t, m, &mut marker_cache));
+    }
+    for (name, start, end, data) in opcode_markers(p, t) {
+        m_name.push(strings.id(&name));
+        m_start.push(start);
+        m_end.push(end);
+        m_cat.push(Category::Opcodes as u32);
+        m_data.push(data);
     }
     let n_markers = m_name.len();
     let is_main = t.tid == pid;

@@ -18,7 +18,7 @@ struct Tables {
     strings: Vec<String>,
     string_ids: HashMap<String, usize>,
     frames: Vec<Value>,
-    frame_ids: HashMap<(usize, usize, u32), usize>,
+    frame_ids: HashMap<(usize, usize, u32, Option<usize>), usize>,
 }
 
 impl Tables {
@@ -46,17 +46,23 @@ impl Tables {
         } else {
             0
         };
-        let key = (self.string(&path), self.string(&func.name), line);
+        let opcode = fr.opcode.as_ref().map(|o| self.string(&o.name));
+        let key = (self.string(&path), self.string(&func.name), line, opcode);
         if let Some(&id) = self.frame_ids.get(&key) {
             return id;
         }
         let id = self.frames.len();
-        self.frames.push(json!({
+        let mut frame = json!({
             "frame_id": id,
             "path_str_id": key.0,
             "func_str_id": key.1,
             "line": line,
-        }));
+        });
+        // With --opcodes, the innermost Python frame's instruction (an extension of the schema).
+        if let Some(op) = opcode {
+            frame["opcode_str_id"] = json!(op);
+        }
+        self.frames.push(frame);
         self.frame_ids.insert(key, id);
         id
     }

@@ -376,7 +376,10 @@ pub fn frame_label(p: &Profile, frame: FrameId) -> String {
         (Some(file), _) if func.is_python => {
             let base = file.rsplit('/').next().unwrap_or(file);
             let line = fr.line.or(func.line).unwrap_or(0);
-            format!("{base}:{}:{line}", func.name)
+            match &fr.opcode {
+                Some(op) => format!("{base}:{}:{line}:{}", func.name, op.name),
+                None => format!("{base}:{}:{line}", func.name),
+            }
         }
         (_, Category::Kernel) => format!("{}_[k]", func.name),
         _ => func.name.to_string(),
@@ -448,6 +451,7 @@ pub(crate) mod fixture {
                     Some(0x1000 + func as u64 * 16)
                 },
                 category: cat,
+                opcode: None,
             })
         };
         let start = frame(&mut p, "_start", None, Some(libpy), Category::User);

@@ -12,8 +12,8 @@ use std::sync::Arc;
 
 use super::{Error, ErrorKind, RunInfo};
 use crate::aggregate::{
-    Category, Counters, Frame, Func, Lib, Marker, Mode, ProcessData, Profile, Sample, ThreadData,
-    MARKER_NAMES,
+    Category, Counters, Frame, Func, Lib, Marker, Mode, Opcode, ProcessData, Profile, Sample,
+    ThreadData, MARKER_NAMES,
 };
 
 const FORMAT: &str = "tachyon-bpf recording";
@@ -104,6 +104,12 @@ struct V2Frames {
     address: Vec<Option<u64>>,
     symbol_address: Vec<Option<u64>>,
     category: Vec<String>,
+    /// With `--opcodes`: each frame's instruction and, for a specialized one, its base
+    /// instruction. Absent from recordings made without it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    opcode: Vec<Option<String>>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    opcode_base: Vec<Option<String>>,
 }
 
 #[derive(Default, Serialize, Deserialize)]
@@ -279,6 +285,15 @@ fn to_v2(p: &Profile, run: &RunInfo) -> V2 {
         frames.symbol_address.push(f.symbol_address);
         frames.category.push(category_name(f.category));
     }
+    if p.frames.iter().any(|f| f.opcode.is_some()) {
+        for f in &p.frames {
+            let op = f.opcode.as_ref();
+            frames.opcode.push(op.map(|o| o.name.to_string()));
+            frames
+                .opcode_base
+                .push(op.and_then(|o| o.base.as_deref().map(str::to_string)));
+        }
+    }
     let mut stacks = V2Stacks::default();
     for &(frame, prefix) in &p.stacks {
         stacks.frame.push(frame);
@@ -391,6 +406,13 @@ fn from_v2(r: V2) -> Result<(Profile, RunInfo), String> {
             fr.category.len(),
         ],
     )?;
+    let opcodes = !fr.opcode.is_empty();
+    if opcodes {
+        same_len(
+            "frame",
+            &[fr.func.len(), fr.opcode.len(), fr.opcode_base.len()],
+        )?;
+    }
     for i in 0..fr.func.len() {
         p.frames.push(Frame {
             func: fr.func[i],
@@ -398,6 +420,14 @@ fn from_v2(r: V2) -> Result<(Profile, RunInfo), String> {
             address: fr.address[i],
             symbol_address: fr.symbol_address[i],
             category: category_of(&fr.category[i])?,
+            opcode: opcodes
+                .then(|| {
+                    fr.opcode[i].as_deref().map(|name| Opcode {
+                        name: Arc::from(name),
+                        base: fr.opcode_base[i].as_deref().map(Arc::from),
+                    })
+                })
+                .flatten(),
         });
     }
     same_len("stack", &[r.stacks.frame.len(), r.stacks.prefix.len()])?;

@@ -6,6 +6,7 @@
 //! May import `stack` (ELF files) and `capture` (the raw sample it unwinds); nothing above.
 
 pub mod maps;
+pub mod remote;
 pub mod unwind;
 
 use std::collections::HashMap;

@@ -5,6 +5,9 @@
 use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
 use framehop::{FrameAddress, Unwinder};
 
+use profiler_common::SAMPLE_USTACK_SHORT;
+
+use super::remote::Remote;
 use super::{module_at, Module, Process};
 use crate::capture::record::RawSample;
 use crate::stack::cfi::{Regs, Step};
@@ -24,6 +27,52 @@ const SCAN_CANDIDATES: usize = 256;
 /// Scan hints kept per process (`Process::scan_hints`) before they are dropped and relearned.
 const SCAN_HINTS: usize = 4096;
 const SCAN_FRAMES: usize = 4096;
+
+/// How far above the sampled stack pointer the stack may be read from the live thread when the
+/// copy ended at its size limit (`LateStack`), and the pages one sample may read so.
+const LATE_REACH: u64 = 4 << 20;
+const LATE_PAGES: usize = 64;
+const PAGE: u64 = 4096;
+
+/// The stack beyond the sample's copy, read from the live thread when the unwinder needs it.
+///
+/// A function with a frame larger than the copy (OpenBLAS's parallel LU keeps 541 KiB of
+/// locals) leaves every caller beyond it. While that function has not returned, its callers'
+/// frames do not change, so the words above it read a few milliseconds later are the ones of
+/// the sample's instant. When it has returned, what is read is another instant's: the frames
+/// found there must reach the thread's root (`unwind_user`), and a caller that knows the
+/// thread's frames (the interpreter's activations) refutes them when they disagree
+/// (`Unwound::refute_late`).
+struct LateStack {
+    remote: Remote,
+    /// The copy's end, and the farthest address read.
+    from: u64,
+    until: u64,
+    pages: rustc_hash::FxHashMap<u64, Option<Box<[u8]>>>,
+}
+
+impl LateStack {
+    fn read(&mut self, addr: u64) -> Option<u64> {
+        if addr < self.from || addr.checked_add(8)? > self.until {
+            return None;
+        }
+        let page = addr & !(PAGE - 1);
+        if !self.pages.contains_key(&page) && self.pages.len() >= LATE_PAGES {
+            return None;
+        }
+        let remote = self.remote;
+        let bytes = self
+            .pages
+            .entry(page)
+            .or_insert_with(|| remote.read(page, PAGE as usize).map(Vec::into_boxed_slice))
+            .as_deref()?;
+        let off = (addr - page) as usize;
+        // A word across two pages is not needed: stack words are 8-aligned.
+        Some(u64::from_le_bytes(
+            bytes.get(off..off + 8)?.try_into().ok()?,
+        ))
+    }
+}
 
 /// A user-space frame address.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,6 +100,8 @@ pub struct Unwound {
     /// The first frame found by scanning the stack (`Walker::scan`), if any: from there on
     /// the frames are a checked guess, which the caller may refute (`Unwound::refute_scan`).
     pub scanned_from: Option<usize>,
+    /// The first frame unwound from stack read after the sample (`LateStack`), if any.
+    pub late_from: Option<usize>,
 }
 
 impl Unwound {
@@ -60,6 +111,17 @@ impl Unwound {
         if let Some(i) = self.scanned_from.take() {
             self.frames.truncate(i);
             self.truncated = true;
+        }
+    }
+
+    /// Drops the frames unwound from stack read after the sample.
+    pub fn refute_late(&mut self) {
+        if let Some(i) = self.late_from.take() {
+            self.frames.truncate(i);
+            self.truncated = true;
+            if self.scanned_from.is_some_and(|s| s >= i) {
+                self.scanned_from = None;
+            }
         }
     }
 }
@@ -91,9 +153,21 @@ pub fn unwind_user(process: &mut Process, s: &RawSample) -> Unwound {
             frames: Vec::new(),
             truncated: false,
             scanned_from: None,
+            late_from: None,
         };
     }
-    let mut read = |addr: u64| s.read_stack(addr);
+    let copy_end = s.sp.saturating_add(s.stack.len() as u64);
+    // Only a copy cut at its size limit has more stack beyond it (a short one met the top).
+    let mut late = (!s.stack.is_empty() && s.flags & SAMPLE_USTACK_SHORT == 0).then(|| LateStack {
+        remote: Remote { pid: s.pid },
+        from: copy_end,
+        until: s.sp.saturating_add(LATE_REACH),
+        pages: Default::default(),
+    });
+    let mut read = |addr: u64| {
+        s.read_stack(addr)
+            .or_else(|| late.as_mut().and_then(|l| l.read(addr)))
+    };
     let mut w = Walker {
         unwinder: &process.unwinder,
         cache: &mut process.cache,
@@ -114,7 +188,14 @@ pub fn unwind_user(process: &mut Process, s: &RawSample) -> Unwound {
         },
     }];
     let rooted = w.walk(&mut frames, true);
-    Unwound {
+    let scanned_from = w.scanned_from;
+    // The first frame whose return address was read beyond the copy: its caller's stack
+    // pointer (its CFA) is past the copy's end.
+    let late_from = frames
+        .iter()
+        .position(|f| f.regs.sp >= copy_end.saturating_add(8))
+        .filter(|_| late.as_ref().is_some_and(|l| !l.pages.is_empty()));
+    let mut u = Unwound {
         frames: frames
             .iter()
             .map(|f| UserFrame {
@@ -123,8 +204,14 @@ pub fn unwind_user(process: &mut Process, s: &RawSample) -> Unwound {
             })
             .collect(),
         truncated: !rooted,
-        scanned_from: w.scanned_from,
+        scanned_from,
+        late_from,
+    };
+    // Frames read after the sample are believed only when they lead to the thread's root.
+    if !rooted {
+        u.refute_late();
     }
+    u
 }
 
 impl<'a> Walker<'a, '_> {

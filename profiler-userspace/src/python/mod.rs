@@ -11,7 +11,9 @@
 pub mod code;
 pub mod layout;
 pub mod merge;
-pub mod remote;
+pub mod opcodes;
+/// Reads of the target's memory (the process layer's, used throughout this module).
+pub use crate::process::remote;
 pub mod threads;
 
 use std::collections::{HashMap, HashSet};
@@ -55,8 +57,14 @@ pub enum PyEvent {
 pub trait ProfileSink {
     /// A Python function: its code object's name, file and first line.
     fn python_function(&mut self, name: &Arc<str>, file: &Arc<str>, first_line: u32) -> FrameRef;
-    /// A frame of function `func` (an id from `python_function`) at `line`.
-    fn python_frame(&mut self, func: FrameRef, line: u32) -> FrameRef;
+    /// A frame of function `func` (an id from `python_function`) at `line`, running `opcode`
+    /// (only with `--opcodes`, for the innermost Python frame).
+    fn python_frame(
+        &mut self,
+        func: FrameRef,
+        line: u32,
+        opcode: Option<opcodes::Opcode>,
+    ) -> FrameRef;
     /// The frame shown for a code object that could not be read.
     fn unresolved_frame(&mut self) -> FrameRef;
     fn count(&mut self, event: PyEvent);
@@ -130,7 +138,8 @@ pub struct PyProcess {
     /// included) after the object itself is gone.
     retired: FxHashMap<(u64, [u64; 3]), Arc<CodeInfo>>,
     funcs: FxHashMap<(u64, [u64; 3]), FrameRef>,
-    frames: FxHashMap<(FrameRef, u32), FrameRef>,
+    /// Frames by function, line and (innermost frames with `--opcodes`) opcode byte.
+    frames: FxHashMap<(FrameRef, u32, Option<u8>), FrameRef>,
     /// Reads of `threading` names tried, by host tid (`NAME_TRIES` once named or given up).
     name_tries: HashMap<u32, u8>,
     /// Offset of the kernel tid in the C library's thread struct (found once, <= 3.10).
@@ -519,6 +528,7 @@ impl PyProcess {
         addr: u64,
         c: &CodeInfo,
         instr: i32,
+        with_opcode: bool,
     ) -> FrameRef {
         let func = *self
             .funcs
@@ -528,10 +538,13 @@ impl PyProcess {
         if corrupt {
             out.count(PyEvent::BadLineTable);
         }
-        *self
-            .frames
-            .entry((func, line))
-            .or_insert_with(|| out.python_frame(func, line))
+        let byte = with_opcode
+            .then(|| opcodes::read(&self.remote, &self.layout, addr, instr))
+            .flatten();
+        let minor = self.layout.minor;
+        *self.frames.entry((func, line, byte)).or_insert_with(|| {
+            out.python_frame(func, line, byte.and_then(|b| opcodes::name(minor, b)))
+        })
     }
 }
 
@@ -635,6 +648,8 @@ pub struct PythonRegistry {
     not_python: HashMap<(u32, u64, String), (u32, std::time::Instant)>,
     reported: HashSet<u32>,
     pub show_internal: bool,
+    /// Name the instruction of each sample's innermost Python frame (`--opcodes`).
+    pub opcodes: bool,
     /// Code objects are validated once per epoch: one batch of records read from the ring.
     epoch: u64,
 }
@@ -927,6 +942,7 @@ impl PythonRegistry {
 
         let mut activations: Vec<Vec<FrameRef>> = Vec::new();
         let mut cur: Vec<FrameRef> = Vec::new(); // innermost first
+        let mut leaf = self.opcodes;
         for (f, (_, shim)) in py_frames.iter().zip(&real) {
             if *shim {
                 if !cur.is_empty() {
@@ -947,7 +963,7 @@ impl PythonRegistry {
                 continue;
             }
             let frame = match info {
-                Some(ci) => p.frame_for(out, f.code, &ci, f.instr),
+                Some(ci) => p.frame_for(out, f.code, &ci, f.instr, std::mem::take(&mut leaf)),
                 None => {
                     out.count(PyEvent::Unresolved);
                     out.unresolved_frame()
