@@ -46,6 +46,19 @@ pub enum Cmd {
     Convert(ConvertArgs),
     /// A live table of the hottest functions (last 10 s), with GIL waits; q quits.
     Top(RunArgs),
+    /// Print every thread's merged Python, native and kernel stack once, with its GIL and CPU
+    /// state, without pausing the process.
+    Dump(DumpArgs),
+}
+
+#[derive(clap::Args, Debug)]
+pub struct DumpArgs {
+    /// The process.
+    #[arg(short, long = "pid", value_name = "PID")]
+    pub pid: u32,
+    /// JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(clap::Args, Debug)]

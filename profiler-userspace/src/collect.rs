@@ -141,7 +141,9 @@ fn ensure_process(profile: &mut Profile, python: &PythonRegistry, pid: u32, comm
     match python.labels(pid) {
         Some((label, version)) => {
             let p = profile.process_mut(pid, label, t_ms);
-            if p.name != label {
+            // A process first made under this label (by the first sample of a process known as
+            // Python) has its version set here too.
+            if p.name != label || p.python.is_none() {
                 p.name = label.to_string();
                 p.python = Some(version.to_string());
             }
@@ -747,6 +749,48 @@ impl Collector {
     /// the last call.
     pub fn take_stack_tops(&mut self) -> Vec<(u32, u32, u64)> {
         std::mem::take(&mut self.stack_tops)
+    }
+
+    /// `dump`: the threads of `pid` without a sample yet, read from outside while they stay
+    /// blocked (`dump::blocked_sample`) and handled as samples; returns their tids.
+    pub fn sample_blocked_threads(&mut self, pid: u32) -> std::collections::HashSet<u32> {
+        let mut done = std::collections::HashSet::new();
+        let tids: Vec<u32> = std::fs::read_dir(format!("/proc/{pid}/task"))
+            .into_iter()
+            .flatten()
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+            .collect();
+        for tid in tids {
+            let sampled = self
+                .profile
+                .processes
+                .get(&pid)
+                .and_then(|p| p.threads.get(&tid))
+                .is_some_and(|t| t.samples.iter().any(|s| s.stack.is_some()));
+            if sampled {
+                continue;
+            }
+            let now = monotonic_ns();
+            if let Some(mut s) =
+                crate::dump::blocked_sample(&self.python, &self.kernel, pid, tid, now)
+            {
+                // Kept as a sample of its own, not as an off-CPU capture waiting for the
+                // scheduler's accounting to charge it; then marked off CPU.
+                s.off_cpu = false;
+                self.handle(s);
+                if let Some(last) = self
+                    .profile
+                    .processes
+                    .get_mut(&pid)
+                    .and_then(|p| p.threads.get_mut(&tid))
+                    .and_then(|t| t.samples.last_mut())
+                {
+                    last.state &= !state::ON_CPU;
+                }
+                done.insert(tid);
+            }
+        }
+        done
     }
 
     /// A record that did not decode.

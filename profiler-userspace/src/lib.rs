@@ -5,6 +5,7 @@
 pub mod aggregate;
 pub mod capture;
 pub mod collect;
+pub mod dump;
 pub mod output;
 pub mod process;
 pub mod python;

@@ -42,6 +42,7 @@ fn main() {
             Some(Cmd::Record(args)) => run::run(args, Command::Record).await,
             Some(Cmd::Top(args)) => run::run(args, Command::Top).await,
             Some(Cmd::Convert(args)) => run::convert(args).await,
+            Some(Cmd::Dump(args)) => run::dump(args).await,
         }
     });
     match result {

@@ -14,10 +14,11 @@ use tachyon_bpf::output::{self, Format, RunInfo};
 use tachyon_bpf::session::{Scope, Session, TICK, YOUNG_TICK};
 use tachyon_bpf::{process, python};
 
-use crate::cli::{ConvertArgs, RunArgs};
+use crate::cli::{ConvertArgs, DumpArgs, RunArgs};
 use crate::error::{check_environment, other, target, usage, AppError};
 use crate::launch;
 use crate::sinks::{self, Sink};
+use clap::Parser;
 
 /// Which sink the command line asked for.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -28,6 +29,8 @@ pub enum Command {
     Record,
     /// `top`.
     Top,
+    /// `dump`: each thread's stack once, as text or JSON.
+    Dump { json: bool },
 }
 
 /// Checks what the command line asks to profile.
@@ -69,6 +72,7 @@ fn check_pids(pids: &[u32]) -> Result<(), AppError> {
 fn sink_for(cli: &RunArgs, command: Command) -> Result<Box<dyn Sink>, AppError> {
     Ok(match command {
         Command::Top => Box::new(sinks::Top::new()),
+        Command::Dump { json } => Box::new(sinks::Dump::new(json)),
         Command::Record => Box::new(sinks::Recording::new(cli)?),
         Command::Profile if cli.continuous => Box::new(sinks::Continuous::new(cli)?),
         Command::Profile => Box::new(sinks::Files::new(cli)?),
@@ -321,6 +325,12 @@ pub async fn run(cli: RunArgs, command: Command) -> Result<i32, AppError> {
     session.drain_all(ring.get_mut());
     let now = monotonic_ns();
     session.settle_sched(now);
+    if let Command::Dump { .. } = command {
+        for &pid in &cli.pid {
+            let read = session.collector.sample_blocked_threads(pid);
+            sink.read_from_memory(read);
+        }
+    }
     session.collector.finish(now);
     let capture = &session.targets;
     let run = RunInfo {
@@ -539,6 +549,26 @@ fn convert_diff(
 /// and `pyenv exec`), and how long each may take to exec the next.
 const MAX_WRAPPERS: usize = 4;
 const WRAPPER_EXEC_WITHIN: Duration = Duration::from_millis(300);
+
+/// `dump --pid P`: a short wall-mode run on the process (see `tachyon_bpf::dump`).
+pub async fn dump(args: DumpArgs) -> Result<i32, AppError> {
+    let pid = args.pid.to_string();
+    let cli = crate::cli::Cli::try_parse_from([
+        "tachyon-bpf",
+        "--pid",
+        &pid,
+        "-m",
+        "wall",
+        "-d",
+        DUMP_WINDOW_SECS,
+        "-q",
+    ])
+    .map_err(|e| other(format!("dump: {e}")))?;
+    run(cli.run, Command::Dump { json: args.json }).await
+}
+
+/// How long `dump` samples: every running thread is sampled within a few of its ticks.
+const DUMP_WINDOW_SECS: &str = "0.2";
 
 pub async fn convert(args: ConvertArgs) -> Result<i32, AppError> {
     output::set_file_mode(args.output_mode);

@@ -52,6 +52,48 @@ pub trait Sink {
     }
     /// Says what was written (unless --quiet), and ends anything still running (uploads).
     fn report(self: Box<Self>, quiet: bool) -> Result<(), AppError>;
+    /// `dump`: the threads that were read from outside rather than sampled.
+    fn read_from_memory(&mut self, _tids: std::collections::HashSet<u32>) {}
+}
+
+/// `dump`: prints each thread's stack once on standard output.
+pub struct Dump {
+    json: bool,
+    from_memory: std::collections::HashSet<u32>,
+}
+
+impl Dump {
+    pub fn new(json: bool) -> Dump {
+        Dump {
+            json,
+            from_memory: Default::default(),
+        }
+    }
+}
+
+impl Sink for Dump {
+    fn status_line(&self) -> bool {
+        false
+    }
+    fn read_from_memory(&mut self, tids: std::collections::HashSet<u32>) {
+        self.from_memory.extend(tids);
+    }
+    fn finish(&mut self, p: &Profile, _run: &RunInfo) -> Result<(), AppError> {
+        use std::io::Write;
+        let text = if self.json {
+            serde_json::to_string_pretty(&tachyon_bpf::dump::json(p, &self.from_memory))
+                .map_err(|e| other(e.to_string()))?
+                + "\n"
+        } else {
+            tachyon_bpf::dump::text(p, &self.from_memory)
+        };
+        std::io::stdout()
+            .write_all(text.as_bytes())
+            .map_err(|e| output_err(format!("standard output: {e}")))
+    }
+    fn report(self: Box<Self>, _quiet: bool) -> Result<(), AppError> {
+        Ok(())
+    }
 }
 
 /// Checks that `path` can be written, before anything is loaded.

@@ -16,9 +16,20 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("output", &["aggregate"]),
     (
         "collect",
-        &["capture", "process", "stack", "python", "aggregate"],
+        &["capture", "process", "stack", "python", "aggregate", "dump"],
     ),
     ("top", &["aggregate", "output"]),
+    (
+        "dump",
+        &[
+            "capture",
+            "process",
+            "python",
+            "stack",
+            "aggregate",
+            "output",
+        ],
+    ),
     (
         "session",
         &["capture", "collect", "python", "process", "aggregate"],

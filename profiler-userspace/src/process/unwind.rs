@@ -347,12 +347,22 @@ impl<'a> Walker<'a, '_> {
             let Some(addr) = FrameAddress::from_return_address(word) else {
                 continue;
             };
+            // An unknown frame pointer (0: a stack read from outside, `dump`, knows only the
+            // stack and instruction pointers) is taken as the word below the return address,
+            // where a function that keeps a frame pointer saved its caller's.
+            let bp = match base.bp {
+                0 => slot
+                    .checked_sub(8)
+                    .and_then(|a| (self.read)(a))
+                    .unwrap_or(0),
+                bp => bp,
+            };
             let mut trial = vec![Frame {
                 addr,
                 regs: Regs {
                     ip: word,
                     sp: slot + 8,
-                    bp: base.bp,
+                    bp,
                 },
             }];
             if self.walk(&mut trial, false) {

@@ -70,6 +70,17 @@ pub trait ProfileSink {
     fn count(&mut self, event: PyEvent);
 }
 
+/// A thread's Python frames and interpreter words read from outside (`walk_thread`).
+pub struct WalkedThread {
+    pub tstate: u64,
+    /// Innermost first, as the BPF walk records them.
+    pub frames: Vec<profiler_common::PyFrame>,
+    pub gil_holder: u64,
+    pub gil_locked: u32,
+    pub gc_collecting: u32,
+    pub read_failed: bool,
+}
+
 /// The interpreter's state of a thread at a sample.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PyThreadState {
@@ -1007,6 +1018,57 @@ impl PythonRegistry {
             out.count(e);
         }
         frames
+    }
+
+    /// Walks the Python frames of a thread from outside, as the BPF program does at a sample
+    /// (`dump`, for a thread that is blocked: its frames do not change while it is), with the
+    /// thread state and the GIL and GC words. `None` when the process is not a known Python
+    /// process or the thread has no thread state.
+    pub fn walk_thread(&self, pid: u32, tid: u32) -> Option<WalkedThread> {
+        let p = self.procs.get(&pid)?;
+        let tstate = *p.threads.get(&tid)?;
+        let c = &p.config;
+        let r = &p.remote;
+        let mut out = WalkedThread {
+            tstate,
+            frames: Vec::new(),
+            gil_holder: r.u64(c.gil_last_holder).unwrap_or(0),
+            gil_locked: r.u32(c.gil_locked).unwrap_or(0),
+            gc_collecting: r.u32(c.gc_collecting).unwrap_or(0),
+            read_failed: false,
+        };
+        let mut frame = r.u64(tstate + c.tstate_frame as u64)?;
+        if c.cframe_frame != profiler_common::NO_OFFSET && frame != 0 {
+            frame = r.u64(frame + c.cframe_frame as u64)?;
+        }
+        let read = (c.frame_read_size as usize).clamp(8, profiler_common::FRAME_BUF);
+        let mut seen = HashSet::new();
+        while frame != 0 && out.frames.len() < profiler_common::MAX_PY_FRAMES {
+            if !seen.insert(frame) {
+                break;
+            }
+            let Some(buf) = r.read(frame, read) else {
+                out.read_failed = true;
+                break;
+            };
+            let u64_at = |off: u32| le_u64(&buf, off as usize);
+            let code = u64_at(c.frame_code).unwrap_or(0) & c.code_mask;
+            let instr = if c.layout == profiler_common::PY_LAYOUT_FRAMEOBJECT {
+                remote::le_u32(&buf, c.frame_instr as usize).unwrap_or(0) as i32
+            } else {
+                let ip = u64_at(c.frame_instr).unwrap_or(0);
+                (ip.wrapping_sub(code).wrapping_sub(c.code_adaptive as u64) as i64 / 2) as i32
+            };
+            let flags = if c.frame_owner != profiler_common::NO_OFFSET {
+                buf.get(c.frame_owner as usize).copied().unwrap_or(0) as u32
+            } else {
+                0
+            };
+            out.frames
+                .push(profiler_common::PyFrame { code, instr, flags });
+            frame = u64_at(c.frame_previous).unwrap_or(0);
+        }
+        Some(out)
     }
 
     /// The process's label and Python version, if it is a Python process.

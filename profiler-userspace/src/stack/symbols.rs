@@ -106,6 +106,11 @@ impl KernelSymbols {
         KernelSymbols::parse(&text)
     }
 
+    /// The address of the function `name` (the first of that name).
+    pub fn address_of(&self, name: &str) -> Option<u64> {
+        self.syms.iter().find(|s| &*s.1 == name).map(|s| s.0)
+    }
+
     pub fn parse(text: &str) -> KernelSymbols {
         let mut syms = Vec::new();
         for line in text.lines() {
