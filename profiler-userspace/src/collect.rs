@@ -755,6 +755,9 @@ impl Collector {
     /// blocked (`dump::blocked_sample`) and handled as samples; returns their tids.
     pub fn sample_blocked_threads(&mut self, pid: u32) -> std::collections::HashSet<u32> {
         let mut done = std::collections::HashSet::new();
+        for (tid, name) in self.python.thread_names_now(pid) {
+            self.name_thread(pid, tid, name);
+        }
         let tids: Vec<u32> = std::fs::read_dir(format!("/proc/{pid}/task"))
             .into_iter()
             .flatten()

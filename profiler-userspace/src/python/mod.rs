@@ -888,6 +888,23 @@ impl PythonRegistry {
         Some(ThreadChanges { set, gone, named })
     }
 
+    /// The names of the threads of `pid`, read now, each tried a few times (a running thread's
+    /// frames move under the read): `dump` names its threads once, at its end.
+    pub fn thread_names_now(&mut self, pid: u32) -> Vec<(u32, String)> {
+        const TRIES_NOW: usize = 16;
+        let Some(p) = self.procs.get_mut(&pid) else {
+            return Vec::new();
+        };
+        let now = p.current_threads();
+        now.iter()
+            .filter_map(|(&tid, &tstate)| {
+                (0..TRIES_NOW)
+                    .find_map(|_| threads::thread_name(&p.remote, &p.layout, p.str_type, tstate))
+                    .map(|name| (tid, name))
+            })
+            .collect()
+    }
+
     /// The Python frames of a sample of a known Python process (`None` for other processes);
     /// frames are interned and events counted through `out`.
     pub fn resolve(&mut self, s: &RawSample, out: &mut impl ProfileSink) -> Option<PythonFrames> {
