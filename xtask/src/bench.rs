@@ -870,6 +870,8 @@ pub fn bench(tachyon: &Path, tools: &Path) -> Result<()> {
 
 /// Rounds of the CPython-sampler comparison (median reported).
 const CP_ROUNDS: usize = 5;
+/// Profiled runs of each whose function shares are compared (their medians).
+const SHARE_ROUNDS: usize = 5;
 
 /// Self samples per Python function (`file:func`, the innermost `file:func:line` frame of each
 /// folded line), and the total of lines that have one, over the lines with a frame of `under`
@@ -1066,33 +1068,62 @@ pub fn cpython_sampler(
         rows.push(json!({"profiler": name, "median_s": meds[i], "slowdown": meds[i] / meds[0], "runs": times[i]}));
     }
 
-    // The samples each delivers, and their function shares, from one more run of each in cpu
-    // mode with folded stacks.
-    let cp_secs = sampler(&["--mode", "cpu", "--collapsed"], &cp_folded)?;
-    let our_secs = ours("cpu", "collapsed", &our_cpu)?;
-    // The timed part of the workload: under `main` (what runs before it, the interpreter's start
-    // and imports, tachyon-bpf sees from the first instruction and the CPython sampler not).
-    let (cp_by, cp_total) = python_self(&cp_folded, "bench_work.py:main")?;
-    let (our_by, our_total) = python_self(&our_cpu, "bench_work.py:main")?;
-    let mut top: Vec<(&String, &f64)> = cp_by.iter().collect();
-    top.sort_by(|a, b| b.1.total_cmp(a.1).then_with(|| a.0.cmp(b.0)));
+    // The samples each delivers, and their function shares, from more runs of each in cpu mode
+    // with folded stacks, interleaved: one run's shares move by a few points with the
+    // workload's own timing (its garbage collections, the CPU it shares), so each function's
+    // median share over the runs is compared.
+    type Shares = std::collections::HashMap<String, Vec<f64>>;
+    let (mut cp_shares, mut our_shares): (Shares, Shares) = Default::default();
+    let (mut cp_rates, mut our_rates) = (Vec::new(), Vec::new());
+    for round in 0..SHARE_ROUNDS {
+        let cp_secs = sampler(&["--mode", "cpu", "--collapsed"], &cp_folded)?;
+        let our_secs = ours("cpu", "collapsed", &our_cpu)?;
+        // The timed part of the workload: under `main` (what runs before it, the interpreter's
+        // start and imports, tachyon-bpf sees from the first instruction and the CPython
+        // sampler not).
+        for (folded, secs, shares, rates) in [
+            (&cp_folded, cp_secs, &mut cp_shares, &mut cp_rates),
+            (&our_cpu, our_secs, &mut our_shares, &mut our_rates),
+        ] {
+            let (by, total) = python_self(folded, "bench_work.py:main")?;
+            rates.push(total / secs);
+            // A function missing from a run has a share of 0 there.
+            for v in shares.values_mut() {
+                v.resize(round, 0.0);
+            }
+            for (func, n) in by {
+                let v = shares.entry(func).or_default();
+                v.resize(round, 0.0);
+                v.push(100.0 * n / total.max(1.0));
+            }
+            for v in shares.values_mut() {
+                v.resize(round + 1, 0.0);
+            }
+        }
+        eprintln!("bench: share round {} of {SHARE_ROUNDS} done", round + 1);
+    }
+    let med_share = |s: &Shares, f: &str| s.get(f).map_or(0.0, |v| median(v.clone()));
+    let mut top: Vec<(String, f64)> = cp_shares
+        .keys()
+        .map(|f| (f.clone(), med_share(&cp_shares, f)))
+        .collect();
+    top.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    let (cp_rate, our_rate) = (median(cp_rates), median(our_rates));
     md.push(format!(
-        "\nSamples under the workload's `main` per second of it, cpu mode (1,000 asked): \
-         CPython sampler {:.0}, tachyon-bpf {:.0}.\n",
-        cp_total / cp_secs,
-        our_total / our_secs
+        "\nSamples under the workload's `main` per second of it, cpu mode (1,000 asked), median \
+         of {SHARE_ROUNDS} runs each: CPython sampler {cp_rate:.0}, tachyon-bpf {our_rate:.0}.\n"
     ));
-    md.push(
+    md.push(format!(
         "Top-10 Python functions by self share (the innermost Python frame) under `main`, \
-         in the CPython sampler's order. Target: within 3 points.\n"
-            .into(),
-    );
+         median of {SHARE_ROUNDS} interleaved runs each, in the CPython sampler's order. \
+         Target: within 3 points.\n"
+    ));
     md.push("| function | CPython sampler | tachyon-bpf | apart |\n|---|---|---|---|".into());
     let mut worst: f64 = 0.0;
     let mut shares = Vec::new();
-    for (func, n) in top.iter().take(10) {
-        let a = 100.0 * **n / cp_total.max(1.0);
-        let b = 100.0 * our_by.get(*func).copied().unwrap_or(0.0) / our_total.max(1.0);
+    for (func, a) in top.iter().take(10) {
+        let a = *a;
+        let b = med_share(&our_shares, func);
         worst = worst.max((a - b).abs());
         md.push(format!(
             "| `{func}` | {a:.1}% | {b:.1}% | {:.1} |",
@@ -1163,6 +1194,6 @@ pub fn cpython_sampler(
     ));
     Ok((
         md,
-        json!({"slowdown": rows, "samples_per_s": {"cpython": cp_total / cp_secs, "tachyon": our_total / our_secs}, "top10": shares, "worst_points": worst, "truth": truth_rows, "jsonl_same_shape": same}),
+        json!({"slowdown": rows, "samples_per_s": {"cpython": cp_rate, "tachyon": our_rate}, "top10": shares, "worst_points": worst, "truth": truth_rows, "jsonl_same_shape": same}),
     ))
 }
