@@ -316,6 +316,7 @@ fn opcode_schema() -> Value {
         "tooltipLabel": "{marker.data.opname}",
         "tableLabel": "{marker.data.opname} at line {marker.data.line} in {marker.data.function}",
         "description": "The bytecode instruction the thread's innermost Python frame runs",
+        "colorField": "color",
         "fields": [
             {"key": "opname", "label": "Opcode", "format": "string", "searchable": true},
             {"key": "base_opname", "label": "Base opcode", "format": "string", "searchable": true},
@@ -323,6 +324,7 @@ fn opcode_schema() -> Value {
             {"key": "line", "label": "Line", "format": "integer"},
             {"key": "function", "label": "Function", "format": "string", "searchable": true},
             {"key": "duration", "label": "Duration", "format": "duration"},
+            {"key": "color", "label": "Colour", "format": "string", "hidden": true},
         ],
     })
 }
@@ -351,6 +353,8 @@ fn opcode_markers(p: &Profile, t: &ThreadData) -> Vec<(String, f64, f64, Value)>
                 "line": fr.line.or(func.line).unwrap_or(0),
                 "function": func.name.as_ref(),
                 "duration": end - start,
+                // The Opcodes category's colour.
+                "color": "magenta",
             }),
         ));
     };
