@@ -154,8 +154,13 @@ pub fn check_usage(cli: &RunArgs, top: bool, record: bool) -> Result<(), AppErro
 impl Files {
     pub fn new(cli: &RunArgs) -> Result<Files, AppError> {
         let outputs = output::output_paths(cli.output.as_deref(), &cli.format);
-        for (_, p) in &outputs {
-            writable(p)?;
+        for (f, p) in &outputs {
+            if f.is_directory() {
+                output::check_dir_writable(p)
+                    .map_err(|e| output_err(format!("cannot write {}: {e}", p.display())))?;
+            } else {
+                writable(p)?;
+            }
         }
         Ok(Files { outputs })
     }

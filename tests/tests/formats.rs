@@ -115,7 +115,7 @@ fn record_and_convert(dir: &Path) -> PathBuf {
         "pb.gz",
         "svg",
         "pstats",
-        "heatmap.html",
+        "heatmap/index.html",
     ] {
         assert!(
             out.join(format!("run.{ext}")).exists(),
@@ -864,9 +864,9 @@ def private_work(n):
     return x
 "#;
 
-/// Parses a heatmap page with Python's `html.parser` (no browser): the index rows
-/// `[file, self_ms, total_ms]`, and per page id its rows `[line, self_ms, total_ms, code]` and its
-/// note (why the source is not shown).
+/// Parses a heatmap directory with Python's `html.parser` (no browser): the index rows
+/// `[file, self_ms, total_ms]` and links, and per page (`fN`) its rows
+/// `[line, self_ms, total_ms, code]` and its note (why the source is not shown).
 fn parse_heatmap(path: &Path) -> Value {
     let script = r#"
 import json, sys
@@ -875,11 +875,11 @@ class P(HTMLParser):
     def __init__(self):
         super().__init__()
         self.index, self.pages, self.sec, self.row, self.cell, self.note = [], {}, None, None, None, False
+        self.links = []
     def handle_starttag(self, tag, attrs):
         a = dict(attrs)
-        if tag == "section":
-            self.sec = a["id"]
-            self.pages.setdefault(self.sec, {"rows": [], "note": ""})
+        if tag == "a" and self.sec is None:
+            self.links.append(a["href"])
         elif tag == "tr" and "data-file" in a:
             self.index.append([a["data-file"], float(a["data-self-ms"]), float(a["data-total-ms"])])
         elif tag == "tr" and "data-line" in a:
@@ -899,9 +899,15 @@ class P(HTMLParser):
             self.row[3] += d
         if self.note:
             self.pages[self.sec]["note"] += d
+import os
 p = P()
-p.feed(open(sys.argv[1], encoding="utf-8").read())
-print(json.dumps({"index": p.index, "pages": p.pages}))
+p.feed(open(os.path.join(sys.argv[1], "index.html"), encoding="utf-8").read())
+for name in sorted(os.listdir(sys.argv[1])):
+    if name != "index.html":
+        p.sec = name[:-len(".html")]
+        p.pages[p.sec] = {"rows": [], "note": ""}
+        p.feed(open(os.path.join(sys.argv[1], name), encoding="utf-8").read())
+print(json.dumps({"index": p.index, "links": p.links, "pages": p.pages}))
 "#;
     let o = Command::new("python3")
         .args(["-c", script, path.to_str().unwrap()])
@@ -915,7 +921,8 @@ print(json.dumps({"index": p.index, "pages": p.pages}))
     serde_json::from_slice(&o.stdout).unwrap()
 }
 
-/// `-f heatmap`: one HTML file that opens offline, read back with an HTML parser. The index puts
+/// `-f heatmap`: a directory of HTML pages that open offline, read back with an HTML parser,
+/// replaced whole by a later run and never written through a link. The index puts
 /// the script first; its page shows its source with the `# HOT` line hottest, and its lines'
 /// self time adds up to the folded stacks' time in its functions. A module only root may read
 /// (mode 0600) is profiled, but its source is not put into the page: root would otherwise show
@@ -937,14 +944,34 @@ fn heatmap_shows_sources_by_their_samples() {
         &["-m", "cpu", "-f", "heatmap,collapsed", "-q"],
         &[py.to_str().unwrap(), main.to_str().unwrap()],
     );
-    let page = dir.join("run.heatmap.html");
-    let html = std::fs::read_to_string(&page).unwrap();
+    let page = dir.join("run.heatmap");
+    let mut html = String::new();
+    for e in std::fs::read_dir(&page).unwrap() {
+        let e = e.unwrap();
+        assert_eq!(
+            e.metadata().unwrap().permissions().mode() & 0o777,
+            0o600,
+            "pages are private to their owner"
+        );
+        html += &std::fs::read_to_string(e.path()).unwrap();
+    }
+    assert_eq!(
+        std::fs::metadata(&page).unwrap().permissions().mode() & 0o777,
+        0o700
+    );
     assert!(
         !html.contains("<script src") && !html.contains("<link") && !html.contains("http"),
         "self-contained"
     );
     let v = parse_heatmap(&page);
     let index = v["index"].as_array().unwrap();
+    // Each index row links to its page, and each page exists.
+    let links = v["links"].as_array().unwrap();
+    assert_eq!(links.len(), index.len());
+    for (i, l) in links.iter().enumerate() {
+        assert_eq!(l.as_str().unwrap(), format!("f{i}.html"));
+        assert!(page.join(l.as_str().unwrap()).is_file(), "{l}");
+    }
     let main_path = main.to_str().unwrap();
     assert_eq!(
         index[0][0], main_path,
@@ -1006,4 +1033,45 @@ fn heatmap_shows_sources_by_their_samples() {
             .any(|r| r[1].as_f64().unwrap() > 100.0),
         "its hot line is listed: {sp:?}"
     );
+
+    // A later run replaces the whole directory: a page it does not write is gone.
+    std::fs::write(page.join("f999.html"), "stale").unwrap();
+    profile_command(
+        &page,
+        &["-m", "cpu", "-f", "heatmap", "-q"],
+        &[py.to_str().unwrap(), main.to_str().unwrap()],
+    );
+    assert!(page.join("index.html").is_file());
+    assert!(
+        !page.join("f999.html").exists(),
+        "the earlier directory is replaced"
+    );
+    let leftovers: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".tmp"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+    // A link at the directory's name is refused, before profiling, and left as it is.
+    let elsewhere = dir.join("elsewhere");
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    let linked = dir.join("linked.heatmap");
+    std::os::unix::fs::symlink(&elsewhere, &linked).unwrap();
+    let o = run_profiler(
+        &[
+            "-o",
+            linked.to_str().unwrap(),
+            "-f",
+            "heatmap",
+            "-q",
+            "--",
+            py.to_str().unwrap(),
+            "-c",
+            "pass",
+        ],
+        Duration::from_secs(60),
+    );
+    assert!(!o.status.success());
+    assert!(stderr_of(&o).contains("symbolic link"), "{}", stderr_of(&o));
+    assert_eq!(std::fs::read_dir(&elsewhere).unwrap().count(), 0);
 }

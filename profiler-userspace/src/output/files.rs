@@ -225,6 +225,183 @@ pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()>
     result
 }
 
+/// The most files `write_dir_atomic` removes from the directory it replaces.
+const MAX_OLD_FILES: usize = 100_000;
+
+/// Checks early that the directory `path` can be written by `write_dir_atomic`.
+pub fn check_dir_writable(path: &Path) -> std::io::Result<()> {
+    let (dir, name) = split(path)?;
+    let dirfd = open_dir(dir)?;
+    check_dir_target(&dirfd, &cstr(name)?)?;
+    check_dir(&dirfd)?;
+    // The directory is created in `dir`: the same question as for a file.
+    check_writable(&dir.join(".tachyon-bpf-probe"))
+}
+
+/// Refuses an existing entry at a directory output's name that is not a directory.
+fn check_dir_target(dirfd: &OwnedFd, name: &CString) -> std::io::Result<()> {
+    match fstatat(dirfd, name)? {
+        Some(st) if st.st_mode & libc::S_IFMT == libc::S_IFLNK => Err(std::io::Error::other(
+            "is a symbolic link, and tachyon-bpf does not write through links: name the              directory itself",
+        )),
+        Some(st) if st.st_mode & libc::S_IFMT != libc::S_IFDIR => {
+            Err(std::io::Error::other("exists and is not a directory"))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Writes `files` (plain names) as the directory `path`, atomically, by the module's rules: the
+/// files go into a new directory under a temporary name (made with `mkdirat`, which fails
+/// rather than use anything planted), which then takes the final name: renamed to it if it is
+/// free, else exchanged with the directory there (`RENAME_EXCHANGE`), whose regular files are
+/// then removed (never following a link) and the directory with them if that empties it.
+/// Directories get `mode` with search bits where it has read bits.
+pub fn write_dir_atomic(
+    path: &Path,
+    files: &[(String, Vec<u8>)],
+    mode: u32,
+) -> std::io::Result<()> {
+    if is_stdout(path) {
+        return Err(std::io::Error::other(
+            "this format is a directory of pages and cannot go to standard output",
+        ));
+    }
+    let (dir, name) = split(path)?;
+    let dirfd = open_dir(dir)?;
+    let cname = cstr(name)?;
+    check_dir_target(&dirfd, &cname)?;
+    check_dir(&dirfd)?;
+    let tmp = cstr(OsStr::new(&format!(
+        ".{}.{}.{}.tmp",
+        name.to_string_lossy(),
+        std::process::id(),
+        uuid::Uuid::new_v4().simple()
+    )))?;
+    let mode = mode & 0o777;
+    let dir_mode = mode | ((mode & 0o444) >> 2);
+    // SAFETY: valid descriptor and name.
+    if unsafe { libc::mkdirat(dirfd.as_raw_fd(), tmp.as_ptr(), 0o700) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let result = (|| {
+        // SAFETY: valid descriptor and name; the descriptor is owned below.
+        let fd = unsafe {
+            libc::openat(
+                dirfd.as_raw_fd(),
+                tmp.as_ptr(),
+                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+            )
+        };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: a fresh descriptor that nothing else owns.
+        let sub = unsafe { OwnedFd::from_raw_fd(fd) };
+        for (file, bytes) in files {
+            if file.contains('/') || file.starts_with('.') || file.is_empty() {
+                return Err(std::io::Error::other(format!("bad page name {file:?}")));
+            }
+            let c = cstr(OsStr::new(file))?;
+            // SAFETY: valid descriptor and name; the descriptor is owned below.
+            let fd = unsafe {
+                libc::openat(
+                    sub.as_raw_fd(),
+                    c.as_ptr(),
+                    libc::O_WRONLY
+                        | libc::O_CREAT
+                        | libc::O_EXCL
+                        | libc::O_NOFOLLOW
+                        | libc::O_CLOEXEC,
+                    0o600,
+                )
+            };
+            if fd < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // SAFETY: a fresh descriptor that nothing else owns.
+            let mut f = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+            f.write_all(bytes)?;
+            f.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(mode))?;
+            f.sync_all()?;
+        }
+        // SAFETY: a valid descriptor.
+        if unsafe { libc::fchmod(sub.as_raw_fd(), dir_mode) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: valid descriptors and names.
+        let renamed = unsafe {
+            libc::renameat2(
+                dirfd.as_raw_fd(),
+                tmp.as_ptr(),
+                dirfd.as_raw_fd(),
+                cname.as_ptr(),
+                libc::RENAME_NOREPLACE,
+            )
+        };
+        if renamed == 0 {
+            return Ok(false);
+        }
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EEXIST) {
+            return Err(e);
+        }
+        // An earlier directory of that name: checked again (it may have been swapped for a
+        // link meanwhile; the exchange itself never follows one), then exchanged.
+        check_dir_target(&dirfd, &cname)?;
+        // SAFETY: valid descriptors and names.
+        if unsafe {
+            libc::renameat2(
+                dirfd.as_raw_fd(),
+                tmp.as_ptr(),
+                dirfd.as_raw_fd(),
+                cname.as_ptr(),
+                libc::RENAME_EXCHANGE,
+            )
+        } != 0
+        {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(true)
+    })();
+    // What is under the temporary name now (the new pages after a failure, the old directory
+    // after an exchange) is removed: its regular files, then itself if that empties it.
+    if !matches!(result, Ok(false)) {
+        remove_flat_dir(&dirfd, &tmp);
+    }
+    result.map(|_| ())
+}
+
+/// Removes the regular files of the directory `name` in `dirfd`, then the directory if empty;
+/// links are removed as links, subdirectories are left (and so is the directory then).
+fn remove_flat_dir(dirfd: &OwnedFd, name: &CString) {
+    // SAFETY: valid descriptor and name; the descriptor is owned below.
+    let fd = unsafe {
+        libc::openat(
+            dirfd.as_raw_fd(),
+            name.as_ptr(),
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return;
+    }
+    // SAFETY: a fresh descriptor that nothing else owns.
+    let sub = unsafe { OwnedFd::from_raw_fd(fd) };
+    if let Ok(rd) = std::fs::read_dir(format!("/proc/self/fd/{}", sub.as_raw_fd())) {
+        for e in rd.flatten().take(MAX_OLD_FILES) {
+            let Ok(c) = cstr(&e.file_name()) else {
+                continue;
+            };
+            // SAFETY: valid descriptor and name; without AT_REMOVEDIR, unlinkat removes
+            // files and links only (a link itself, never its target).
+            unsafe { libc::unlinkat(sub.as_raw_fd(), c.as_ptr(), 0) };
+        }
+    }
+    // SAFETY: valid descriptor and name; fails harmlessly if the directory is not empty.
+    unsafe { libc::unlinkat(dirfd.as_raw_fd(), name.as_ptr(), libc::AT_REMOVEDIR) };
+}
+
 /// Removes `.NAME.PID.*.tmp` files of runs that are gone (SIGKILL leaves them): regular files
 /// owned by this user only, never following links.
 fn remove_stale(dirfd: &OwnedFd, name: &OsStr) {
@@ -307,6 +484,40 @@ mod tests {
         std::fs::create_dir_all(&d).unwrap();
         std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o700)).unwrap();
         d
+    }
+
+    #[test]
+    fn a_directory_is_written_whole_and_replaced_whole() {
+        let d = dir("pages");
+        let out = d.join("run.heatmap");
+        let page = |n: &str| (n.to_string(), n.as_bytes().to_vec());
+        write_dir_atomic(&out, &[page("index.html"), page("f0.html")], 0o640).unwrap();
+        let names = |p: &Path| {
+            let mut v: Vec<String> = std::fs::read_dir(p)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect();
+            v.sort();
+            v
+        };
+        assert_eq!(names(&out), ["f0.html", "index.html"]);
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&out), 0o750);
+        assert_eq!(mode(&out.join("f0.html")), 0o640);
+        // Replaced: the earlier directory's pages go with it, and nothing is left beside it.
+        write_dir_atomic(&out, &[page("index.html")], 0o600).unwrap();
+        assert_eq!(names(&out), ["index.html"]);
+        assert_eq!(names(&d), ["run.heatmap"]);
+        // A link or a file at the name is refused; page names cannot leave the directory.
+        let link = d.join("link.heatmap");
+        std::os::unix::fs::symlink(&out, &link).unwrap();
+        assert!(write_dir_atomic(&link, &[page("index.html")], 0o600).is_err());
+        std::fs::write(d.join("file.heatmap"), "x").unwrap();
+        assert!(write_dir_atomic(&d.join("file.heatmap"), &[page("index.html")], 0o600).is_err());
+        assert!(write_dir_atomic(&d.join("x.heatmap"), &[page("../escape")], 0o600).is_err());
+        assert!(!d.join("escape").exists() && !d.join("x.heatmap").exists());
+        assert!(write_dir_atomic(Path::new("-"), &[page("index.html")], 0o600).is_err());
+        std::fs::remove_dir_all(&d).unwrap();
     }
 
     #[test]

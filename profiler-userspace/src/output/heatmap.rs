@@ -1,11 +1,8 @@
-//! `heatmap`: one self-contained HTML file (no script or style from elsewhere: it opens
-//! offline) with an index of the Python source files sampled, hottest first, and a page per
-//! file with each line shaded by its samples: self (the line is the innermost Python frame's)
-//! and total (the line is on the stack).
-//!
-//! One file rather than a directory of pages: it is written atomically like every other
-//! output, by the same safe path (`files`), and shared as one attachment. Pages are sections
-//! of it, shown one at a time by their `#fN` anchor.
+//! `heatmap`: a directory of self-contained HTML pages (no script or style from elsewhere: they
+//! open offline): `index.html`, the Python source files sampled, hottest first, each linking
+//! to its page `fN.html`, where each line is shaded by its samples: self (the line is the
+//! innermost Python frame's) and total (the line is on the stack). The directory is written
+//! atomically by the same safe path as every other output (`files::write_dir_atomic`).
 //!
 //! Source text is read when the file is written, from the process's own root
 //! (`/proc/PID/root`, for containers) while it runs, else from this machine. A file named by a
@@ -139,27 +136,30 @@ fn shade(ms: f64, max: f64) -> String {
 const STYLE: &str = "body{font:14px system-ui,sans-serif;margin:1.5em}\
 table{border-collapse:collapse}td,th{padding:1px 8px;text-align:right}\
 th{position:sticky;top:0;background:#eee}td.code{text-align:left;white-space:pre;\
-font:13px ui-monospace,monospace}td.path{text-align:left}section{display:none}\
-section:target{display:block}#index{display:block}section:target~#index{display:none}\
-.note{color:#777}";
+font:13px ui-monospace,monospace}td.path{text-align:left}.note{color:#777}";
 
-pub fn to_html(p: &Profile, run: &RunInfo) -> String {
+/// The start of a page, titled `title`.
+fn head(title: &str) -> String {
+    format!(
+        "<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>{}</title><style>{STYLE}\
+         </style></head><body>",
+        escape(title)
+    )
+}
+
+/// The pages: `index.html` first, then one `fN.html` per file.
+pub fn pages(p: &Profile, run: &RunInfo) -> Vec<(String, String)> {
     let totals = stack_totals(p);
     let files = files(p, &totals);
     let all: f64 = totals.iter().map(|s| s.ms).sum();
     let pct = |ms: f64| 100.0 * ms / all.max(1e-9);
     let mut order: Vec<(&String, &File)> = files.iter().collect();
     order.sort_by(|a, b| b.1.time.total.total_cmp(&a.1.time.total).then(a.0.cmp(b.0)));
-    let mut h = String::new();
-    h.push_str("<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>");
-    h.push_str(&escape(&format!("tachyon-bpf heatmap: {}", run.command)));
-    h.push_str("</title><style>");
-    h.push_str(STYLE);
-    h.push_str("</style></head><body>");
-    let mut pages = String::new();
-    let mut index = String::new();
+    let title = format!("tachyon-bpf heatmap: {}", run.command);
+    let mut out = Vec::new();
+    let mut index = head(&title);
     index.push_str(&format!(
-        "<section id=\"index\"><h1>Python source heatmap</h1><p>{} ({} mode, {:.1} s at {} Hz; \
+        "<h1>Python source heatmap</h1><p>{} ({} mode, {:.1} s at {} Hz; \
          {:.0} ms sampled). Files by total time: self is time on one of the file's lines as the \
          innermost Python frame (the native code it runs included), total is time with the \
          file on the stack.</p><table><tr><th>self</th><th>total</th><th class=\"path\">file\
@@ -175,7 +175,7 @@ pub fn to_html(p: &Profile, run: &RunInfo) -> String {
         let id = ids[path];
         index.push_str(&format!(
             "<tr data-file=\"{}\" data-self-ms=\"{:.3}\" data-total-ms=\"{:.3}\"><td>{:.1}%</td>\
-             <td>{:.1}%</td><td class=\"path\"><a href=\"#f{id}\">{}</a></td></tr>",
+             <td>{:.1}%</td><td class=\"path\"><a href=\"f{id}.html\">{}</a></td></tr>",
             escape(path),
             file.time.own,
             file.time.total,
@@ -185,8 +185,9 @@ pub fn to_html(p: &Profile, run: &RunInfo) -> String {
         ));
         let source = read_source(path, file.pid);
         let max_own = file.lines.values().map(|t| t.own).fold(0.0, f64::max);
-        pages.push_str(&format!(
-            "<section id=\"f{id}\"><p><a href=\"#index\">index</a></p><h2>{}</h2><p>self {:.1}%, \
+        let mut page = head(&format!("{path}: {title}"));
+        page.push_str(&format!(
+            "<p><a href=\"index.html\">index</a></p><h2>{}</h2><p>self {:.1}%, \
              total {:.1}%</p>",
             escape(path),
             pct(file.time.own),
@@ -195,16 +196,16 @@ pub fn to_html(p: &Profile, run: &RunInfo) -> String {
         let text: Vec<&str> = match &source {
             Ok(s) => s.lines().collect(),
             Err(why) => {
-                pages.push_str(&format!(
+                page.push_str(&format!(
                     "<p class=\"note\">The source is not shown: {why}. Lines sampled:</p>"
                 ));
                 Vec::new()
             }
         };
-        pages.push_str("<table><tr><th>line</th><th>self</th><th>total</th><th></th></tr>");
+        page.push_str("<table><tr><th>line</th><th>self</th><th>total</th><th></th></tr>");
         let mut row = |n: u32, code: &str| {
             let t = file.lines.get(&n).copied().unwrap_or_default();
-            pages.push_str(&format!(
+            page.push_str(&format!(
                 "<tr data-line=\"{n}\" data-self-ms=\"{:.3}\" data-total-ms=\"{:.3}\"><td>{n}</td>\
                  <td{}>{}</td><td>{}</td><td class=\"code\"{}>{}</td></tr>",
                 t.own,
@@ -242,14 +243,12 @@ pub fn to_html(p: &Profile, run: &RunInfo) -> String {
                 row(n, "");
             }
         }
-        pages.push_str("</table></section>");
+        page.push_str("</table></body></html>\n");
+        out.push((format!("f{id}.html"), page));
     }
-    index.push_str("</table></section>");
-    // Pages first: the index hides itself when one of them is the target (`:target ~`).
-    h.push_str(&pages);
-    h.push_str(&index);
-    h.push_str("</body></html>\n");
-    h
+    index.push_str("</table></body></html>\n");
+    out.insert(0, ("index.html".to_string(), index));
+    out
 }
 
 #[cfg(test)]

@@ -221,8 +221,13 @@ impl Format {
             Format::Pprof => "pb.gz",
             Format::Flamegraph => "svg",
             Format::Pstats => "pstats",
-            Format::Heatmap => "heatmap.html",
+            Format::Heatmap => "heatmap",
         }
+    }
+
+    /// Written as a directory of files rather than one file.
+    pub fn is_directory(self) -> bool {
+        self == Format::Heatmap
     }
 
     pub fn render(self, p: &Profile, run: &RunInfo) -> Result<Vec<u8>, Error> {
@@ -233,7 +238,11 @@ impl Format {
             Format::Pprof => pprof::to_bytes(p, run),
             Format::Flamegraph => collapsed::flamegraph(p, run),
             Format::Pstats => Ok(pstats::to_bytes(p)),
-            Format::Heatmap => Ok(heatmap::to_html(p, run).into_bytes()),
+            // A directory of pages (`write_outputs`); here, in one stream, for comparisons.
+            Format::Heatmap => Ok(heatmap::pages(p, run)
+                .into_iter()
+                .flat_map(|(name, page)| format!("<!-- {name} -->\n{page}").into_bytes())
+                .collect()),
         };
         encoded.map_err(|e| Error::new(ErrorKind::Encode, format!("{self:?}: {e}")))
     }
@@ -255,16 +264,8 @@ pub fn output_paths(output: Option<&Path>, formats: &[Format]) -> Vec<(Format, P
         .map(|o| {
             let s = o.to_string_lossy();
             let known = [
-                ".json",
-                ".folded",
-                ".jsonl",
-                ".pb.gz",
-                ".svg",
-                ".tbpf",
-                ".txt",
-                ".pprof",
-                ".pstats",
-                ".heatmap.html",
+                ".json", ".folded", ".jsonl", ".pb.gz", ".svg", ".tbpf", ".txt", ".pprof",
+                ".pstats", ".heatmap",
             ];
             known
                 .iter()
@@ -286,8 +287,20 @@ pub fn write_outputs(
     outputs: &[(Format, PathBuf)],
 ) -> Result<(), Error> {
     for (format, path) in outputs {
-        let bytes = format.render(p, run)?;
-        write_atomic(path, &bytes).map_err(|e| {
+        let written = if format.is_directory() {
+            let pages: Vec<(String, Vec<u8>)> = heatmap::pages(p, run)
+                .into_iter()
+                .map(|(n, page)| (n, page.into_bytes()))
+                .collect();
+            files::write_dir_atomic(
+                path,
+                &pages,
+                FILE_MODE.load(std::sync::atomic::Ordering::Relaxed),
+            )
+        } else {
+            write_atomic(path, &format.render(p, run)?)
+        };
+        written.map_err(|e| {
             Error::new(
                 ErrorKind::Output,
                 format!("cannot write {}: {e}", path.display()),
@@ -412,6 +425,11 @@ pub fn file_mode() -> u32 {
 /// Checks early that `path` can be written, so a long run never ends in a lost profile.
 pub fn check_writable(path: &Path) -> std::io::Result<()> {
     files::check_writable(path)
+}
+
+/// The same for a format written as a directory (`Format::is_directory`).
+pub fn check_dir_writable(path: &Path) -> std::io::Result<()> {
+    files::check_dir_writable(path)
 }
 
 #[cfg(test)]
