@@ -1,8 +1,9 @@
 //! The bytecode instruction a Python frame runs (`--opcodes`): the opcode byte read from the
 //! code object's bytecode at the frame's instruction offset, named by that version's own `dis`
 //! (specialized forms included, each with the instruction it specializes). The tables are data
-//! generated from each interpreter by `opcodes_gen.py`; a test checks them against every
-//! installed interpreter.
+//! generated from each interpreter by `opcodes_gen.py`; the opcodes test
+//! (`tests/tests/python.rs`) checks every name given in a profile against the `dis` of the
+//! interpreter that ran it, on every installed version.
 //!
 //! The byte is read when the sample is resolved, a few milliseconds after it was taken: 3.11+
 //! rewrites an instruction in place when it specializes or deoptimizes it, so a sample taken
