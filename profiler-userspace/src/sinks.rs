@@ -147,6 +147,14 @@ pub fn check_usage(cli: &RunArgs, top: bool, record: bool) -> Result<(), AppErro
         return Err(usage(
             "-o - writes one format to standard output: give one --format",
         ));
+    } else if !cli.continuous
+        && cli.output.as_deref().is_some_and(output::files::is_stdout)
+        && cli.format.iter().any(|f| f.is_directory())
+    {
+        // Said before profiling, not after: the run's profile would be lost.
+        return Err(usage(
+            "-o -: heatmap is a directory of pages and cannot go to standard output",
+        ));
     }
     Ok(())
 }

@@ -609,6 +609,12 @@ fn bad_recordings_and_format_misuse() {
         .output()
         .unwrap();
     check_error(&o, 2, "record writes a recording");
+    // A heatmap is a directory: refused on standard output before anything is profiled.
+    let o = Command::new(profiler_bin())
+        .args(["-f", "heatmap", "-o", "-", "--", "true"])
+        .output()
+        .unwrap();
+    check_error(&o, 2, "cannot go to standard output");
 }
 
 const SHIFT: &str = r#"
