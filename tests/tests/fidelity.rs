@@ -159,6 +159,21 @@ fn fidelity(folded: &Path) -> Fidelity {
     f
 }
 
+/// Frames that name nothing, or the wrong thing, are never shown.
+fn no_wrong_names(label: &str, f: &Fidelity) {
+    for p in [
+        "a garbage name",
+        "a bare address",
+        "a Python frame with a wrong file",
+    ] {
+        assert!(
+            !f.problems.contains_key(p),
+            "{label}: {p}: {:?}",
+            f.problems[p]
+        );
+    }
+}
+
 /// Checks a profile: at least `merged_share` of its Python samples fully merged, no garbage
 /// name and no bare address anywhere, and at most 0.2% with an unresolved frame.
 fn check(label: &str, folded: &Path, merged_share: f64) {
@@ -177,18 +192,7 @@ fn check(label: &str, folded: &Path, merged_share: f64) {
         f.python,
         f.problems
     );
-    // Frames that name nothing, or the wrong thing, are never shown.
-    for p in [
-        "a garbage name",
-        "a bare address",
-        "a Python frame with a wrong file",
-    ] {
-        assert!(
-            !f.problems.contains_key(p),
-            "{label}: {p}: {:?}",
-            f.problems[p]
-        );
-    }
+    no_wrong_names(label, &f);
     // A handful of samples (0-5 in 4,000, all frames unresolved at once) are still read after
     // their code could be named; issue 16 says what is known of them.
     let unresolved = f
@@ -436,17 +440,7 @@ fn check_startup(label: &str, folded: &Path) {
         f.python,
         f.problems
     );
-    for p in [
-        "a garbage name",
-        "a bare address",
-        "a Python frame with a wrong file",
-    ] {
-        assert!(
-            !f.problems.contains_key(p),
-            "{label}: {p}: {:?}",
-            f.problems[p]
-        );
-    }
+    no_wrong_names(label, &f);
 }
 
 /// The interpreter's own start (its `encodings` and `site` imports, before `Py_RunMain`)

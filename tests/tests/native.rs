@@ -522,3 +522,72 @@ fn stripped_libraries_are_named_from_debuglink_and_minidebuginfo() {
         assert_eq!(unnamed, 0, "{kind}: frames of {name} without a name");
     }
 }
+
+/// A function whose frame (512 KiB, every page touched) is far larger than the stack copy, and
+/// a leaf it calls that spins.
+const BIG_FRAME_C: &str = r#"
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+volatile long sink;
+__attribute__((noinline)) static void spin_in_big(long n) {
+    for (long i = 0; i < n; i++) sink += i;
+}
+__attribute__((noinline)) static void big_frame(long n) {
+    char buf[512 * 1024];
+    memset(buf, 1, sizeof buf);
+    __asm__ volatile("" : : "r"(buf) : "memory");
+    spin_in_big(n);
+    sink += buf[4096];
+}
+int main(int argc, char **argv) {
+    time_t end = time(NULL) + atoi(argv[1]);
+    while (time(NULL) < end) big_frame(20000000);
+    return 0;
+}
+"#;
+
+/// The callers of a frame larger than the stack copy are read from the live thread (the frame
+/// has not returned, so they are the sample's): the stack reaches `_start`, not `[truncated]`.
+#[test]
+fn callers_beyond_a_frame_larger_than_the_copy_are_unwound() {
+    require_root();
+    let dir = scratch("native_big_frame");
+    let prog = compile_c(&dir, "big_frame", BIG_FRAME_C, &["-O2"]);
+    let out = dir.join("big.folded");
+    profile_command(
+        &out,
+        &["-m", "cpu", "-f", "collapsed", "-q"],
+        &[prog.to_str().unwrap(), "2"],
+    );
+    let text = std::fs::read_to_string(&out).unwrap();
+    let (mut in_leaf, mut whole, mut truncated) = (0u64, 0u64, 0u64);
+    for line in text.lines() {
+        let (stack, n) = line.rsplit_once(' ').unwrap();
+        let n: u64 = n.parse().unwrap();
+        // Without the compiler's `.constprop.0` suffixes.
+        let frames: Vec<&str> = stack
+            .split(';')
+            .skip(2)
+            .map(|f| f.split('.').next().unwrap())
+            .collect();
+        if frames.last() != Some(&"spin_in_big") {
+            continue;
+        }
+        in_leaf += n;
+        if frames.first() == Some(&"_start")
+            && frames.ends_with(&["main", "big_frame", "spin_in_big"])
+        {
+            whole += n;
+        }
+        if frames.first() == Some(&"[truncated]") {
+            truncated += n;
+        }
+    }
+    assert!(in_leaf >= 1000, "{in_leaf} samples in the leaf:\n{text}");
+    assert!(
+        whole as f64 >= 0.95 * in_leaf as f64,
+        "{whole} of {in_leaf} leaf samples reach _start through main and big_frame \
+         ({truncated} truncated):\n{text}"
+    );
+}

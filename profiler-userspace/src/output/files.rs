@@ -285,19 +285,7 @@ pub fn write_dir_atomic(
         return Err(std::io::Error::last_os_error());
     }
     let result = (|| {
-        // SAFETY: valid descriptor and name; the descriptor is owned below.
-        let fd = unsafe {
-            libc::openat(
-                dirfd.as_raw_fd(),
-                tmp.as_ptr(),
-                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-            )
-        };
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        // SAFETY: a fresh descriptor that nothing else owns.
-        let sub = unsafe { OwnedFd::from_raw_fd(fd) };
+        let sub = open_subdir(&dirfd, &tmp)?;
         for (file, bytes) in files {
             if file.contains('/') || file.starts_with('.') || file.is_empty() {
                 return Err(std::io::Error::other(format!("bad page name {file:?}")));
@@ -372,9 +360,8 @@ pub fn write_dir_atomic(
     result.map(|_| ())
 }
 
-/// Removes the regular files of the directory `name` in `dirfd`, then the directory if empty;
-/// links are removed as links, subdirectories are left (and so is the directory then).
-fn remove_flat_dir(dirfd: &OwnedFd, name: &CString) {
+/// Opens the directory `name` in `dirfd`, never through a link.
+fn open_subdir(dirfd: &OwnedFd, name: &CString) -> std::io::Result<OwnedFd> {
     // SAFETY: valid descriptor and name; the descriptor is owned below.
     let fd = unsafe {
         libc::openat(
@@ -384,10 +371,18 @@ fn remove_flat_dir(dirfd: &OwnedFd, name: &CString) {
         )
     };
     if fd < 0 {
-        return;
+        return Err(std::io::Error::last_os_error());
     }
     // SAFETY: a fresh descriptor that nothing else owns.
-    let sub = unsafe { OwnedFd::from_raw_fd(fd) };
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Removes the regular files of the directory `name` in `dirfd`, then the directory if empty;
+/// links are removed as links, subdirectories are left (and so is the directory then).
+fn remove_flat_dir(dirfd: &OwnedFd, name: &CString) {
+    let Ok(sub) = open_subdir(dirfd, name) else {
+        return;
+    };
     if let Ok(rd) = std::fs::read_dir(format!("/proc/self/fd/{}", sub.as_raw_fd())) {
         for e in rd.flatten().take(MAX_OLD_FILES) {
             let Ok(c) = cstr(&e.file_name()) else {

@@ -569,7 +569,15 @@ pub fn thread_name(proc: &ProcessData, t: &ThreadData) -> String {
     }
 }
 
-fn thread_json(p: &Profile, strings: &mut Strings, proc: &ProcessData, t: &ThreadData) -> Value {
+/// `opcodes`: whether the profile names any instruction (`--opcodes`); without, no thread looks
+/// for opcode markers.
+fn thread_json(
+    p: &Profile,
+    strings: &mut Strings,
+    proc: &ProcessData,
+    t: &ThreadData,
+    opcodes: bool,
+) -> Value {
     let mut tt = ThreadTables {
         python_process: proc.python.is_some(),
         ..ThreadTables::default()
@@ -606,7 +614,12 @@ fn thread_json(p: &Profile, strings: &mut Strings, proc: &ProcessData, t: &Threa
         m_cat.push(m.category as u32);
         m_data.push(marker_data(p, t, m, &mut marker_cache));
     }
-    for (name, start, end, data) in opcode_markers(p, t) {
+    let op_markers = if opcodes {
+        opcode_markers(p, t)
+    } else {
+        Vec::new()
+    };
+    for (name, start, end, data) in op_markers {
         m_name.push(strings.id(&name));
         m_start.push(start);
         m_end.push(end);
@@ -697,6 +710,7 @@ fn thread_json(p: &Profile, strings: &mut Strings, proc: &ProcessData, t: &Threa
 pub fn to_json(p: &Profile, run: &RunInfo) -> Value {
     let mut strings = Strings::default();
     let mut threads = Vec::new();
+    let opcodes = p.frames.iter().any(|f| f.opcode.is_some());
     for proc in p.all_processes() {
         // The main thread first, then the busiest: the viewer keeps this order for its tracks.
         let mut order: Vec<(&ThreadData, f64)> = proc
@@ -714,7 +728,7 @@ pub fn to_json(p: &Profile, run: &RunInfo) -> Value {
                 .then(a.0.tid.cmp(&b.0.tid))
         });
         for (t, _) in order {
-            threads.push(thread_json(p, &mut strings, proc, t));
+            threads.push(thread_json(p, &mut strings, proc, t, opcodes));
         }
     }
     let categories: Vec<Value> = Category::ALL

@@ -990,8 +990,11 @@ impl PythonRegistry {
             if info.as_deref().is_some_and(CodeInfo::is_init_cleanup) {
                 continue;
             }
+            // Only the innermost frame runs an instruction of its own (the others are at their
+            // call), even when that frame's code could not be read.
+            let innermost = std::mem::take(&mut leaf);
             let frame = match info {
-                Some(ci) => p.frame_for(out, f.code, &ci, f.instr, std::mem::take(&mut leaf)),
+                Some(ci) => p.frame_for(out, f.code, &ci, f.instr, innermost),
                 None => {
                     out.count(PyEvent::Unresolved);
                     out.unresolved_frame()
