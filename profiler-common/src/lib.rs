@@ -347,7 +347,10 @@ pub struct PyProcConfig {
     /// Offset in a code object of `co_filename`: the start of that string is copied with the
     /// head of code that runs once (`CodeSnap::file`).
     pub code_filename: u32,
-    pub _pad: u32,
+    /// Offset in the thread state of the task its event loop runs (3.14+
+    /// `asyncio_running_task`, from the `_asyncio` module's debug offsets), copied into
+    /// `SampleHeader::py_task`; `NO_OFFSET` unless async-aware stacks are asked for.
+    pub tstate_running_task: u32,
     /// Address of the runtime's interpreter list head, for a process whose runtime is still
     /// starting (`interp` 0): its first Python code runs within moments of the interpreter's
     /// creation, before user space can look again.
@@ -406,6 +409,9 @@ pub struct SampleHeader {
     pub py_snaps: u32,
     /// `RECORD_SWITCH_OUT`: the task state the thread left the CPU in (0: preempted, runnable).
     pub sched_state: u64,
+    /// The asyncio task the thread's event loop runs at the sampled instant (see
+    /// `PyProcConfig::tstate_running_task`), or 0.
+    pub py_task: u64,
     /// Kernel return addresses, innermost first.
     pub kstack: [u64; MAX_KSTACK],
 }
@@ -568,7 +574,7 @@ const _: () = assert!(core::mem::size_of::<ThreadSched>() == 184);
 const _: () = assert!(core::mem::size_of::<PyFrame>() == 16);
 // The BPF program bounds indexes by masking with these less one.
 const _: () = assert!(MAX_PY_FRAMES.is_power_of_two() && PY_CODE_SNAPS.is_power_of_two());
-const _: () = assert!(SampleHeader::SIZE == 120 + MAX_KSTACK * 8);
+const _: () = assert!(SampleHeader::SIZE == 128 + MAX_KSTACK * 8);
 const _: () = assert!(SampleHeader::SIZE.is_multiple_of(8));
 const _: () = assert!(CodeSnap::SIZE == PY_CODE_SNAP + PY_NAME_SNAP + PY_FILE_SNAP);
 const _: () = assert!(CodeSnap::SIZE.is_multiple_of(8));

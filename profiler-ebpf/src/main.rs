@@ -769,6 +769,7 @@ fn capture<const MODERN: bool>(
     hdr.py_status = 0;
     hdr.py_gc_collecting = 0;
     hdr.py_snaps = 0;
+    hdr.py_task = 0;
     hdr.sched_state = sched_state;
     hdr.ip = 0;
     hdr.sp = 0;
@@ -836,6 +837,10 @@ fn capture<const MODERN: bool>(
         }
         if pc.tstate_status != NO_OFFSET && hdr.py_tstate != 0 {
             hdr.py_status = read_user::<u32>(hdr.py_tstate + pc.tstate_status as u64).unwrap_or(0);
+        }
+        if pc.tstate_running_task != NO_OFFSET && hdr.py_tstate != 0 {
+            hdr.py_task =
+                read_user::<u64>(hdr.py_tstate + pc.tstate_running_task as u64).unwrap_or(0);
         }
         if hdr.py_tstate != 0 && has_exception(&pc, hdr.py_tstate) {
             hdr.flags |= SAMPLE_PY_EXCEPTION;

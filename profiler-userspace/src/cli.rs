@@ -135,6 +135,11 @@ pub struct RunArgs {
     /// collapsed stacks, an opcode per frame in JSONL.
     #[arg(long)]
     pub opcodes: bool,
+    /// running: show each sample of a thread that runs an asyncio event loop from the task it
+    /// runs, under `<task> NAME` frames of that task and of each task awaiting it, outermost
+    /// first, instead of under the loop's machinery (Python 3.14+; others are shown plain).
+    #[arg(long, value_name = "WHICH", value_parser = ["running"])]
+    pub async_aware: Option<String>,
     /// No summary on stderr.
     #[arg(short, long)]
     pub quiet: bool,

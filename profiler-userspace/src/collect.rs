@@ -85,6 +85,25 @@ impl ProfileSink for PySink<'_> {
         })
     }
 
+    fn task_frame(&mut self, name: &str) -> FrameRef {
+        let func = self.0.func(Func {
+            name: Arc::from(format!("<task> {name}")),
+            file: None,
+            line: None,
+            lib: None,
+            category: Category::Python,
+            is_python: true,
+        });
+        self.0.frame(Frame {
+            func,
+            line: None,
+            address: None,
+            symbol_address: None,
+            category: Category::Python,
+            opcode: None,
+        })
+    }
+
     fn unresolved_frame(&mut self) -> FrameRef {
         let func = self.0.func(Func {
             name: Arc::from("<unresolved Python frame>"),
@@ -116,6 +135,9 @@ impl ProfileSink for PySink<'_> {
             PyEvent::BadLineTable => &mut c.py_bad_line_tables,
             PyEvent::Merged => &mut c.py_merged,
             PyEvent::MergeMismatch => &mut c.py_merge_mismatch,
+            PyEvent::AsyncTask => &mut c.py_async_samples,
+            PyEvent::AsyncMismatch => &mut c.py_async_mismatch,
+            PyEvent::AsyncCut => &mut c.py_async_cut,
         } += 1;
     }
 }
@@ -515,7 +537,19 @@ impl Collector {
             ),
             _ => native.iter().map(|(f, _)| *f).collect(),
         };
-        if unwound.truncated {
+        // `--async-aware`: what is rootward of the running task's coroutine (the event loop's
+        // machinery, Python and native) gives way to the task and those awaiting it.
+        let spliced = match py.as_ref().and_then(|p| p.tasks.as_ref()) {
+            Some(t) => match root_first.iter().position(|&f| f == t.from) {
+                Some(i) => {
+                    root_first.splice(..i, t.prefix.iter().copied());
+                    true
+                }
+                None => false,
+            },
+            None => false,
+        };
+        if unwound.truncated && !spliced {
             // The native stack's root part is missing: said at the root, so such stacks are
             // not mistaken for whole ones (and do not root at a Python or library frame).
             root_first.insert(0, self.truncated_frame());
@@ -816,6 +850,17 @@ impl Collector {
     /// Whether `pid` was looked at (its mappings read) after `ns`.
     fn known_since(&self, pid: u32, ns: u64) -> bool {
         self.procs.get(&pid).is_some_and(|p| p.maps_read_ns() > ns)
+    }
+
+    /// Looks for asyncio in a Python process that has not shown it yet, when it is time to
+    /// (`PythonRegistry::asyncio_due`): the BPF config to install once found.
+    pub fn find_asyncio(&mut self, pid: u32) -> Option<profiler_common::PyProcConfig> {
+        if !self.python.asyncio_due(pid) {
+            return None;
+        }
+        let proc = self.procs.get_mut(&pid)?;
+        proc.reload_maps(&mut self.elves);
+        self.python.find_asyncio(proc)
     }
 
     /// Looks again at a process profiled while its runtime was starting

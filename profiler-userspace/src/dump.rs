@@ -148,6 +148,7 @@ fn read_blocked(
         py_gil_holder: 0,
         py_gil_locked: 0,
         py_gc_collecting: 0,
+        py_task: 0,
         code_snaps: Vec::new(),
         stack,
     };
@@ -161,6 +162,7 @@ fn read_blocked(
         s.py_gil_holder = w.gil_holder;
         s.py_gil_locked = w.gil_locked;
         s.py_gc_collecting = w.gc_collecting;
+        s.py_task = w.running_task;
     }
     Some(s)
 }

@@ -160,6 +160,7 @@ pub async fn run(cli: RunArgs, command: Command) -> Result<i32, AppError> {
     let interval_ms = 1000.0 / rate as f64;
     let mut registry = python::PythonRegistry::new(cli.show_internal);
     registry.opcodes = cli.opcodes;
+    registry.async_aware = cli.async_aware.is_some();
     let collector = Collector::new(start_ns, registry, cli.mode, interval_ms);
     let ring = capture.take_ring();
     let mut session = Session::new(
@@ -423,6 +424,13 @@ fn summary(p: &Profile, run: &RunInfo, capture: &Capture, sink: &dyn Sink, elaps
             c.py_read_failed,
             c.py_truncated
         );
+        if c.py_async_samples + c.py_async_mismatch > 0 {
+            eprintln!(
+                "tachyon-bpf: asyncio: {} samples shown from their running task, {} whose task \
+                 did not match their frames (shown plain), {} await chains cut short",
+                c.py_async_samples, c.py_async_mismatch, c.py_async_cut
+            );
+        }
         let bad = c.py_unresolved_frames + c.py_cycles + c.py_bad_line_tables;
         if bad > 0 {
             eprintln!(

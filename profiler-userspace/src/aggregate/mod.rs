@@ -314,6 +314,12 @@ pub struct Counters {
     pub py_cycles: u64,
     /// Python frames whose line table was corrupt (shown at the function's first line).
     pub py_bad_line_tables: u64,
+    /// `--async-aware`: samples shown from the running asyncio task, samples whose running
+    /// task did not match their frames (shown plain), and await chains cut short (a cycle, a
+    /// task that did not read, or the depth bound).
+    pub py_async_samples: u64,
+    pub py_async_mismatch: u64,
+    pub py_async_cut: u64,
     /// The longest and the latest wait of a sample in the ring buffer before it was read (ms):
     /// how far the reader fell behind.
     pub max_lag_ms: f64,

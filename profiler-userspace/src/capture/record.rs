@@ -100,6 +100,8 @@ pub struct RawSample {
     pub py_gil_holder: u64,
     pub py_gil_locked: u32,
     pub py_gc_collecting: u32,
+    /// The asyncio task the thread's event loop ran at the sampled instant, or 0.
+    pub py_task: u64,
     /// The heads of some Python frames' code objects at the sampled instant, with the starts
     /// of their name and file strings (`CodeSnap`; `PyFrame::flags` says which frame each
     /// belongs to).
@@ -181,6 +183,7 @@ impl RawSample {
             py_gil_holder: h.py_gil_holder,
             py_gil_locked: h.py_gil_locked,
             py_gc_collecting: h.py_gc_collecting,
+            py_task: h.py_task,
             code_snaps: bytes[SampleHeader::SIZE + py_bytes..stack_at]
                 .chunks_exact(CodeSnap::SIZE)
                 // SAFETY: each chunk is CodeSnap::SIZE bytes; CodeSnap is plain old data valid
@@ -230,6 +233,7 @@ mod tests {
             py_gc_collecting: 0,
             py_snaps,
             sched_state: 0,
+            py_task: 0,
             kstack: [0xffff_ffff_8100_0000; MAX_KSTACK],
         };
         // SAFETY: viewing a repr(C) value as bytes.

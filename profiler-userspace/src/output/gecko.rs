@@ -776,6 +776,9 @@ pub fn to_json(p: &Profile, run: &RunInfo) -> Value {
         "pythonUnresolvedFrames": c.py_unresolved_frames,
         "pythonCycles": c.py_cycles,
         "pythonBadLineTables": c.py_bad_line_tables,
+        "asyncAwareSamples": c.py_async_samples,
+        "asyncTaskMismatch": c.py_async_mismatch,
+        "asyncChainsCut": c.py_async_cut,
         "maxReaderLagMs": c.max_lag_ms,
         // Native frames no symbol named, by file: the viewer cannot tell them from named ones.
         "unnamedFrames": super::summary::unnamed_frames(p)

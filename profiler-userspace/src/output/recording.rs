@@ -216,6 +216,9 @@ counter_fields!(
     py_truncated,
     py_cycles,
     py_bad_line_tables,
+    py_async_samples,
+    py_async_mismatch,
+    py_async_cut,
     max_lag_ms,
     last_lag_ms
 );

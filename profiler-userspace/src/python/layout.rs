@@ -62,6 +62,11 @@ pub struct Layout {
     pub tstate_exc_info: u32,
     pub err_exc_value: u32,
     pub err_previous: u32,
+    /// 3.14+, from `_Py_DebugOffsets` (asyncio's coroutine chains): a generator's embedded
+    /// frame and state byte, and a frame's `stackpointer`.
+    pub gen_iframe: Option<u64>,
+    pub gen_frame_state: Option<u64>,
+    pub frame_stackpointer: Option<u64>,
 }
 
 /// The built-in layout of `3.minor`.
@@ -102,6 +107,9 @@ pub fn builtin(minor: u32) -> Option<Layout> {
         tstate_exc_info: 144,
         err_exc_value: 8,
         err_previous: 24,
+        gen_iframe: None,
+        gen_frame_state: None,
+        frame_stackpointer: None,
     };
     let modern = Layout {
         minor,
@@ -139,6 +147,9 @@ pub fn builtin(minor: u32) -> Option<Layout> {
         tstate_exc_info: 120,
         err_exc_value: 0,
         err_previous: 8,
+        gen_iframe: None,
+        gen_frame_state: None,
+        frame_stackpointer: None,
     };
     Some(match minor {
         8..=10 => legacy(minor),
@@ -255,6 +266,11 @@ struct DebugPositions {
     code_firstlineno: usize,
     code_adaptive: usize,
     gc_collecting: usize,
+    /// `gen_object.gi_iframe` and `gi_frame_state`, and `interpreter_frame.stackpointer`
+    /// (3.14+).
+    gen_iframe: Option<usize>,
+    gen_frame_state: Option<usize>,
+    frame_stackpointer: Option<usize>,
     /// Bytes of the struct to read.
     len: usize,
 }
@@ -279,6 +295,9 @@ const DEBUG_POSITIONS_313: DebugPositions = DebugPositions {
     code_firstlineno: 312,
     code_adaptive: 344,
     gc_collecting: 576,
+    gen_iframe: None,
+    gen_frame_state: None,
+    frame_stackpointer: None,
     len: 584,
 };
 
@@ -302,7 +321,10 @@ const DEBUG_POSITIONS_314: DebugPositions = DebugPositions {
     code_firstlineno: 352,
     code_adaptive: 384,
     gc_collecting: 656,
-    len: 664,
+    gen_iframe: Some(680),
+    gen_frame_state: Some(688),
+    frame_stackpointer: Some(296),
+    len: 696,
 };
 
 /// 3.15 adds the thread state's `holds_gil`, `gil_requested`, `current_exception`,
@@ -330,7 +352,10 @@ const DEBUG_POSITIONS_315: DebugPositions = DebugPositions {
     code_firstlineno: 416,
     code_adaptive: 448,
     gc_collecting: 760,
-    len: 776,
+    gen_iframe: Some(808),
+    gen_frame_state: Some(816),
+    frame_stackpointer: Some(360),
+    len: 824,
 };
 
 /// Reads `_Py_DebugOffsets` at the start of `_PyRuntime` and applies it to `layout` (3.13 to
@@ -382,6 +407,9 @@ pub fn apply_debug_offsets(
     layout.code_qualname = f(pos.code_qualname)
         .map(|v| v as usize)
         .or(layout.code_qualname);
+    layout.gen_iframe = pos.gen_iframe.and_then(f);
+    layout.gen_frame_state = pos.gen_frame_state.and_then(f);
+    layout.frame_stackpointer = pos.frame_stackpointer.and_then(f);
     if let (Some(gc), Some(collecting)) = (f(pos.interp_gc), f(pos.gc_collecting)) {
         layout.gc_collecting_interp = Some(gc + collecting);
     }
@@ -450,7 +478,7 @@ impl Layout {
             },
             code_qualname: self.code_qualname.unwrap_or(self.code_name) as u32,
             code_filename: self.code_filename as u32,
-            _pad: 0,
+            tstate_running_task: NO_OFFSET,
             interp_head: 0,
         }
     }

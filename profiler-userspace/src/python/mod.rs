@@ -8,6 +8,7 @@
 //! frames and counted events go to the caller through `ProfileSink`, which `collect`
 //! implements over its profile: this module hands over what it knows and gets ids back.
 
+pub mod asyncio;
 pub mod code;
 pub mod layout;
 pub mod merge;
@@ -50,6 +51,12 @@ pub enum PyEvent {
     Merged,
     /// Activations and eval-loop frames did not pair up.
     MergeMismatch,
+    /// A sample shown from its running asyncio task (`--async-aware`).
+    AsyncTask,
+    /// A running task whose coroutine is none of the sample's frames (shown plain).
+    AsyncMismatch,
+    /// An await chain cut short (a cycle, a task that did not read, or the depth bound).
+    AsyncCut,
 }
 
 /// Where resolved Python frames and counted events go: `collect` implements it over its
@@ -65,6 +72,8 @@ pub trait ProfileSink {
         line: u32,
         opcode: Option<opcodes::Opcode>,
     ) -> FrameRef;
+    /// The frame of an asyncio task (`<task> NAME`, `--async-aware`).
+    fn task_frame(&mut self, name: &str) -> FrameRef;
     /// The frame shown for a code object that could not be read.
     fn unresolved_frame(&mut self) -> FrameRef;
     fn count(&mut self, event: PyEvent);
@@ -78,6 +87,8 @@ pub struct WalkedThread {
     pub gil_holder: u64,
     pub gil_locked: u32,
     pub gc_collecting: u32,
+    /// The asyncio task its event loop runs (`--async-aware`), or 0.
+    pub running_task: u64,
     pub read_failed: bool,
 }
 
@@ -113,7 +124,26 @@ pub struct PythonFrames {
     pub activations: Vec<Vec<FrameRef>>,
     /// `None` for a thread without a Python thread state.
     pub state: Option<PyThreadState>,
+    /// `--async-aware`: where the sample's running asyncio task starts, and the task frames
+    /// that replace what is rootward of it (the event loop's machinery).
+    pub tasks: Option<TaskSplice>,
 }
+
+/// How a sample is shown from its running asyncio task (`PythonFrames::tasks`).
+pub struct TaskSplice {
+    /// The outermost frame of the running task's coroutine: it and everything leafward stay.
+    pub from: FrameRef,
+    /// Root first: the outermost awaiting task's `<task>` frame and coroutine chain, and so on
+    /// to the running task's `<task>` frame.
+    pub prefix: Vec<FrameRef>,
+}
+
+/// How often a process that has not imported asyncio (or not yet) is looked at again: often
+/// for its first `ASYNCIO_EARLY_LOOKS` looks (a program imports asyncio as it starts), then
+/// seldom.
+const ASYNCIO_EARLY_RETRY: std::time::Duration = std::time::Duration::from_millis(50);
+const ASYNCIO_EARLY_LOOKS: u32 = 100;
+const ASYNCIO_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Why a process is not profiled as Python.
 #[derive(Debug)]
@@ -136,6 +166,16 @@ pub struct PyProcess {
     code_type: u64,
     /// Address of `PyUnicode_Type` (0 if unknown): a string read from the target must be one.
     str_type: u64,
+    /// Address of `PyLong_Type` (0 if unknown): a task not named yet is named by its number.
+    long_type: u64,
+    /// asyncio's layout once found (`--async-aware`), and when it was last looked for.
+    asyncio: Option<asyncio::AsyncLayout>,
+    asyncio_looked: Option<std::time::Instant>,
+    asyncio_looks: u32,
+    /// Await chains by running task, with the epoch they were read in.
+    await_chains: FxHashMap<u64, (u64, Option<Arc<asyncio::AwaitChain>>)>,
+    /// `<task>` frames by task name.
+    task_frames: FxHashMap<String, FrameRef>,
     pub config: PyProcConfig,
     /// Whether the runtime had its interpreter (and GIL) when last looked at. Until then the
     /// BPF side finds the interpreter itself (`PyProcConfig::interp_head`) and no GIL is read.
@@ -198,6 +238,7 @@ impl PyProcess {
             "_Py_NoneStruct",
             "PyCode_Type",
             "PyUnicode_Type",
+            "PyLong_Type",
         ];
         for m in &proc.modules {
             let Some(elf) = &m.elf else { continue };
@@ -293,6 +334,12 @@ impl PyProcess {
                 none_addr: addr("_Py_NoneStruct"),
                 code_type: addr("PyCode_Type"),
                 str_type: addr("PyUnicode_Type"),
+                long_type: addr("PyLong_Type"),
+                asyncio: None,
+                asyncio_looked: None,
+                asyncio_looks: 0,
+                await_chains: FxHashMap::default(),
+                task_frames: FxHashMap::default(),
                 config,
                 ready,
                 threads: HashMap::new(),
@@ -305,6 +352,67 @@ impl PyProcess {
             });
         }
         Err(NotPython::NoRuntime)
+    }
+
+    /// Looks for asyncio's layout in the mapped files; true when it is newly found.
+    fn look_for_asyncio(&mut self, proc: &Process) -> bool {
+        if self.asyncio.is_some() {
+            return false;
+        }
+        self.asyncio_looked = Some(std::time::Instant::now());
+        self.asyncio_looks = self.asyncio_looks.saturating_add(1);
+        let found = asyncio::AsyncLayout::find(
+            proc,
+            &self.remote,
+            &self.layout,
+            self.str_type,
+            self.long_type,
+        );
+        let Some(a) = found else { return false };
+        log::info!("pid {}: asyncio found", self.pid);
+        self.config.tstate_running_task = a.tstate_running_task as u32;
+        self.asyncio = Some(a);
+        true
+    }
+
+    /// The await chain of the running task `task`, read once per epoch.
+    fn await_chain(&mut self, task: u64, epoch: u64) -> Option<Arc<asyncio::AwaitChain>> {
+        let a = self.asyncio.as_ref()?;
+        if self.await_chains.len() > 4096 {
+            self.await_chains.clear();
+        }
+        if let Some((e, c)) = self.await_chains.get(&task) {
+            if *e == epoch {
+                return c.clone();
+            }
+        }
+        let c = a
+            .await_chain(&self.remote, &self.layout, task)
+            .map(Arc::new);
+        self.await_chains.insert(task, (epoch, c.clone()));
+        c
+    }
+
+    /// The frames of a suspended task's coroutine chain (outermost first).
+    fn chain_frames(
+        &mut self,
+        out: &mut impl ProfileSink,
+        frames: &[(u64, i32)],
+        epoch: u64,
+    ) -> Vec<FrameRef> {
+        let codes: Vec<u64> = frames.iter().map(|f| f.0).collect();
+        let infos = self.code(&codes, epoch);
+        frames
+            .iter()
+            .zip(infos)
+            .map(|(&(code, instr), info)| match info {
+                Some(ci) => self.frame_for(out, code, &ci, instr, false),
+                None => {
+                    out.count(PyEvent::Unresolved);
+                    out.unresolved_frame()
+                }
+            })
+            .collect()
     }
 
     /// Thread states of every interpreter: (tstate, pthread id, native thread id).
@@ -661,6 +769,8 @@ pub struct PythonRegistry {
     pub show_internal: bool,
     /// Name the instruction of each sample's innermost Python frame (`--opcodes`).
     pub opcodes: bool,
+    /// Show samples of asyncio event loops from their running task (`--async-aware`).
+    pub async_aware: bool,
     /// Code objects are validated once per epoch: one batch of records read from the ring.
     epoch: u64,
 }
@@ -769,7 +879,16 @@ impl PythonRegistry {
             return None;
         }
         match PyProcess::discover(proc) {
-            Ok(p) => {
+            Ok(mut p) => {
+                if self.async_aware && p.layout.minor >= 14 {
+                    p.look_for_asyncio(proc);
+                } else if self.async_aware {
+                    eprintln!(
+                        "tachyon-bpf: pid {} runs Python {}: async-aware stacks need Python \
+                         3.14 or newer, so its stacks are shown as they run",
+                        proc.pid, p.version
+                    );
+                }
                 let cfg = p.config;
                 log::info!("pid {}: Python {} ({})", proc.pid, p.version, p.label);
                 self.procs.insert(proc.pid, p);
@@ -817,6 +936,8 @@ impl PythonRegistry {
         for p in self.procs.values_mut() {
             p.funcs.clear();
             p.frames.clear();
+            p.task_frames.clear();
+            p.await_chains.clear();
         }
     }
 
@@ -845,9 +966,34 @@ impl PythonRegistry {
         let p = self.procs.get_mut(&proc.pid).filter(|p| !p.ready)?;
         let now = PyProcess::discover(proc).ok().filter(|n| n.ready)?;
         log::info!("pid {}: Python {} runtime ready", proc.pid, p.version);
+        let running_task = p.config.tstate_running_task;
         p.config = now.config;
+        p.config.tstate_running_task = running_task;
         p.ready = true;
         Some(p.config)
+    }
+
+    /// Whether `pid` is a Python process whose asyncio is still to be found
+    /// (`--async-aware`), and it is time to look again (its mappings are read for it).
+    pub fn asyncio_due(&self, pid: u32) -> bool {
+        self.async_aware
+            && self.procs.get(&pid).is_some_and(|p| {
+                let every = if p.asyncio_looks < ASYNCIO_EARLY_LOOKS {
+                    ASYNCIO_EARLY_RETRY
+                } else {
+                    ASYNCIO_RETRY
+                };
+                p.asyncio.is_none()
+                    && p.layout.minor >= 14
+                    && p.asyncio_looked.is_none_or(|t| t.elapsed() >= every)
+            })
+    }
+
+    /// Looks for asyncio in `proc` (its mappings read just now): the BPF config to install
+    /// when it is found, for the BPF side to copy each sample's running task.
+    pub fn find_asyncio(&mut self, proc: &Process) -> Option<PyProcConfig> {
+        let p = self.procs.get_mut(&proc.pid)?;
+        p.look_for_asyncio(proc).then_some(p.config)
     }
 
     /// The known Python processes.
@@ -916,6 +1062,7 @@ impl PythonRegistry {
             return Some(PythonFrames {
                 activations: Vec::new(),
                 state: None,
+                tasks: None,
             });
         }
         out.count(PyEvent::Record);
@@ -968,6 +1115,16 @@ impl PythonRegistry {
             .zip(p.code(&uniq, self.epoch))
             .collect();
 
+        // `--async-aware`: the running task's await chain, and (found below) the outermost
+        // frame of its coroutine in the sample.
+        let chain = match s.py_task {
+            0 => None,
+            task if self.async_aware => p.await_chain(task, self.epoch),
+            _ => None,
+        };
+        let coro_code = chain.as_ref().map(|c| c.coro_code);
+        let mut task_from = None;
+
         let mut activations: Vec<Vec<FrameRef>> = Vec::new();
         let mut cur: Vec<FrameRef> = Vec::new(); // innermost first
         let mut leaf = self.opcodes;
@@ -1001,6 +1158,9 @@ impl PythonRegistry {
                 }
             };
             cur.push(frame);
+            if Some(f.code) == coro_code {
+                task_from = Some(frame);
+            }
             let ends = match activation_rule {
                 Activations::PerFrame => true,
                 Activations::EntryFlag => f.flags & 0xff != 0,
@@ -1018,9 +1178,40 @@ impl PythonRegistry {
         for a in &mut activations {
             a.reverse();
         }
+        let tasks = match (chain, task_from) {
+            (Some(c), Some(from)) => {
+                out.count(PyEvent::AsyncTask);
+                if c.cut {
+                    out.count(PyEvent::AsyncCut);
+                }
+                if p.task_frames.len() > 100_000 {
+                    p.task_frames.clear();
+                }
+                let mut prefix = Vec::new();
+                for t in c.tasks.iter().rev() {
+                    let f = match p.task_frames.get(&t.name) {
+                        Some(&f) => f,
+                        None => {
+                            let f = out.task_frame(&t.name);
+                            p.task_frames.insert(t.name.clone(), f);
+                            f
+                        }
+                    };
+                    prefix.push(f);
+                    prefix.extend(p.chain_frames(out, &t.frames, self.epoch));
+                }
+                Some(TaskSplice { from, prefix })
+            }
+            (Some(_), None) => {
+                out.count(PyEvent::AsyncMismatch);
+                None
+            }
+            _ => None,
+        };
         Some(PythonFrames {
             activations,
             state: Some(st),
+            tasks,
         })
     }
 
@@ -1055,6 +1246,10 @@ impl PythonRegistry {
             gil_holder: r.u64(c.gil_last_holder).unwrap_or(0),
             gil_locked: r.u32(c.gil_locked).unwrap_or(0),
             gc_collecting: r.u32(c.gc_collecting).unwrap_or(0),
+            running_task: match c.tstate_running_task {
+                profiler_common::NO_OFFSET => 0,
+                off => r.u64(tstate + off as u64).unwrap_or(0),
+            },
             read_failed: false,
         };
         let mut frame = r.u64(tstate + c.tstate_frame as u64)?;

@@ -407,6 +407,11 @@ impl<T: Targets> Session<T> {
                 self.forget_python(pid);
                 continue;
             }
+            if let Some(cfg) = self.collector.find_asyncio(pid) {
+                if let Err(e) = self.targets.set_py_proc(pid, &cfg) {
+                    log::warn!("pid {pid}: {e}");
+                }
+            }
             let Some(changes) = self.collector.python.sync_threads(pid) else {
                 continue;
             };

@@ -1,0 +1,607 @@
+//! asyncio's tasks, read from outside (`--async-aware`): the task a thread's event loop runs,
+//! the tasks that await it, and each one's name and coroutine chain.
+//!
+//! 3.14+ only. Its `_asyncio` module publishes the layout of its tasks and where the thread
+//! state keeps the running one in an `.AsyncioDebug` section, for remote readers, as
+//! `_Py_DebugOffsets` does for the interpreter; the generator and frame fields a coroutine
+//! chain needs come from `_Py_DebugOffsets` (`Layout::gen_iframe` and the rest). Earlier
+//! versions keep no per-thread running task, and their tasks do not record who awaits them.
+//!
+//! The BPF program copies the running task's address at the sampled instant; the task objects
+//! are read when the sample is resolved, milliseconds later. The tasks that await the running
+//! one are suspended in that `await` for as long as it runs, so what they show is what they
+//! were at the sample, unless the running task finished within those milliseconds; the running
+//! task itself is checked against the sample (its coroutine's code must be one of the sampled
+//! frames) before anything of it is believed.
+//!
+//! Target memory is untrusted: every chain is bounded, a cycle or a freed task ends a walk, and
+//! names are decoded with the same checks as code-object names.
+
+use std::collections::HashSet;
+
+use super::code::read_unicode;
+use super::layout::Layout;
+use super::remote::{le_u64, Remote};
+use crate::process::Process;
+
+/// Tasks followed from the running one out through the tasks awaiting it.
+pub const MAX_TASK_DEPTH: usize = 64;
+/// Coroutines followed down one suspended task's await chain.
+pub const MAX_CORO_DEPTH: usize = 64;
+/// Largest table of an awaited-by set read (its `mask + 1`).
+const MAX_SET_TABLE: u64 = 4096;
+/// Longest task name kept (characters).
+const MAX_NAME: usize = 200;
+/// A frame's owner byte when a generator or coroutine owns it (3.14, 3.15).
+const FRAME_OWNED_BY_GENERATOR: u8 = 1;
+/// `PySetObject`'s `used`, `mask` and `table` (3.14, 3.15); a table entry is a key and a hash.
+const SET_USED: usize = 24;
+const SET_MASK: usize = 32;
+const SET_TABLE: usize = 40;
+/// `PyLongObject`'s `lv_tag` and first 30-bit digit (3.12+).
+const LONG_TAG: usize = 16;
+const LONG_DIGITS: usize = 24;
+
+/// Where asyncio keeps what async-aware stacks read, in one process.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AsyncLayout {
+    task_size: u64,
+    task_name: u64,
+    task_awaited_by: u64,
+    task_is_task: u64,
+    task_awaited_by_is_set: u64,
+    task_coro: u64,
+    /// Offset in the thread state of the task its event loop runs (`asyncio_running_task`).
+    pub tstate_running_task: u64,
+    gen_iframe: u64,
+    gen_frame_state: u64,
+    frame_code: u64,
+    frame_instr: u64,
+    frame_owner: u64,
+    frame_stackpointer: u64,
+    code_mask: u64,
+    code_adaptive: u64,
+    /// The state byte of a coroutine suspended in an `await` (`FRAME_SUSPENDED_YIELD_FROM`).
+    yield_from: u8,
+    /// Words below a suspended frame's stack pointer where the object it awaits is.
+    await_slot: u64,
+    str_type: u64,
+    long_type: u64,
+}
+
+/// One task of an await chain.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TaskLink {
+    /// The name shown: what `create_task(name=...)` or `set_name` gave, else `Task-N`, with
+    /// ` (N parents)` when several tasks await it (the one at the lowest address is followed,
+    /// as CPython's sampler does).
+    pub name: String,
+    /// Its coroutine chain at its suspension point, outermost first, as (code object,
+    /// instruction offset); empty for the running task (its frames are the sample's).
+    pub frames: Vec<(u64, i32)>,
+}
+
+/// The running task and the tasks awaiting it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AwaitChain {
+    /// The code object of the running task's coroutine: its outermost frame in the sample is
+    /// where the task's own frames start.
+    pub coro_code: u64,
+    /// The running task first, then each task awaiting the previous one.
+    pub tasks: Vec<TaskLink>,
+    /// The chain ended early: a cycle, a task that did not read, or `MAX_TASK_DEPTH`.
+    pub cut: bool,
+}
+
+/// A task object as read.
+struct TaskObj {
+    name: String,
+    coro: u64,
+    /// The tasks awaiting it (or futures: only tasks are followed).
+    parents: Vec<u64>,
+}
+
+/// The words of `.AsyncioDebug` (`_Py_AsyncioModuleDebugOffsets`, 3.14 and 3.15): the task
+/// object's size, name, awaited_by, is_task, awaited_by_is_set, coro and node; the interpreter
+/// state's size and task list; the thread state's size, running loop, running task and list.
+const SECTION_WORDS: usize = 13;
+
+impl AsyncLayout {
+    /// Finds the `.AsyncioDebug` section among `proc`'s mapped files (the interpreter's when
+    /// `_asyncio` is built in, else the `_asyncio` extension, mapped once asyncio is imported)
+    /// and reads it. `None` before asyncio is imported, for versions before 3.14, and for
+    /// offsets that do not make sense.
+    pub fn find(
+        proc: &Process,
+        remote: &Remote,
+        layout: &Layout,
+        str_type: u64,
+        long_type: u64,
+    ) -> Option<AsyncLayout> {
+        let (yield_from, await_slot) = match layout.minor {
+            14 => (0xff, 1), // FRAME_SUSPENDED_YIELD_FROM is -1; the awaited object on top.
+            15 => (2, 2),    // renumbered from 0; the awaited object under the value sent.
+            _ => return None,
+        };
+        let (gen_iframe, gen_frame_state, frame_stackpointer) = (
+            layout.gen_iframe?,
+            layout.gen_frame_state?,
+            layout.frame_stackpointer?,
+        );
+        for m in &proc.modules {
+            let Some(elf) = &m.elf else { continue };
+            let file = m.path.rsplit('/').next().unwrap_or("");
+            if !file.contains("python") && !file.starts_with("_asyncio") {
+                continue;
+            }
+            let Some(svma) = elf.section_address(".AsyncioDebug") else {
+                continue;
+            };
+            let b = remote.read(svma.wrapping_add(m.bias), SECTION_WORDS * 8)?;
+            let w = |i: usize| le_u64(&b, i * 8).unwrap_or(u64::MAX);
+            let l = AsyncLayout {
+                task_size: w(0),
+                task_name: w(1),
+                task_awaited_by: w(2),
+                task_is_task: w(3),
+                task_awaited_by_is_set: w(4),
+                task_coro: w(5),
+                tstate_running_task: w(11),
+                gen_iframe,
+                gen_frame_state,
+                frame_code: layout.frame_code as u64,
+                frame_instr: layout.frame_instr as u64,
+                frame_owner: layout.frame_owner as u64,
+                frame_stackpointer,
+                code_mask: layout.code_mask,
+                code_adaptive: layout.code_adaptive as u64,
+                yield_from,
+                await_slot,
+                str_type,
+                long_type,
+            };
+            return l.sane(w(9)).then_some(l);
+        }
+        None
+    }
+
+    /// Whether the offsets fit the objects they are in (`tstate_size`: the thread state's).
+    fn sane(&self, tstate_size: u64) -> bool {
+        let in_task =
+            |off: u64, len: u64| off.checked_add(len).is_some_and(|e| e <= self.task_size);
+        let frame_end = [self.frame_code, self.frame_instr, self.frame_stackpointer]
+            .into_iter()
+            .max()
+            .unwrap_or(0)
+            .max(self.frame_owner)
+            + 8;
+        (32..=4096).contains(&self.task_size)
+            && in_task(self.task_name, 8)
+            && in_task(self.task_awaited_by, 8)
+            && in_task(self.task_coro, 8)
+            && in_task(self.task_is_task, 1)
+            && in_task(self.task_awaited_by_is_set, 1)
+            && tstate_size <= 1 << 16
+            && self.tstate_running_task + 8 <= tstate_size
+            && self.gen_frame_state < 4096
+            && self.gen_iframe < 4096
+            && frame_end < 4096
+            && self.tstate_running_task <= u32::MAX as u64
+    }
+
+    /// The running task `running` (as the sample copied it) and the tasks awaiting it. `None`
+    /// when it does not read as a task with a coroutine.
+    pub fn await_chain(&self, r: &Remote, layout: &Layout, running: u64) -> Option<AwaitChain> {
+        let first = self.task(r, layout, running)?;
+        let (coro_code, _) = self.coro_frame(r, first.coro)?.0;
+        let mut chain = AwaitChain {
+            coro_code,
+            tasks: Vec::new(),
+            cut: false,
+        };
+        let mut seen = HashSet::from([running]);
+        let mut task = first;
+        loop {
+            // Only tasks are followed (a set also holds the dummies of removed entries).
+            let mut parents: Vec<(u64, TaskObj)> = task
+                .parents
+                .iter()
+                .take(MAX_TASK_DEPTH)
+                .filter_map(|&a| Some((a, self.task(r, layout, a)?)))
+                .collect();
+            parents.sort_by_key(|p| p.0);
+            let count = parents.len();
+            let parent = (count > 0).then(|| parents.swap_remove(0));
+            let mut name = task.name;
+            if count > 1 {
+                name = format!("{name} ({count} parents)");
+            }
+            let frames = if chain.tasks.is_empty() {
+                Vec::new()
+            } else {
+                self.coro_chain(r, task.coro)
+            };
+            chain.tasks.push(TaskLink { name, frames });
+            let Some((addr, t)) = parent else {
+                // Awaited by something that does not read as a task: said, not hidden.
+                chain.cut |= !task.parents.is_empty();
+                break;
+            };
+            if chain.tasks.len() >= MAX_TASK_DEPTH || !seen.insert(addr) {
+                chain.cut = true;
+                break;
+            }
+            task = t;
+        }
+        Some(chain)
+    }
+
+    /// Reads a task object: `None` for anything that does not say it is a task.
+    fn task(&self, r: &Remote, layout: &Layout, addr: u64) -> Option<TaskObj> {
+        if addr & 7 != 0 || addr < 0x10000 || addr >> 47 != 0 {
+            return None;
+        }
+        let b = r.read(addr, self.task_size as usize)?;
+        if b.get(self.task_is_task as usize) != Some(&1) {
+            return None;
+        }
+        let word = |off: u64| le_u64(&b, off as usize).map(|v| v & self.code_mask);
+        let coro = word(self.task_coro).filter(|&c| c != 0)?;
+        let awaited_by = word(self.task_awaited_by).unwrap_or(0);
+        let parents = match (awaited_by, b.get(self.task_awaited_by_is_set as usize)) {
+            (0, _) => Vec::new(),
+            (set, Some(&1)) => self.set_members(r, set),
+            (one, _) => vec![one],
+        };
+        let name = word(self.task_name)
+            .and_then(|n| self.name(r, layout, n))
+            .unwrap_or_else(|| "Task".into());
+        Some(TaskObj {
+            name,
+            coro,
+            parents,
+        })
+    }
+
+    /// A task's name object: a `str`, or an `int` N (a task not named yet shows `Task-N`).
+    fn name(&self, r: &Remote, layout: &Layout, obj: u64) -> Option<String> {
+        let head = r.read(obj, LONG_DIGITS + 8)?;
+        let ty = le_u64(&head, 8)?;
+        if ty == self.str_type && ty != 0 {
+            let s = read_unicode(r, layout, obj, self.str_type)?;
+            let clean: String = s
+                .chars()
+                .filter(|c| !c.is_control())
+                .take(MAX_NAME)
+                .collect();
+            return (!clean.is_empty()).then_some(clean);
+        }
+        if ty == self.long_type && ty != 0 {
+            let tag = le_u64(&head, LONG_TAG)?;
+            let (digits, sign) = (tag >> 3, tag & 3);
+            let n: u64 = match (digits, sign) {
+                (_, 1) => 0,
+                (1, 0) => le_u64(&head, LONG_DIGITS)? & 0x3fff_ffff,
+                (2, 0) => {
+                    let d = r.read(obj + LONG_DIGITS as u64, 8)?;
+                    let lo = u32::from_le_bytes(d[0..4].try_into().ok()?) as u64 & 0x3fff_ffff;
+                    let hi = u32::from_le_bytes(d[4..8].try_into().ok()?) as u64 & 0x3fff_ffff;
+                    lo | hi << 30
+                }
+                _ => return None,
+            };
+            return Some(format!("Task-{n}"));
+        }
+        None
+    }
+
+    /// The members of an awaited-by set (bounded; the dummy entries of deleted keys are
+    /// among them, and are not tasks).
+    fn set_members(&self, r: &Remote, set: u64) -> Vec<u64> {
+        let Some(head) = r.read(set, SET_TABLE + 8) else {
+            return Vec::new();
+        };
+        let (Some(used), Some(mask), Some(table)) = (
+            le_u64(&head, SET_USED),
+            le_u64(&head, SET_MASK),
+            le_u64(&head, SET_TABLE),
+        ) else {
+            return Vec::new();
+        };
+        if mask >= MAX_SET_TABLE || used > mask + 1 {
+            return Vec::new();
+        }
+        let Some(t) = r.read(table, (mask as usize + 1) * 16) else {
+            return Vec::new();
+        };
+        t.chunks_exact(16)
+            .filter_map(|e| le_u64(e, 0))
+            .filter(|&k| k != 0)
+            .take(used as usize)
+            .collect()
+    }
+
+    /// A coroutine's own frame: (code object, instruction offset), with its type, its state
+    /// and the stack pointer of its frame.
+    fn coro_frame(&self, r: &Remote, coro: u64) -> Option<((u64, i32), u64, u8, u64)> {
+        if coro & 7 != 0 || coro < 0x10000 || coro >> 47 != 0 {
+            return None;
+        }
+        let frame_len = [self.frame_code, self.frame_instr, self.frame_stackpointer]
+            .into_iter()
+            .max()?
+            .max(self.frame_owner)
+            + 8;
+        let len = (self.gen_iframe + frame_len).max(self.gen_frame_state + 1);
+        let g = r.read(coro, len as usize)?;
+        let ty = le_u64(&g, 8)?;
+        let state = *g.get(self.gen_frame_state as usize)?;
+        let f = g.get(self.gen_iframe as usize..)?;
+        if f.get(self.frame_owner as usize) != Some(&FRAME_OWNED_BY_GENERATOR) {
+            return None;
+        }
+        let code = le_u64(f, self.frame_code as usize)? & self.code_mask;
+        let ip = le_u64(f, self.frame_instr as usize)?;
+        let off = ip.checked_sub(code.checked_add(self.code_adaptive)?)?;
+        if code & 7 != 0 || code < 0x10000 || off >= 1 << 24 {
+            return None;
+        }
+        let sp = le_u64(f, self.frame_stackpointer as usize)?;
+        Some(((code, (off / 2) as i32), ty, state, sp))
+    }
+
+    /// A suspended coroutine's await chain, outermost first: the coroutine, then each
+    /// coroutine it awaits, down to the first awaited object that is not a coroutine (a
+    /// future, a task, an `__await__` iterator).
+    pub fn coro_chain(&self, r: &Remote, coro: u64) -> Vec<(u64, i32)> {
+        let mut out = Vec::new();
+        let mut seen = HashSet::new();
+        let mut c = coro;
+        let mut coro_type = None;
+        while out.len() < MAX_CORO_DEPTH && seen.insert(c) {
+            let Some((frame, ty, state, sp)) = self.coro_frame(r, c) else {
+                break;
+            };
+            if *coro_type.get_or_insert(ty) != ty {
+                break;
+            }
+            out.push(frame);
+            if state != self.yield_from {
+                break;
+            }
+            // The stack of a suspended frame lies inside its coroutine object.
+            let below = self.await_slot * 8;
+            if sp < c + self.gen_iframe + below || sp > c + (1 << 20) {
+                break;
+            }
+            match r.u64(sp - below) {
+                Some(next) => c = next & self.code_mask,
+                None => break,
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Objects laid out in this process's memory, read back through `Remote` as a target's are.
+    struct Arena {
+        words: Vec<Vec<u64>>,
+    }
+
+    impl Arena {
+        fn obj(&mut self, words: usize) -> usize {
+            self.words.push(vec![0; words]);
+            self.words.len() - 1
+        }
+        fn addr(&self, i: usize) -> u64 {
+            self.words[i].as_ptr() as u64
+        }
+        fn set(&mut self, i: usize, off: u64, v: u64) {
+            self.words[i][off as usize / 8] = v;
+        }
+        fn set_byte(&mut self, i: usize, off: u64, v: u8) {
+            let w = &mut self.words[i][off as usize / 8];
+            let shift = (off % 8) * 8;
+            *w = (*w & !(0xff << shift)) | ((v as u64) << shift);
+        }
+    }
+
+    /// 3.14's offsets (Debian's 3.14.10), with type addresses this test makes up.
+    fn layout_314() -> AsyncLayout {
+        AsyncLayout {
+            task_size: 168,
+            task_name: 136,
+            task_awaited_by: 96,
+            task_is_task: 108,
+            task_awaited_by_is_set: 109,
+            task_coro: 128,
+            tstate_running_task: 872,
+            gen_iframe: 72,
+            gen_frame_state: 67,
+            frame_code: 0,
+            frame_instr: 56,
+            frame_owner: 74,
+            frame_stackpointer: 64,
+            code_mask: !3,
+            code_adaptive: 208,
+            yield_from: 0xff,
+            await_slot: 1,
+            str_type: 0,
+            long_type: 0x5000,
+        }
+    }
+
+    /// A coroutine object of `coro_type` running `code` at instruction `instr`.
+    fn coro(a: &mut Arena, l: &AsyncLayout, coro_type: u64, code: u64, instr: u64) -> usize {
+        let c = a.obj(40);
+        a.set(c, 8, coro_type);
+        a.set(c, l.gen_iframe + l.frame_code, code);
+        a.set(
+            c,
+            l.gen_iframe + l.frame_instr,
+            code + l.code_adaptive + 2 * instr,
+        );
+        a.set_byte(c, l.gen_iframe + l.frame_owner, FRAME_OWNED_BY_GENERATOR);
+        c
+    }
+
+    /// A task named by the int `number`, running `coro`, awaited by `parent` (0: none).
+    fn task(a: &mut Arena, l: &AsyncLayout, number: u64, coro: u64, parent: u64) -> usize {
+        let name = a.obj(4);
+        a.set(name, 8, l.long_type);
+        a.set(name, LONG_TAG as u64, 1 << 3);
+        a.set(name, LONG_DIGITS as u64, number);
+        let name = a.addr(name);
+        let t = a.obj(l.task_size as usize / 8);
+        a.set_byte(t, l.task_is_task, 1);
+        a.set(t, l.task_coro, coro);
+        a.set(t, l.task_name, name);
+        a.set(t, l.task_awaited_by, parent);
+        t
+    }
+
+    fn me() -> Remote {
+        Remote {
+            pid: std::process::id(),
+        }
+    }
+
+    fn any_layout() -> Layout {
+        super::super::layout::builtin(14).unwrap()
+    }
+
+    #[test]
+    fn chain_names_tasks_and_ends_at_the_outermost() {
+        let l = layout_314();
+        let mut a = Arena { words: Vec::new() };
+        let code = a.obj(64);
+        let code = a.addr(code);
+        let c1 = coro(&mut a, &l, 0x7000, code, 3);
+        let c2 = coro(&mut a, &l, 0x7000, code, 5);
+        let (c1, c2) = (a.addr(c1), a.addr(c2));
+        let outer = task(&mut a, &l, 1, c1, 0);
+        let outer = a.addr(outer);
+        let inner = task(&mut a, &l, 7, c2, outer);
+        let inner = a.addr(inner);
+        let chain = l.await_chain(&me(), &any_layout(), inner).unwrap();
+        assert_eq!(chain.coro_code, code);
+        assert!(!chain.cut);
+        let names: Vec<&str> = chain.tasks.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(names, ["Task-7", "Task-1"]);
+        // The running task's frames are the sample's; the one awaiting it is at its await.
+        assert!(chain.tasks[0].frames.is_empty());
+        assert_eq!(chain.tasks[1].frames, [(code, 3)]);
+    }
+
+    #[test]
+    fn cycles_and_long_chains_are_cut_and_said() {
+        let l = layout_314();
+        let mut a = Arena { words: Vec::new() };
+        let code = a.obj(64);
+        let code = a.addr(code);
+        let c = coro(&mut a, &l, 0x7000, code, 0);
+        let c = a.addr(c);
+        // Two tasks awaiting each other.
+        let x = task(&mut a, &l, 1, c, 0);
+        let xa = a.addr(x);
+        let y = task(&mut a, &l, 2, c, xa);
+        let (xa, ya) = (a.addr(x), a.addr(y));
+        a.set(x, l.task_awaited_by, ya);
+        let chain = l.await_chain(&me(), &any_layout(), xa).unwrap();
+        assert!(chain.cut);
+        assert_eq!(chain.tasks.len(), 2);
+        // A chain longer than the bound.
+        let mut parent = 0;
+        for n in 0..(MAX_TASK_DEPTH as u64 + 20) {
+            let t = task(&mut a, &l, n, c, parent);
+            parent = a.addr(t);
+        }
+        let chain = l.await_chain(&me(), &any_layout(), parent).unwrap();
+        assert!(chain.cut);
+        assert_eq!(chain.tasks.len(), MAX_TASK_DEPTH);
+    }
+
+    #[test]
+    fn what_is_not_a_task_or_coroutine_is_not_believed() {
+        let l = layout_314();
+        let mut a = Arena { words: Vec::new() };
+        let code = a.obj(64);
+        let code = a.addr(code);
+        let c = coro(&mut a, &l, 0x7000, code, 0);
+        let c = a.addr(c);
+        let t = task(&mut a, &l, 1, c, 0);
+        a.set_byte(t, l.task_is_task, 0);
+        assert!(l.await_chain(&me(), &any_layout(), a.addr(t)).is_none());
+        // Unaligned, null and unmapped addresses.
+        for bad in [0, 1, 0x10, a.addr(t) + 4, 0x7fff_ffff_f000] {
+            assert!(l.await_chain(&me(), &any_layout(), bad).is_none());
+        }
+        // A coroutine whose frame another owner holds.
+        let ci = coro(&mut a, &l, 0x7000, code, 0);
+        a.set_byte(ci, l.gen_iframe + l.frame_owner, 0);
+        let ca = a.addr(ci);
+        let t = task(&mut a, &l, 1, ca, 0);
+        assert!(l.await_chain(&me(), &any_layout(), a.addr(t)).is_none());
+    }
+
+    #[test]
+    fn await_chains_follow_coroutines_only_and_stop_at_cycles() {
+        let l = layout_314();
+        let mut a = Arena { words: Vec::new() };
+        let code = a.obj(64);
+        let code = a.addr(code);
+        let outer = coro(&mut a, &l, 0x7000, code, 1);
+        let inner = coro(&mut a, &l, 0x7000, code, 2);
+        let future = coro(&mut a, &l, 0x9000, code, 9); // another type: not followed
+        let (oa, ia, fa) = (a.addr(outer), a.addr(inner), a.addr(future));
+        // outer awaits inner (its stack's top word, just under the stack pointer), inner awaits
+        // something else.
+        for (c, ca, next) in [(outer, oa, ia), (inner, ia, fa)] {
+            a.set_byte(c, l.gen_frame_state, l.yield_from);
+            a.set(c, 200, next);
+            a.set(c, l.gen_iframe + l.frame_stackpointer, ca + 208);
+        }
+        assert_eq!(l.coro_chain(&me(), oa), [(code, 1), (code, 2)]);
+        // inner awaits outer: a cycle ends the walk.
+        a.set(inner, 200, oa);
+        assert_eq!(l.coro_chain(&me(), oa), [(code, 1), (code, 2)]);
+        // A stack pointer outside the coroutine is not followed.
+        a.set(inner, 200, fa);
+        a.set(outer, l.gen_iframe + l.frame_stackpointer, 0x10);
+        assert_eq!(l.coro_chain(&me(), oa), [(code, 1)]);
+    }
+
+    #[test]
+    fn awaited_by_sets_pick_the_lowest_task_and_count_parents() {
+        let l = layout_314();
+        let mut a = Arena { words: Vec::new() };
+        let code = a.obj(64);
+        let code = a.addr(code);
+        let c = coro(&mut a, &l, 0x7000, code, 0);
+        let c = a.addr(c);
+        let p1 = task(&mut a, &l, 1, c, 0);
+        let p2 = task(&mut a, &l, 2, c, 0);
+        let (p1a, p2a) = (a.addr(p1), a.addr(p2));
+        let table = a.obj(16);
+        a.set(table, 16, p2a);
+        a.set(table, 48, p1a);
+        a.set(table, 80, 0x5_0000); // a removed entry's dummy: not a task
+        let set = a.obj(8);
+        let ta = a.addr(table);
+        a.set(set, SET_USED as u64, 3);
+        a.set(set, SET_MASK as u64, 7);
+        a.set(set, SET_TABLE as u64, ta);
+        let sa = a.addr(set);
+        let child = task(&mut a, &l, 3, c, sa);
+        a.set_byte(child, l.task_awaited_by_is_set, 1);
+        let chain = l.await_chain(&me(), &any_layout(), a.addr(child)).unwrap();
+        assert_eq!(chain.tasks[0].name, "Task-3 (2 parents)");
+        let lowest = if p1a < p2a { "Task-1" } else { "Task-2" };
+        assert_eq!(chain.tasks[1].name, lowest);
+        assert!(!chain.cut);
+    }
+}
