@@ -1,0 +1,292 @@
+//! `--async-aware`: asyncio programs profiled for real and read back through the Firefox
+//! Profiler CLI. Samples of an event loop's thread show the running task's coroutine frames
+//! under `<task> NAME` frames of that task and of each task awaiting it, outermost first, in
+//! place of the loop's machinery; versions without asyncio's debug offsets say so and are shown
+//! as they run.
+
+use tachyon_bpf_tests::*;
+
+/// `gather` of three named tasks; each awaits a sub-task of its own that burns CPU in
+/// `burn_cpu`, yielding to the loop between bursts. Argument: seconds per round.
+const GATHER: &str = r#"
+import asyncio, sys, time
+
+def burn_cpu(n):
+    x = 0
+    for i in range(n):
+        x += i * i
+    return x
+
+async def leaf_work(secs):
+    end = time.monotonic() + secs
+    while time.monotonic() < end:
+        burn_cpu(20000)
+        await asyncio.sleep(0)
+
+async def child(k, secs):
+    sub = asyncio.create_task(leaf_work(secs), name=f"sub-{k}")
+    await sub
+
+async def main(secs):
+    for _ in range(3):
+        await asyncio.gather(*(asyncio.create_task(child(k, secs), name=f"child-{k}")
+                               for k in range(3)))
+
+if __name__ == "__main__":
+    secs = float(sys.argv[1])
+    if len(sys.argv) > 2 and sys.argv[2] == "uvloop":
+        import uvloop
+        uvloop.run(main(secs))
+    else:
+        asyncio.run(main(secs))
+"#;
+
+/// Task groups nested three deep: `level-3` burns CPU in `burn_cpu`.
+const GROUPS: &str = r#"
+import asyncio, sys, time
+
+def burn_cpu(n):
+    x = 0
+    for i in range(n):
+        x += i * i
+    return x
+
+async def level(depth, secs):
+    if depth == 3:
+        end = time.monotonic() + secs
+        while time.monotonic() < end:
+            burn_cpu(20000)
+            await asyncio.sleep(0)
+        return
+    async with asyncio.TaskGroup() as tg:
+        tg.create_task(level(depth + 1, secs), name=f"level-{depth + 1}")
+
+async def main(secs):
+    async with asyncio.TaskGroup() as tg:
+        tg.create_task(level(1, secs), name="level-1")
+
+asyncio.run(main(float(sys.argv[1])))
+"#;
+
+/// Loop machinery a task's samples must not show.
+const LOOP_FRAMES: [&str; 3] = [
+    "BaseEventLoop._run_once",
+    "BaseEventLoop.run_forever",
+    "Handle._run",
+];
+
+fn main_paths(out: &std::path::Path, script: &str) -> CallPaths {
+    let v = Viewer::load(out).unwrap();
+    let procs = v.processes().unwrap();
+    let p = procs
+        .iter()
+        .find(|p| p.name.contains(script))
+        .unwrap_or_else(|| panic!("no process {script}"));
+    let t = p
+        .threads
+        .iter()
+        .find(|t| t.tid.to_string() == p.pid)
+        .expect("main thread");
+    v.call_paths(&t.handle).unwrap()
+}
+
+/// Where each name is in `names`, in order, each after the previous one; `None` when one is
+/// missing.
+fn positions(names: &[String], want: &[&str]) -> Option<Vec<usize>> {
+    let mut from = 0;
+    let mut out = Vec::new();
+    for w in want {
+        let i = from + names[from..].iter().position(|n| n == w)?;
+        out.push(i);
+        from = i + 1;
+    }
+    Some(out)
+}
+
+/// Of the samples in `burn_cpu`: those whose stack is `<task> Task-1`, main, `<task>
+/// child-K`, child, `<task> sub-K`, leaf_work, burn_cpu (the same K), rooted at the outermost
+/// task, with no loop machinery; and the share of each child.
+fn gather_shares(paths: &CallPaths) -> (u64, u64, [u64; 3]) {
+    let burn = paths.count(|n| n.iter().any(|f| f == "burn_cpu"));
+    let mut per_child = [0u64; 3];
+    for p in &paths.paths {
+        let n = &p.names;
+        if !n.iter().any(|f| f == "burn_cpu")
+            || n.first().map(String::as_str) != Some("<task> Task-1")
+        {
+            continue;
+        }
+        if n.iter().any(|f| LOOP_FRAMES.contains(&f.as_str())) {
+            continue;
+        }
+        for (k, c) in per_child.iter_mut().enumerate() {
+            let child = format!("<task> child-{k}");
+            let sub = format!("<task> sub-{k}");
+            let want = [
+                "<task> Task-1",
+                "main",
+                &child,
+                "child",
+                &sub,
+                "leaf_work",
+                "burn_cpu",
+            ];
+            if let Some(at) = positions(n, &want) {
+                // Nothing between a task and its coroutine's frame.
+                if at[1] == at[0] + 1 && at[3] == at[2] + 1 && at[5] == at[4] + 1 {
+                    *c += p.self_samples;
+                }
+            }
+        }
+    }
+    (burn, per_child.iter().sum(), per_child)
+}
+
+/// `gather` of named tasks on Debian's 3.14 and 3.15: at least 90% of the samples in the
+/// burner read `<task> Task-1` > main > `<task> child-K` > child > `<task> sub-K` > leaf_work >
+/// burn_cpu with the same K, each child about a third; without the flag, no `<task>` frame.
+#[test]
+fn gather_samples_show_their_task_and_those_awaiting_it() {
+    require_root();
+    let dir = scratch("async_gather");
+    let script = dir.join("gather_app.py");
+    std::fs::write(&script, GATHER).unwrap();
+    for minor in [14, 15] {
+        let py = debian_python(minor);
+        let out = dir.join(format!("3.{minor}.json"));
+        let o = profile_command(
+            &out,
+            &["-m", "cpu", "--async-aware", "running"],
+            &[py.to_str().unwrap(), script.to_str().unwrap(), "0.7"],
+        );
+        let err = stderr_of(&o);
+        let paths = main_paths(&out, "gather_app.py");
+        let (burn, chained, per_child) = gather_shares(&paths);
+        eprintln!(
+            "3.{minor}: {chained} of {burn} burn_cpu samples chained, per child {per_child:?}"
+        );
+        assert!(
+            burn >= 500,
+            "3.{minor}: only {burn} samples in burn_cpu\n{err}"
+        );
+        assert!(
+            chained as f64 >= 0.9 * burn as f64,
+            "3.{minor}: {chained} of {burn} burn_cpu samples show the task chain\n{err}"
+        );
+        for (k, c) in per_child.iter().enumerate() {
+            let share = *c as f64 / chained as f64;
+            assert!(
+                (0.2..0.47).contains(&share),
+                "3.{minor}: child-{k} has {share:.2} of the chained samples (three equal children)"
+            );
+        }
+        assert!(
+            err.contains("samples shown from their running task"),
+            "3.{minor}: the summary counts async-aware samples\n{err}"
+        );
+    }
+    // Without the flag: the loop's machinery, no task frames.
+    let out = dir.join("plain.json");
+    profile_command(
+        &out,
+        &["-m", "cpu"],
+        &[
+            debian_python(14).to_str().unwrap(),
+            script.to_str().unwrap(),
+            "0.3",
+        ],
+    );
+    let paths = main_paths(&out, "gather_app.py");
+    let tasks = paths.count(|n| n.iter().any(|f| f.starts_with("<task>")));
+    let under_loop = paths.count(|n| {
+        n.iter().any(|f| f == "burn_cpu") && n.iter().any(|f| f == "BaseEventLoop._run_once")
+    });
+    assert_eq!(tasks, 0, "task frames without --async-aware");
+    assert!(
+        under_loop > 100,
+        "plain stacks run under the loop: {under_loop}"
+    );
+}
+
+/// Task groups nested three deep: the burner's samples read `level-1` > `level-2` > `level-3`
+/// under the main task, each task's group exit between them.
+#[test]
+fn nested_task_groups_show_each_level() {
+    require_root();
+    let dir = scratch("async_groups");
+    let script = dir.join("groups_app.py");
+    std::fs::write(&script, GROUPS).unwrap();
+    for minor in [14, 15] {
+        let py = debian_python(minor);
+        let out = dir.join(format!("3.{minor}.json"));
+        let o = profile_command(
+            &out,
+            &["-m", "cpu", "--async-aware", "running"],
+            &[py.to_str().unwrap(), script.to_str().unwrap(), "2"],
+        );
+        let paths = main_paths(&out, "groups_app.py");
+        let burn = paths.count(|n| n.iter().any(|f| f == "burn_cpu"));
+        let want = [
+            "<task> Task-1",
+            "main",
+            "TaskGroup.__aexit__",
+            "<task> level-1",
+            "level",
+            "TaskGroup.__aexit__",
+            "<task> level-2",
+            "level",
+            "TaskGroup.__aexit__",
+            "<task> level-3",
+            "level",
+            "burn_cpu",
+        ];
+        let nested = paths.count(|n| {
+            n.first().map(String::as_str) == Some("<task> Task-1")
+                && positions(n, &want).is_some()
+                && !n.iter().any(|f| LOOP_FRAMES.contains(&f.as_str()))
+        });
+        eprintln!("3.{minor}: {nested} of {burn} burn_cpu samples nested");
+        assert!(
+            burn >= 500,
+            "3.{minor}: only {burn} samples\n{}",
+            stderr_of(&o)
+        );
+        assert!(
+            nested as f64 >= 0.9 * burn as f64,
+            "3.{minor}: {nested} of {burn} burn_cpu samples show the three levels\n{}",
+            stderr_of(&o)
+        );
+    }
+}
+
+/// Versions before 3.14 keep no running task per thread: said once on stderr, and shown as
+/// they run.
+#[test]
+fn older_pythons_are_said_and_shown_plain() {
+    require_root();
+    let dir = scratch("async_older");
+    let script = dir.join("gather_app.py");
+    std::fs::write(&script, GATHER).unwrap();
+    let out = dir.join("3.12.json");
+    let o = profile_command(
+        &out,
+        &["-m", "cpu", "--async-aware", "running"],
+        &[
+            python("3.12.1").to_str().unwrap(),
+            script.to_str().unwrap(),
+            "0.3",
+        ],
+    );
+    let err = stderr_of(&o);
+    assert_eq!(
+        err.matches("async-aware stacks need Python 3.14").count(),
+        1,
+        "said once:\n{err}"
+    );
+    let paths = main_paths(&out, "gather_app.py");
+    assert_eq!(
+        paths.count(|n| n.iter().any(|f| f.starts_with("<task>"))),
+        0
+    );
+    assert!(paths.count(|n| n.iter().any(|f| f == "BaseEventLoop._run_once")) > 100);
+}
