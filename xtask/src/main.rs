@@ -126,7 +126,8 @@ fn setup_tools() -> Result<PathBuf> {
             .args(NODE_PACKAGES))?;
     }
     pythons::setup(&tools)?;
-    pypi::setup(&tools)?;
+    let venv = pypi::setup(&tools)?;
+    pypi::uvloop(&tools, &venv)?;
     kernels::setup(&tools)?;
     Ok(tools)
 }

@@ -49,3 +49,46 @@ pub fn setup(tools: &Path) -> Result<PathBuf> {
     std::fs::write(&pinned, REQUIREMENTS)?;
     Ok(venv)
 }
+
+/// uvloop for Debian's 3.14 (the asyncio tests run it), from PyPI's wheel, unpacked under
+/// `.tools/uvloop` for a test to put on `sys.path` (idempotent).
+pub fn uvloop(tools: &Path, venv: &Path) -> Result<PathBuf> {
+    const WHEEL: &str = "uvloop==0.23.0";
+    let dir = tools.join("uvloop");
+    let pinned = dir.join("pinned.txt");
+    if std::fs::read_to_string(&pinned).unwrap_or_default() == WHEEL
+        && dir.join("uvloop/__init__.py").exists()
+    {
+        return Ok(dir);
+    }
+    eprintln!("xtask: fetching {WHEEL} for Python 3.14 from PyPI into .tools/uvloop");
+    let _ = std::fs::remove_dir_all(&dir);
+    let wheels = dir.join("wheels");
+    std::fs::create_dir_all(&wheels)?;
+    let python = venv.join("bin/python");
+    run(Command::new(&python)
+        .args([
+            "-m",
+            "pip",
+            "download",
+            "-q",
+            "--disable-pip-version-check",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--python-version",
+            "3.14",
+            "--platform",
+            "manylinux_2_17_x86_64",
+            "-d",
+        ])
+        .arg(&wheels)
+        .arg(WHEEL))?;
+    for w in std::fs::read_dir(&wheels)? {
+        run(Command::new(&python)
+            .args(["-m", "zipfile", "-e"])
+            .arg(w?.path())
+            .arg(&dir))?;
+    }
+    std::fs::write(&pinned, WHEEL)?;
+    Ok(dir)
+}

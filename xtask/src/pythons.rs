@@ -16,8 +16,10 @@ use anyhow::{bail, Result};
 use super::{private_apt_opts, quiet_ok, run};
 
 const SUITE: &str = "deb http://deb.debian.org/debian sid main\n";
-const PACKAGES: [&str; 12] = [
+const PACKAGES: [&str; 13] = [
     "libc6",
+    // `ssl` (uvloop imports it): unstable's `_ssl` needs unstable's libcrypto.
+    "libssl3t64",
     "libgcc-s1",
     "zlib1g",
     "libexpat1",
@@ -38,10 +40,12 @@ pub fn setup(tools: &Path) -> Result<PathBuf> {
     let works = |v: &str| {
         quiet_ok(
             Command::new(root.join(format!("usr/bin/python{v}")))
-                .args(["-c", "import ctypes, threading"]),
+                .args(["-c", "import ctypes, threading, ssl"]),
         )
     };
-    if root.join(".complete").exists() && VERSIONS.iter().all(|v| works(v)) {
+    // `.complete` lists what was unpacked: a new package list unpacks again.
+    let complete = std::fs::read_to_string(root.join(".complete")).unwrap_or_default();
+    if complete == PACKAGES.join("\n") && VERSIONS.iter().all(|v| works(v)) {
         return Ok(root);
     }
     eprintln!("xtask: unpacking Debian's python 3.14 and 3.15 into .tools/debian-python");

@@ -236,6 +236,26 @@ impl AsyncLayout {
         Some(chain)
     }
 
+    /// What a task's await chain is read from, in the task itself: its coroutine, name and
+    /// awaited-by words (`None` when it does not read as a task). A chain read before is still
+    /// the task's while these are the same: the tasks awaiting it stay suspended where they
+    /// were while it runs.
+    pub fn task_key(&self, r: &Remote, addr: u64) -> Option<[u64; 3]> {
+        if addr & 7 != 0 || addr < 0x10000 || addr >> 47 != 0 {
+            return None;
+        }
+        let b = r.read(addr, self.task_size as usize)?;
+        if b.get(self.task_is_task as usize) != Some(&1) {
+            return None;
+        }
+        let word = |off: u64| le_u64(&b, off as usize);
+        Some([
+            word(self.task_coro)?,
+            word(self.task_name)?,
+            word(self.task_awaited_by)?,
+        ])
+    }
+
     /// Reads a task object: `None` for anything that does not say it is a task.
     fn task(&self, r: &Remote, layout: &Layout, addr: u64) -> Option<TaskObj> {
         if addr & 7 != 0 || addr < 0x10000 || addr >> 47 != 0 {

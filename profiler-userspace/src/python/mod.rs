@@ -129,6 +129,13 @@ pub struct PythonFrames {
     pub tasks: Option<TaskSplice>,
 }
 
+/// A cached await chain (`PyProcess::await_chains`).
+struct AwaitEntry {
+    epoch: u64,
+    key: Option<[u64; 3]>,
+    chain: Option<Arc<asyncio::AwaitChain>>,
+}
+
 /// How a sample is shown from its running asyncio task (`PythonFrames::tasks`).
 pub struct TaskSplice {
     /// The outermost frame of the running task's coroutine: it and everything leafward stay.
@@ -172,8 +179,9 @@ pub struct PyProcess {
     asyncio: Option<asyncio::AsyncLayout>,
     asyncio_looked: Option<std::time::Instant>,
     asyncio_looks: u32,
-    /// Await chains by running task, with the epoch they were read in.
-    await_chains: FxHashMap<u64, (u64, Option<Arc<asyncio::AwaitChain>>)>,
+    /// Await chains by running task, with the epoch they were last checked in and what they
+    /// were read from (`AsyncLayout::task_key`).
+    await_chains: FxHashMap<u64, AwaitEntry>,
     /// `<task>` frames by task name.
     task_frames: FxHashMap<String, FrameRef>,
     pub config: PyProcConfig,
@@ -375,22 +383,38 @@ impl PyProcess {
         true
     }
 
-    /// The await chain of the running task `task`, read once per epoch.
+    /// The await chain of the running task `task`: checked once per epoch (one read of the
+    /// task), read again when the task's own words changed.
     fn await_chain(&mut self, task: u64, epoch: u64) -> Option<Arc<asyncio::AwaitChain>> {
         let a = self.asyncio.as_ref()?;
         if self.await_chains.len() > 4096 {
             self.await_chains.clear();
         }
-        if let Some((e, c)) = self.await_chains.get(&task) {
-            if *e == epoch {
-                return c.clone();
+        let entry = self.await_chains.get_mut(&task);
+        if let Some(e) = &entry {
+            if e.epoch == epoch {
+                return e.chain.clone();
             }
         }
-        let c = a
-            .await_chain(&self.remote, &self.layout, task)
+        let key = a.task_key(&self.remote, task);
+        if let Some(e) = entry {
+            if key.is_some() && e.key == key {
+                e.epoch = epoch;
+                return e.chain.clone();
+            }
+        }
+        let chain = key
+            .and_then(|_| a.await_chain(&self.remote, &self.layout, task))
             .map(Arc::new);
-        self.await_chains.insert(task, (epoch, c.clone()));
-        c
+        self.await_chains.insert(
+            task,
+            AwaitEntry {
+                epoch,
+                key,
+                chain: chain.clone(),
+            },
+        );
+        chain
     }
 
     /// The frames of a suspended task's coroutine chain (outermost first).
