@@ -138,7 +138,9 @@ pub struct RunArgs {
     /// running: show each sample of a thread that runs an asyncio event loop from the task it
     /// runs, under `<task> NAME` frames of that task and of each task awaiting it, outermost
     /// first, instead of under the loop's machinery (Python 3.14+; others are shown plain).
-    #[arg(long, value_name = "WHICH", value_parser = ["running"])]
+    /// all: that, and every suspended task's await chain, sampled every 100 ms on a
+    /// pseudo-thread of its loop, weighted with the time it stood for (a wall-time view).
+    #[arg(long, value_name = "WHICH", value_parser = ["running", "all"])]
     pub async_aware: Option<String>,
     /// No summary on stderr.
     #[arg(short, long)]

@@ -49,7 +49,13 @@ pub struct Collector {
     stack_tops: Vec<(u32, u32, u64)>,
     /// `uncaptured_stack` of the current profile, once interned.
     uncaptured: Option<Option<StackId>>,
+    /// `--async-aware all`: when each process's tasks were last looked at.
+    task_passes: FxHashMap<u32, u64>,
 }
+
+/// The time the first pass over a process's tasks stands for (later ones: the time since the
+/// previous pass; `Session::pass_over_tasks` spaces them).
+const TASK_PASS_MS: f64 = 100.0;
 
 /// Python resolution's output, interned into the profile and counted in its counters.
 struct PySink<'a>(&'a mut Profile);
@@ -138,6 +144,7 @@ impl ProfileSink for PySink<'_> {
             PyEvent::AsyncTask => &mut c.py_async_samples,
             PyEvent::AsyncMismatch => &mut c.py_async_mismatch,
             PyEvent::AsyncCut => &mut c.py_async_cut,
+            PyEvent::AsyncSuspended => &mut c.py_async_suspended,
         } += 1;
     }
 }
@@ -205,6 +212,7 @@ impl Collector {
             children: Vec::new(),
             stack_tops: Vec::new(),
             uncaptured: None,
+            task_passes: FxHashMap::default(),
         }
     }
 
@@ -850,6 +858,44 @@ impl Collector {
     /// Whether `pid` was looked at (its mappings read) after `ns`.
     fn known_since(&self, pid: u32, ns: u64) -> bool {
         self.procs.get(&pid).is_some_and(|p| p.maps_read_ns() > ns)
+    }
+
+    /// `--async-aware all`: a pass over every suspended asyncio task, at `now_ns`. Each one is a
+    /// sample of its await chain on a pseudo-thread of its event loop, weighted with the time
+    /// since the previous pass: the profile reads as the time tasks spent suspended where they
+    /// are.
+    pub fn sample_tasks(&mut self, now_ns: u64) {
+        if !self.python.async_all {
+            return;
+        }
+        let t_ms = self.time_ms(now_ns);
+        for pid in self.python.pids() {
+            let last = self.task_passes.insert(pid, now_ns);
+            let weight_ms = match last {
+                Some(l) => now_ns.saturating_sub(l) as f64 / 1e6,
+                None => TASK_PASS_MS,
+            };
+            let loops = self
+                .python
+                .suspended_tasks(pid, &mut PySink(&mut self.profile));
+            if loops.is_empty() {
+                continue;
+            }
+            let comm = self
+                .procs
+                .get(&pid)
+                .map_or("", |p| p.comm.as_str())
+                .to_string();
+            ensure_process(&mut self.profile, &self.python, pid, &comm, t_ms);
+            for (tid, stacks) in loops {
+                let name = format!("asyncio tasks (loop in thread {tid})");
+                for frames in stacks {
+                    let stack = self.profile.stack(&frames);
+                    self.profile
+                        .add_task_sample(pid, tid, &name, t_ms, stack, weight_ms);
+                }
+            }
+        }
     }
 
     /// Looks for asyncio in a Python process that has not shown it yet, when it is time to

@@ -161,6 +161,7 @@ pub async fn run(cli: RunArgs, command: Command) -> Result<i32, AppError> {
     let mut registry = python::PythonRegistry::new(cli.show_internal);
     registry.opcodes = cli.opcodes;
     registry.async_aware = cli.async_aware.is_some();
+    registry.async_all = cli.async_aware.as_deref() == Some("all");
     let collector = Collector::new(start_ns, registry, cli.mode, interval_ms);
     let ring = capture.take_ring();
     let mut session = Session::new(
@@ -200,6 +201,7 @@ pub async fn run(cli: RunArgs, command: Command) -> Result<i32, AppError> {
             .into_iter()
             .map(|(n, v)| (n.to_string(), v))
             .collect(),
+        async_aware: cli.async_aware.clone(),
     };
 
     // Let the launched command run now that sampling is on.
@@ -424,11 +426,19 @@ fn summary(p: &Profile, run: &RunInfo, capture: &Capture, sink: &dyn Sink, elaps
             c.py_read_failed,
             c.py_truncated
         );
-        if c.py_async_samples + c.py_async_mismatch > 0 {
+        if c.py_async_samples + c.py_async_mismatch + c.py_async_suspended > 0 {
             eprintln!(
                 "tachyon-bpf: asyncio: {} samples shown from their running task, {} whose task \
                  did not match their frames (shown plain), {} await chains cut short",
                 c.py_async_samples, c.py_async_mismatch, c.py_async_cut
+            );
+        }
+        if c.py_async_suspended > 0 {
+            eprintln!(
+                "tachyon-bpf: asyncio: {} samples of suspended tasks, on a pseudo-thread per \
+                 event loop (\"asyncio tasks (loop in thread T)\"; wall time, not in the lines \
+                 below)",
+                c.py_async_suspended
             );
         }
         let bad = c.py_unresolved_frames + c.py_cycles + c.py_bad_line_tables;

@@ -283,6 +283,26 @@ impl Viewer {
         self.call_paths_with(thread, &[])
     }
 
+    /// Each function's total (samples, or milliseconds in a weighted profile) in a thread, by
+    /// its name as the viewer shows it (`file.py!function` for Python functions).
+    pub fn function_totals(&self, thread: &str) -> Result<HashMap<String, f64>> {
+        let v = self.json(&[
+            "thread",
+            "samples",
+            "--thread",
+            thread,
+            "--include-idle",
+            "--limit",
+            "100000",
+        ])?;
+        Ok(v["topFunctionsByTotal"]
+            .as_array()
+            .context("topFunctionsByTotal")?
+            .iter()
+            .filter_map(|f| Some((f["name"].as_str()?.to_string(), f["totalSamples"].as_f64()?)))
+            .collect())
+    }
+
     /// The handle (`f-N`) of a function of a thread, by name.
     pub fn function_handle(&self, thread: &str, name: &str) -> Result<String> {
         let v = self.json(&[

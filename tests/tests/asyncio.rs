@@ -69,6 +69,41 @@ async def main(secs):
 asyncio.run(main(float(sys.argv[1])))
 "#;
 
+/// 1000 tasks, each sleeping in `wait_a`, `wait_b` and `wait_c` in turn for random times
+/// (about 3:2:1), out of step with each other; the time each function was awaited in, summed
+/// over the tasks, is written to the file named by the third argument.
+const MANY: &str = r#"
+import asyncio, json, random, sys, time
+
+spent = {"wait_a": 0.0, "wait_b": 0.0, "wait_c": 0.0}
+
+async def wait_a(r):
+    await asyncio.sleep(r.uniform(0.02, 0.04))
+
+async def wait_b(r):
+    await asyncio.sleep(r.uniform(0.01, 0.03))
+
+async def wait_c(r):
+    await asyncio.sleep(r.uniform(0.005, 0.015))
+
+async def worker(i, end):
+    r = random.Random(i)
+    await asyncio.sleep(r.uniform(0, 0.06))
+    while time.monotonic() < end:
+        for f in (wait_a, wait_b, wait_c):
+            t = time.monotonic()
+            await f(r)
+            spent[f.__name__] += time.monotonic() - t
+
+async def main(n, secs, out):
+    end = time.monotonic() + secs
+    await asyncio.gather(*(asyncio.create_task(worker(i, end), name=f"w{i}") for i in range(n)))
+    with open(out, "w") as f:
+        json.dump(spent, f)
+
+asyncio.run(main(int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]))
+"#;
+
 /// Loop machinery a task's samples must not show.
 const LOOP_FRAMES: [&str; 3] = [
     "BaseEventLoop._run_once",
@@ -332,4 +367,104 @@ fn older_pythons_are_said_and_shown_plain() {
         0
     );
     assert!(paths.count(|n| n.iter().any(|f| f == "BaseEventLoop._run_once")) > 100);
+}
+
+/// `--async-aware all`: 1000 tasks suspended in three functions. Their pseudo-thread's
+/// suspended time per function is within 5 points of what the tasks measured themselves; each
+/// stack reads `<task> Task-1` > main > `<task> wN` > worker > the function > `sleep`; the
+/// profile says the view is wall time.
+#[test]
+fn all_tasks_suspended_time_matches_what_tasks_measured() {
+    require_root();
+    let dir = scratch("async_all");
+    let script = dir.join("many_app.py");
+    std::fs::write(&script, MANY).unwrap();
+    for minor in [14, 15] {
+        let out = dir.join(format!("3.{minor}.json"));
+        let truth_file = dir.join(format!("3.{minor}.truth.json"));
+        let o = profile_command(
+            &out,
+            &["--async-aware", "all"],
+            &[
+                debian_python(minor).to_str().unwrap(),
+                script.to_str().unwrap(),
+                "1000",
+                "3",
+                truth_file.to_str().unwrap(),
+            ],
+        );
+        let truth: std::collections::HashMap<String, f64> =
+            serde_json::from_str(&std::fs::read_to_string(&truth_file).unwrap()).unwrap();
+        let truth_total: f64 = truth.values().sum();
+        let v = Viewer::load(&out).unwrap();
+        let procs = v.processes().unwrap();
+        let p = procs
+            .iter()
+            .find(|p| p.name.contains("many_app.py"))
+            .unwrap();
+        let loop_name = format!("asyncio tasks (loop in thread {})", p.pid);
+        let t = p
+            .threads
+            .iter()
+            .find(|t| t.name == loop_name)
+            .unwrap_or_else(|| panic!("3.{minor}: no thread {loop_name}\n{}", stderr_of(&o)));
+        // The shape, on the paths the viewer lists (it lists 100 children of a node).
+        let paths = v.call_paths(&t.handle).unwrap();
+        let in_waits = |n: &[String]| n.iter().any(|x| x.starts_with("wait_"));
+        let well_formed = |n: &[String]| {
+            n.len() == 6
+                && n[0] == "<task> Task-1"
+                && n[1] == "main"
+                && n[2].starts_with("<task> w")
+                && n[3] == "worker"
+                && n[4].starts_with("wait_")
+                && n[5] == "sleep"
+        };
+        let listed = paths.count(in_waits);
+        assert!(listed > 0, "3.{minor}: no path through the wait functions");
+        // Tasks are read while the loop runs them: one that resumes during the read may show
+        // part of its chain (0.1% of the time, measured).
+        let good = paths.count(|n| in_waits(n) && well_formed(n));
+        assert!(
+            good as f64 >= 0.97 * listed as f64,
+            "3.{minor}: {good} of {listed} ms of suspended tasks read as the task chain, its \
+             worker, the function, sleep"
+        );
+        // The shares, from each function's total.
+        let totals = v.function_totals(&t.handle).unwrap();
+        let mut shown = std::collections::HashMap::new();
+        for f in ["wait_a", "wait_b", "wait_c"] {
+            shown.insert(
+                f,
+                totals
+                    .get(&format!("many_app.py!{f}"))
+                    .copied()
+                    .unwrap_or(0.0),
+            );
+        }
+        let shown_total: f64 = shown.values().sum();
+        // Each task is in one of them but while it starts and ends: most of 1000 tasks x 3 s.
+        assert!(
+            shown_total >= 0.8 * 1000.0 * 3000.0,
+            "3.{minor}: {shown_total:.0} ms of suspended time in the three functions"
+        );
+        for f in ["wait_a", "wait_b", "wait_c"] {
+            let got = 100.0 * shown[f] / shown_total;
+            let want = 100.0 * truth[f] / truth_total;
+            eprintln!("3.{minor}: {f}: {got:.1}% shown, {want:.1}% measured by the tasks");
+            assert!(
+                (got - want).abs() <= 5.0,
+                "3.{minor}: {f} has {got:.1}% of the suspended time, the tasks measured {want:.1}%"
+            );
+        }
+        let profile: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+        assert_eq!(profile["meta"]["tachyon"]["asyncAware"]["setting"], "all");
+        assert!(
+            profile["meta"]["tachyon"]["asyncSuspendedSamples"]
+                .as_u64()
+                .unwrap()
+                > 10_000
+        );
+    }
 }

@@ -192,6 +192,10 @@ pub struct Sample {
     pub cpu_delta_us: f64,
 }
 
+/// `--async-aware all`: the pseudo-thread of an event loop's suspended tasks has the loop
+/// thread's id with this bit set (thread ids stay below 2^22).
+pub const TASK_THREAD_BIT: u32 = 1 << 30;
+
 /// Every marker name the profiler writes (markers name themselves with these statics).
 pub const MARKER_NAMES: [&str; 11] = [
     "Has GIL",
@@ -272,6 +276,14 @@ pub struct ThreadData {
     pub sched: timeline::SchedState,
 }
 
+impl ThreadData {
+    /// The pseudo-thread of an event loop's suspended tasks (`--async-aware all`), not a
+    /// thread of the process.
+    pub fn is_task_view(&self) -> bool {
+        self.tid & TASK_THREAD_BIT != 0
+    }
+}
+
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ProcessData {
     pub pid: u32,
@@ -320,6 +332,8 @@ pub struct Counters {
     pub py_async_samples: u64,
     pub py_async_mismatch: u64,
     pub py_async_cut: u64,
+    /// `--async-aware all`: samples of suspended tasks.
+    pub py_async_suspended: u64,
     /// The longest and the latest wait of a sample in the ring buffer before it was read (ms):
     /// how far the reader fell behind.
     pub max_lag_ms: f64,
@@ -608,6 +622,30 @@ impl Profile {
         };
         let t = self.thread_mut(pid, proc_name, tid, thread_name, time_ms);
         t.sched.note_sample(stack, s.state);
+        t.samples.push(s);
+    }
+
+    /// A sample of a suspended asyncio task (`--async-aware all`), on the pseudo-thread of the
+    /// event loop of thread `tid`: off CPU, standing for `weight_ms` of suspended time, in
+    /// every mode (the view is a wall-time one).
+    pub fn add_task_sample(
+        &mut self,
+        pid: u32,
+        loop_tid: u32,
+        thread_name: &str,
+        time_ms: f64,
+        stack: Option<StackId>,
+        weight_ms: f64,
+    ) {
+        let s = Sample {
+            time_ms,
+            stack,
+            state: 0,
+            weight_ms,
+            in_mode: true,
+            cpu_delta_us: 0.0,
+        };
+        let t = self.thread_mut(pid, "", loop_tid | TASK_THREAD_BIT, thread_name, time_ms);
         t.samples.push(s);
     }
 

@@ -141,12 +141,21 @@ fn facts(p: &Profile, stack: StackId) -> Facts {
 /// The view of a profile's samples in its mode; `by_process` keeps each process's Python rows
 /// apart (their `process` is set) rather than adding them up.
 pub fn view(p: &Profile, by_process: bool) -> View {
+    view_of(p, by_process, |_| true)
+}
+
+/// `view` over the threads `keep` keeps.
+pub fn view_of(
+    p: &Profile,
+    by_process: bool,
+    keep: impl Fn(&crate::aggregate::ThreadData) -> bool,
+) -> View {
     let mut v = View::default();
     // First the time per process and stack, split by state; then each distinct stack once.
     let mut per: BTreeMap<(usize, StackId), Split> = BTreeMap::new();
     let procs: Vec<&ProcessData> = p.all_processes().collect();
     for (i, proc_) in procs.iter().enumerate() {
-        for t in proc_.threads.values() {
+        for t in proc_.threads.values().filter(|t| keep(t)) {
             for s in t.samples.iter().filter(|s| s.in_mode) {
                 let Some(stack) = s.stack else { continue };
                 v.threads.insert((proc_.pid, t.tid));

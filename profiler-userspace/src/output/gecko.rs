@@ -779,6 +779,12 @@ pub fn to_json(p: &Profile, run: &RunInfo) -> Value {
         "asyncAwareSamples": c.py_async_samples,
         "asyncTaskMismatch": c.py_async_mismatch,
         "asyncChainsCut": c.py_async_cut,
+        "asyncSuspendedSamples": c.py_async_suspended,
+        // `all` adds suspended tasks' time on pseudo-threads: a wall-time view whatever the mode.
+        "asyncAware": run.async_aware.as_deref().map(|w| json!({
+            "setting": w,
+            "suspendedTasks": if w == "all" { "wall time, on a pseudo-thread per event loop" } else { "not shown" },
+        })),
         "maxReaderLagMs": c.max_lag_ms,
         // Native frames no symbol named, by file: the viewer cannot tell them from named ones.
         "unnamedFrames": super::summary::unnamed_frames(p)

@@ -79,6 +79,9 @@ pub struct RunInfo {
     /// (absent in older recordings).
     #[serde(default)]
     pub bpf_counters: Vec<(String, u64)>,
+    /// `--async-aware`'s setting (`running` or `all`), if given.
+    #[serde(default)]
+    pub async_aware: Option<String>,
 }
 
 /// The kernel of a run, as the profile's `meta.tachyon.kernel` reports it.
@@ -372,6 +375,10 @@ pub fn process_label(p: &ProcessData) -> String {
 
 /// How a thread is named as a root frame: the name Python gave it, else its `comm`, with its tid.
 pub fn thread_label(t: &ThreadData) -> String {
+    if t.is_task_view() {
+        // An event loop's suspended tasks: its name says which thread's.
+        return t.name.clone();
+    }
     format!(
         "{} [tid {}]",
         t.python_name.as_ref().unwrap_or(&t.name),
@@ -570,6 +577,7 @@ pub(crate) mod fixture {
             cost: None,
             kernel: None,
             bpf_counters: vec![("samples".into(), 13), ("lost".into(), 0)],
+            async_aware: None,
         };
         (p, run)
     }

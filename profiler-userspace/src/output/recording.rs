@@ -62,6 +62,8 @@ struct V2Run {
     kernel: Option<V2Kernel>,
     #[serde(default)]
     bpf_counters: Vec<(String, u64)>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    async_aware: Option<String>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -188,15 +190,19 @@ fn category_of(name: &str) -> Result<Category, String> {
 
 /// The counters a recording stores, by name: (name, getter, setter) over `Counters`.
 macro_rules! counter_fields {
-    ($($f:ident),*) => {
+    ($($f:ident),*; $($opt:ident),*) => {
         fn counters_out(c: &Counters) -> std::collections::BTreeMap<String, f64> {
             let mut m = std::collections::BTreeMap::new();
             $( m.insert(stringify!($f).to_string(), c.$f as f64); )*
+            // Counters added after version 3: written when they counted something, so that
+            // recordings of runs without them are what version 3 always wrote.
+            $( if c.$opt != 0 { m.insert(stringify!($opt).to_string(), c.$opt as f64); } )*
             m
         }
         fn counters_in(m: &std::collections::BTreeMap<String, f64>) -> Counters {
             let mut c = Counters::default();
             $( if let Some(&v) = m.get(stringify!($f)) { c.$f = v as _; } )*
+            $( if let Some(&v) = m.get(stringify!($opt)) { c.$opt = v as _; } )*
             c
         }
     };
@@ -216,11 +222,12 @@ counter_fields!(
     py_truncated,
     py_cycles,
     py_bad_line_tables,
+    max_lag_ms,
+    last_lag_ms;
     py_async_samples,
     py_async_mismatch,
     py_async_cut,
-    max_lag_ms,
-    last_lag_ms
+    py_async_suspended
 );
 
 fn v2_process(p: &ProcessData, retired: bool) -> V2Process {
@@ -326,6 +333,7 @@ fn to_v2(p: &Profile, run: &RunInfo) -> V2 {
                 programs: k.programs.clone(),
             }),
             bpf_counters: run.bpf_counters.clone(),
+            async_aware: run.async_aware.clone(),
         },
         mode: p.mode.name().into(),
         interval_ms: p.interval_ms,
@@ -538,6 +546,7 @@ fn from_v2(r: V2) -> Result<(Profile, RunInfo), String> {
             programs: k.programs,
         }),
         bpf_counters: k.bpf_counters,
+        async_aware: k.async_aware,
     };
     Ok((p, run))
 }

@@ -59,7 +59,9 @@ pub fn function_times(p: &Profile) -> (Vec<(FuncId, f64, f64)>, f64) {
 /// holding and waiting for the GIL.
 pub fn lines(p: &Profile, top: usize) -> Vec<String> {
     let mut out = Vec::new();
-    let v = super::functions::view(p, false);
+    // Threads only: an event loop's suspended tasks (`--async-aware all`) are a view of their
+    // own, of wall time that no thread spent.
+    let v = super::functions::view_of(p, false, |t| !t.is_task_view());
     let all = v.all.total();
     if all <= 0.0 {
         return out;
@@ -132,7 +134,7 @@ pub fn lines(p: &Profile, top: usize) -> Vec<String> {
     for proc_ in p.all_processes() {
         let (mut ms, mut on, mut gil, mut wait) = (0.0, 0.0, 0.0, 0.0);
         let mut python = false;
-        for t in proc_.threads.values() {
+        for t in proc_.threads.values().filter(|t| !t.is_task_view()) {
             for s in &t.samples {
                 ms += s.weight_ms;
                 if s.state & state::ON_CPU != 0 {

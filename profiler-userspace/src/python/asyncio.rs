@@ -30,6 +30,8 @@ pub const MAX_TASK_DEPTH: usize = 64;
 pub const MAX_CORO_DEPTH: usize = 64;
 /// Largest table of an awaited-by set read (its `mask + 1`).
 const MAX_SET_TABLE: u64 = 4096;
+/// Tasks listed per thread on a pass of `all` mode at most.
+pub const MAX_TASKS: usize = 20_000;
 /// Longest task name kept (characters).
 const MAX_NAME: usize = 200;
 /// A frame's owner byte when a generator or coroutine owns it (3.14, 3.15).
@@ -51,8 +53,11 @@ pub struct AsyncLayout {
     task_is_task: u64,
     task_awaited_by_is_set: u64,
     task_coro: u64,
+    task_node: u64,
     /// Offset in the thread state of the task its event loop runs (`asyncio_running_task`).
     pub tstate_running_task: u64,
+    /// Offset in the thread state of the list of its loop's tasks (`asyncio_tasks_head`).
+    tstate_tasks_head: u64,
     gen_iframe: u64,
     gen_frame_state: u64,
     frame_code: u64,
@@ -61,8 +66,9 @@ pub struct AsyncLayout {
     frame_stackpointer: u64,
     code_mask: u64,
     code_adaptive: u64,
-    /// The state byte of a coroutine suspended in an `await` (`FRAME_SUSPENDED_YIELD_FROM`).
-    yield_from: u8,
+    /// The state byte of a coroutine not started yet (`FRAME_CREATED`); the two after it are
+    /// `FRAME_SUSPENDED` and, suspended in an `await`, `FRAME_SUSPENDED_YIELD_FROM`.
+    created: u8,
     /// Words below a suspended frame's stack pointer where the object it awaits is.
     await_slot: u64,
     str_type: u64,
@@ -118,9 +124,9 @@ impl AsyncLayout {
         str_type: u64,
         long_type: u64,
     ) -> Option<AsyncLayout> {
-        let (yield_from, await_slot) = match layout.minor {
-            14 => (0xff, 1), // FRAME_SUSPENDED_YIELD_FROM is -1; the awaited object on top.
-            15 => (2, 2),    // renumbered from 0; the awaited object under the value sent.
+        let (created, await_slot) = match layout.minor {
+            14 => (0xfd, 1), // FRAME_CREATED is -3; the awaited object on the stack's top.
+            15 => (0, 2),    // renumbered from 0; the awaited object under the value sent.
             _ => return None,
         };
         let (gen_iframe, gen_frame_state, frame_stackpointer) = (
@@ -146,7 +152,9 @@ impl AsyncLayout {
                 task_is_task: w(3),
                 task_awaited_by_is_set: w(4),
                 task_coro: w(5),
+                task_node: w(6),
                 tstate_running_task: w(11),
+                tstate_tasks_head: w(12),
                 gen_iframe,
                 gen_frame_state,
                 frame_code: layout.frame_code as u64,
@@ -155,7 +163,7 @@ impl AsyncLayout {
                 frame_stackpointer,
                 code_mask: layout.code_mask,
                 code_adaptive: layout.code_adaptive as u64,
-                yield_from,
+                created,
                 await_slot,
                 str_type,
                 long_type,
@@ -181,6 +189,8 @@ impl AsyncLayout {
             && in_task(self.task_coro, 8)
             && in_task(self.task_is_task, 1)
             && in_task(self.task_awaited_by_is_set, 1)
+            && in_task(self.task_node, 16)
+            && self.tstate_tasks_head + 16 <= tstate_size
             && tstate_size <= 1 << 16
             && self.tstate_running_task + 8 <= tstate_size
             && self.gen_frame_state < 4096
@@ -341,20 +351,25 @@ impl AsyncLayout {
             .collect()
     }
 
-    /// A coroutine's own frame: (code object, instruction offset), with its type, its state
-    /// and the stack pointer of its frame.
-    fn coro_frame(&self, r: &Remote, coro: u64) -> Option<((u64, i32), u64, u8, u64)> {
-        if coro & 7 != 0 || coro < 0x10000 || coro >> 47 != 0 {
-            return None;
-        }
-        let frame_len = [self.frame_code, self.frame_instr, self.frame_stackpointer]
-            .into_iter()
-            .max()?
-            .max(self.frame_owner)
+    /// Bytes of a coroutine object read to parse its frame (`parse_coro`).
+    fn coro_len(&self) -> usize {
+        let frame_len = [
+            self.frame_code,
+            self.frame_instr,
+            self.frame_stackpointer,
+            self.frame_owner,
+        ]
+        .into_iter()
+        .max()
+        .unwrap_or(0)
             + 8;
-        let len = (self.gen_iframe + frame_len).max(self.gen_frame_state + 1);
-        let g = r.read(coro, len as usize)?;
-        let ty = le_u64(&g, 8)?;
+        (self.gen_iframe + frame_len).max(self.gen_frame_state + 1) as usize
+    }
+
+    /// A coroutine's own frame from the start of its object: (code object, instruction
+    /// offset), with its type, its state and the stack pointer of its frame.
+    fn parse_coro(&self, g: &[u8]) -> Option<((u64, i32), u64, u8, u64)> {
+        let ty = le_u64(g, 8)?;
         let state = *g.get(self.gen_frame_state as usize)?;
         let f = g.get(self.gen_iframe as usize..)?;
         if f.get(self.frame_owner as usize) != Some(&FRAME_OWNED_BY_GENERATOR) {
@@ -363,44 +378,234 @@ impl AsyncLayout {
         let code = le_u64(f, self.frame_code as usize)? & self.code_mask;
         let ip = le_u64(f, self.frame_instr as usize)?;
         let off = ip.checked_sub(code.checked_add(self.code_adaptive)?)?;
-        if code & 7 != 0 || code < 0x10000 || off >= 1 << 24 {
+        if !plausible(code) || off >= 1 << 24 {
             return None;
         }
         let sp = le_u64(f, self.frame_stackpointer as usize)?;
         Some(((code, (off / 2) as i32), ty, state, sp))
     }
 
+    /// A coroutine's own frame (see `parse_coro`).
+    fn coro_frame(&self, r: &Remote, coro: u64) -> Option<((u64, i32), u64, u8, u64)> {
+        if !plausible(coro) {
+            return None;
+        }
+        self.parse_coro(&r.read(coro, self.coro_len())?)
+    }
+
     /// A suspended coroutine's await chain, outermost first: the coroutine, then each
     /// coroutine it awaits, down to the first awaited object that is not a coroutine (a
     /// future, a task, an `__await__` iterator).
     pub fn coro_chain(&self, r: &Remote, coro: u64) -> Vec<(u64, i32)> {
-        let mut out = Vec::new();
-        let mut seen = HashSet::new();
-        let mut c = coro;
-        let mut coro_type = None;
-        while out.len() < MAX_CORO_DEPTH && seen.insert(c) {
-            let Some((frame, ty, state, sp)) = self.coro_frame(r, c) else {
-                break;
-            };
-            if *coro_type.get_or_insert(ty) != ty {
+        self.coro_chains(r, &[coro]).pop().unwrap_or_default()
+    }
+
+    /// `coro_chain` of many coroutines, read a level at a time (one system call for up to
+    /// `BATCH` coroutines): `all` mode reads every suspended task's chain on each pass.
+    pub fn coro_chains(&self, r: &Remote, coros: &[u64]) -> Vec<Vec<(u64, i32)>> {
+        let mut out = vec![Vec::new(); coros.len()];
+        let mut seen: Vec<Vec<u64>> = vec![Vec::new(); coros.len()];
+        let mut types: Vec<Option<u64>> = vec![None; coros.len()];
+        let mut cur: Vec<(usize, u64)> = coros
+            .iter()
+            .copied()
+            .enumerate()
+            .filter(|&(_, c)| plausible(c))
+            .collect();
+        let len = self.coro_len();
+        let below = self.await_slot * 8;
+        for _ in 0..MAX_CORO_DEPTH {
+            if cur.is_empty() {
                 break;
             }
-            out.push(frame);
-            if state != self.yield_from {
-                break;
+            let heads = read_batch(r, &cur.iter().map(|&(_, c)| (c, len)).collect::<Vec<_>>());
+            let mut slots: Vec<(usize, u64)> = Vec::new();
+            for (&(i, c), head) in cur.iter().zip(heads) {
+                seen[i].push(c);
+                let Some((frame, ty, state, sp)) = head.and_then(|h| self.parse_coro(&h)) else {
+                    continue;
+                };
+                // Only what is suspended (or not started): a finished coroutine's frame is
+                // gone, and a running one's stack pointer is stale.
+                let suspended = state.wrapping_sub(self.created);
+                if *types[i].get_or_insert(ty) != ty || suspended > 2 {
+                    continue;
+                }
+                out[i].push(frame);
+                // The stack of a suspended frame lies inside its coroutine object.
+                if suspended == 2 && sp >= c + self.gen_iframe + below && sp <= c + (1 << 20) {
+                    slots.push((i, sp - below));
+                }
             }
-            // The stack of a suspended frame lies inside its coroutine object.
-            let below = self.await_slot * 8;
-            if sp < c + self.gen_iframe + below || sp > c + (1 << 20) {
-                break;
-            }
-            match r.u64(sp - below) {
-                Some(next) => c = next & self.code_mask,
-                None => break,
-            }
+            let next = read_batch(r, &slots.iter().map(|&(_, a)| (a, 8)).collect::<Vec<_>>());
+            cur = slots
+                .iter()
+                .zip(next)
+                .filter_map(|(&(i, _), v)| {
+                    let c = le_u64(&v?, 0)? & self.code_mask;
+                    (plausible(c) && !seen[i].contains(&c)).then_some((i, c))
+                })
+                .collect();
         }
         out
     }
+
+    /// The tasks a thread's event loop created that still exist (its thread state's task
+    /// list), each with its object's bytes; and whether the list was cut (`MAX_TASKS`, a read
+    /// that failed, or a list that does not come back to its head).
+    pub fn thread_tasks(&self, r: &Remote, tstate: u64) -> (Vec<(u64, Vec<u8>)>, bool) {
+        let head = tstate + self.tstate_tasks_head;
+        let mut out = Vec::new();
+        let Some(mut node) = r.u64(head) else {
+            return (out, true);
+        };
+        let mut seen = HashSet::new();
+        while node != head {
+            if out.len() >= MAX_TASKS || !seen.insert(node) {
+                return (out, true);
+            }
+            let Some(task) = node.checked_sub(self.task_node).filter(|&t| plausible(t)) else {
+                return (out, true);
+            };
+            let Some(b) = r.read(task, self.task_size as usize) else {
+                return (out, true);
+            };
+            let Some(next) = le_u64(&b, (self.task_node) as usize) else {
+                return (out, true);
+            };
+            if b.get(self.task_is_task as usize) == Some(&1) {
+                out.push((task, b));
+            }
+            node = next;
+        }
+        (out, false)
+    }
+
+    /// Every suspended task of a thread, as `all` mode shows it: the task's await chain from
+    /// the outermost task awaiting it, each task with its coroutine chain at its suspension
+    /// point. `running`: the thread's running task (sampled on CPU, not here). `names`: task
+    /// names kept between passes, by task and name object.
+    pub fn suspended(
+        &self,
+        r: &Remote,
+        layout: &Layout,
+        tasks: &[(u64, Vec<u8>)],
+        running: u64,
+        names: &mut NameCache,
+    ) -> Vec<AwaitChain> {
+        struct Listed {
+            name: String,
+            parents: Vec<u64>,
+            frames: Vec<(u64, i32)>,
+        }
+        let word = |b: &[u8], off: u64| le_u64(b, off as usize).map(|v| v & self.code_mask);
+        let coros: Vec<u64> = tasks
+            .iter()
+            .map(|(_, b)| word(b, self.task_coro).unwrap_or(0))
+            .collect();
+        let chains = self.coro_chains(r, &coros);
+        let mut listed: std::collections::HashMap<u64, Listed> = std::collections::HashMap::new();
+        for ((addr, b), frames) in tasks.iter().zip(chains) {
+            let name_obj = word(b, self.task_name).unwrap_or(0);
+            let name = match names.get(&(*addr, name_obj)) {
+                Some(n) => n.clone(),
+                None => {
+                    let n = self
+                        .name(r, layout, name_obj)
+                        .unwrap_or_else(|| "Task".into());
+                    names.insert((*addr, name_obj), n.clone());
+                    n
+                }
+            };
+            let awaited_by = word(b, self.task_awaited_by).unwrap_or(0);
+            let parents = match (awaited_by, b.get(self.task_awaited_by_is_set as usize)) {
+                (0, _) => Vec::new(),
+                (set, Some(&1)) => self.set_members(r, set),
+                (one, _) => vec![one],
+            };
+            listed.insert(
+                *addr,
+                Listed {
+                    name,
+                    parents,
+                    frames,
+                },
+            );
+        }
+        let mut out = Vec::new();
+        for (addr, _) in tasks {
+            let t = &listed[addr];
+            // Running now, or finished (no frames left): not suspended.
+            if *addr == running || t.frames.is_empty() {
+                continue;
+            }
+            let mut chain = AwaitChain {
+                coro_code: t.frames[0].0,
+                tasks: Vec::new(),
+                cut: false,
+            };
+            let mut seen = HashSet::from([*addr]);
+            let mut at = *addr;
+            loop {
+                let t = &listed[&at];
+                let parents: Vec<u64> = t
+                    .parents
+                    .iter()
+                    .copied()
+                    .filter(|p| listed.contains_key(p))
+                    .collect();
+                let mut name = t.name.clone();
+                if parents.len() > 1 {
+                    name = format!("{name} ({} parents)", parents.len());
+                }
+                chain.tasks.push(TaskLink {
+                    name,
+                    frames: t.frames.clone(),
+                });
+                let Some(&parent) = parents.iter().min() else {
+                    // Awaited by a task of another thread, or by something not a task.
+                    chain.cut |= !t.parents.is_empty();
+                    break;
+                };
+                if chain.tasks.len() >= MAX_TASK_DEPTH || !seen.insert(parent) {
+                    chain.cut = true;
+                    break;
+                }
+                at = parent;
+            }
+            out.push(chain);
+        }
+        names.retain(|k, _| listed.contains_key(&k.0));
+        out
+    }
+}
+
+/// Task names kept between passes of `all` mode, by task and name object.
+pub type NameCache = std::collections::HashMap<(u64, u64), String>;
+
+/// A user-space address an object can have.
+fn plausible(a: u64) -> bool {
+    a & 7 == 0 && a >= 0x10000 && a >> 47 == 0
+}
+
+/// Ranges read per system call (under the kernel's `IOV_MAX` of 1024).
+const BATCH: usize = 512;
+
+/// Reads `ranges` in as few system calls as it can: `BATCH` at a time, and again from the
+/// range after one that did not read (a freed object among them).
+fn read_batch(r: &Remote, ranges: &[(u64, usize)]) -> Vec<Option<Vec<u8>>> {
+    let mut out = Vec::with_capacity(ranges.len());
+    while out.len() < ranges.len() {
+        let rest = &ranges[out.len()..(out.len() + BATCH).min(ranges.len())];
+        let got = r.read_many(rest);
+        let whole = got.iter().take_while(|g| g.is_some()).count();
+        out.extend(got.into_iter().take(whole));
+        if whole < rest.len() {
+            // The range that failed; the ones after it are read by the next call.
+            out.push(None);
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -439,7 +644,9 @@ mod tests {
             task_is_task: 108,
             task_awaited_by_is_set: 109,
             task_coro: 128,
+            task_node: 152,
             tstate_running_task: 872,
+            tstate_tasks_head: 880,
             gen_iframe: 72,
             gen_frame_state: 67,
             frame_code: 0,
@@ -448,7 +655,7 @@ mod tests {
             frame_stackpointer: 64,
             code_mask: !3,
             code_adaptive: 208,
-            yield_from: 0xff,
+            created: 0xfd,
             await_slot: 1,
             str_type: 0,
             long_type: 0x5000,
@@ -466,6 +673,7 @@ mod tests {
             code + l.code_adaptive + 2 * instr,
         );
         a.set_byte(c, l.gen_iframe + l.frame_owner, FRAME_OWNED_BY_GENERATOR);
+        a.set_byte(c, l.gen_frame_state, l.created.wrapping_add(1)); // suspended
         c
     }
 
@@ -581,7 +789,7 @@ mod tests {
         // outer awaits inner (its stack's top word, just under the stack pointer), inner awaits
         // something else.
         for (c, ca, next) in [(outer, oa, ia), (inner, ia, fa)] {
-            a.set_byte(c, l.gen_frame_state, l.yield_from);
+            a.set_byte(c, l.gen_frame_state, l.created + 2);
             a.set(c, 200, next);
             a.set(c, l.gen_iframe + l.frame_stackpointer, ca + 208);
         }
@@ -623,5 +831,39 @@ mod tests {
         let lowest = if p1a < p2a { "Task-1" } else { "Task-2" };
         assert_eq!(chain.tasks[1].name, lowest);
         assert!(!chain.cut);
+    }
+
+    #[test]
+    fn task_lists_end_at_their_head_and_never_loop() {
+        let l = layout_314();
+        let mut a = Arena { words: Vec::new() };
+        let code = a.obj(64);
+        let code = a.addr(code);
+        let c = coro(&mut a, &l, 0x7000, code, 4);
+        let c = a.addr(c);
+        let tstate = a.obj(l.tstate_tasks_head as usize / 8 + 2);
+        let head = a.addr(tstate) + l.tstate_tasks_head;
+        let t: Vec<usize> = (1..=3).map(|n| task(&mut a, &l, n, c, 0)).collect();
+        let node = |a: &Arena, i: usize| a.addr(t[i]) + l.task_node;
+        // head -> t0 -> t1 -> t2 -> head
+        let (n0, n1, n2) = (node(&a, 0), node(&a, 1), node(&a, 2));
+        a.set(tstate, l.tstate_tasks_head, n0);
+        a.set(t[0], l.task_node, n1);
+        a.set(t[1], l.task_node, n2);
+        a.set(t[2], l.task_node, head);
+        let (tasks, cut) = l.thread_tasks(&me(), a.addr(tstate));
+        assert!(!cut);
+        assert_eq!(tasks.len(), 3);
+        let mut names = NameCache::new();
+        let chains = l.suspended(&me(), &any_layout(), &tasks, a.addr(t[1]), &mut names);
+        // The running task is not among the suspended ones.
+        let shown: Vec<&str> = chains.iter().map(|c| c.tasks[0].name.as_str()).collect();
+        assert_eq!(shown, ["Task-1", "Task-3"]);
+        assert_eq!(chains[0].tasks[0].frames, [(code, 4)]);
+        // A list that loops without coming back to its head is cut, not walked forever.
+        a.set(t[2], l.task_node, n1);
+        let (tasks, cut) = l.thread_tasks(&me(), a.addr(tstate));
+        assert!(cut);
+        assert_eq!(tasks.len(), 3);
     }
 }

@@ -407,9 +407,10 @@ pub fn apply_debug_offsets(
     layout.code_qualname = f(pos.code_qualname)
         .map(|v| v as usize)
         .or(layout.code_qualname);
-    layout.gen_iframe = pos.gen_iframe.and_then(f);
-    layout.gen_frame_state = pos.gen_frame_state.and_then(f);
-    layout.frame_stackpointer = pos.frame_stackpointer.and_then(f);
+    let nonzero = |p: Option<usize>| p.and_then(f).filter(|&v| v > 0);
+    layout.gen_iframe = nonzero(pos.gen_iframe);
+    layout.gen_frame_state = nonzero(pos.gen_frame_state);
+    layout.frame_stackpointer = nonzero(pos.frame_stackpointer);
     if let (Some(gc), Some(collecting)) = (f(pos.interp_gc), f(pos.gc_collecting)) {
         layout.gc_collecting_interp = Some(gc + collecting);
     }
@@ -516,7 +517,7 @@ mod tests {
     /// A `_Py_DebugOffsets` of `version` with the interpreter list at `interp_head` and
     /// `fields` (position, value), laid out in this process's memory.
     fn debug_offsets(version: u64, interp_head: u64, fields: &[(usize, u64)]) -> Vec<u8> {
-        let mut b = vec![0u8; 800];
+        let mut b = vec![0u8; 1024];
         b[..8].copy_from_slice(DEBUG_COOKIE);
         put(&mut b, 8, version);
         put(&mut b, 40, interp_head);
@@ -580,6 +581,9 @@ mod tests {
                 (416, 68),
                 (448, 208),
                 (760, 112),
+                (360, 64),
+                (808, 72),
+                (816, 67),
             ],
         );
         let remote = Remote {
@@ -587,7 +591,15 @@ mod tests {
         };
         let mut l = wrong_but_for_debug_offsets(15);
         apply_debug_offsets(&remote, b.as_ptr() as u64, &mut l).unwrap();
-        assert_eq!(l, builtin(15).unwrap());
+        assert_eq!(
+            l,
+            Layout {
+                gen_iframe: Some(72),
+                gen_frame_state: Some(67),
+                frame_stackpointer: Some(64),
+                ..builtin(15).unwrap()
+            }
+        );
     }
 
     /// `_Py_DebugOffsets` as Debian's 3.14.10 has it (read live), laid out in this process's
@@ -619,6 +631,9 @@ mod tests {
                 (352, 68),
                 (384, 208),
                 (656, 192),
+                (296, 64),
+                (680, 72),
+                (688, 67),
             ],
         );
         let remote = Remote {
@@ -628,7 +643,15 @@ mod tests {
         let mut l = wrong.clone();
         let d = apply_debug_offsets(&remote, b.as_ptr() as u64, &mut l).unwrap();
         assert!(!d.free_threaded);
-        assert_eq!(l, builtin(14).unwrap());
+        assert_eq!(
+            l,
+            Layout {
+                gen_iframe: Some(72),
+                gen_frame_state: Some(67),
+                frame_stackpointer: Some(64),
+                ..builtin(14).unwrap()
+            }
+        );
 
         // An owner offset past the frame buffer: none of the frame offsets is believed, and the
         // layout the caller had stays (here the wrong one, so a half-applied table shows),

@@ -55,8 +55,11 @@ pub enum PyEvent {
     AsyncTask,
     /// A running task whose coroutine is none of the sample's frames (shown plain).
     AsyncMismatch,
-    /// An await chain cut short (a cycle, a task that did not read, or the depth bound).
+    /// An await chain cut short (a cycle, a task that did not read, or the depth bound), or a
+    /// task list (`--async-aware all`).
     AsyncCut,
+    /// A suspended task's sample (`--async-aware all`).
+    AsyncSuspended,
 }
 
 /// Where resolved Python frames and counted events go: `collect` implements it over its
@@ -184,6 +187,8 @@ pub struct PyProcess {
     await_chains: FxHashMap<u64, AwaitEntry>,
     /// `<task>` frames by task name.
     task_frames: FxHashMap<String, FrameRef>,
+    /// `--async-aware all`: task names kept between passes.
+    task_names: asyncio::NameCache,
     pub config: PyProcConfig,
     /// Whether the runtime had its interpreter (and GIL) when last looked at. Until then the
     /// BPF side finds the interpreter itself (`PyProcConfig::interp_head`) and no GIL is read.
@@ -348,6 +353,7 @@ impl PyProcess {
                 asyncio_looks: 0,
                 await_chains: FxHashMap::default(),
                 task_frames: FxHashMap::default(),
+                task_names: asyncio::NameCache::new(),
                 config,
                 ready,
                 threads: HashMap::new(),
@@ -415,6 +421,19 @@ impl PyProcess {
             },
         );
         chain
+    }
+
+    /// The `<task> NAME` frame of a task.
+    fn task_frame(&mut self, out: &mut impl ProfileSink, name: &str) -> FrameRef {
+        if self.task_frames.len() > 100_000 {
+            self.task_frames.clear();
+        }
+        if let Some(&f) = self.task_frames.get(name) {
+            return f;
+        }
+        let f = out.task_frame(name);
+        self.task_frames.insert(name.to_string(), f);
+        f
     }
 
     /// The frames of a suspended task's coroutine chain (outermost first).
@@ -795,6 +814,8 @@ pub struct PythonRegistry {
     pub opcodes: bool,
     /// Show samples of asyncio event loops from their running task (`--async-aware`).
     pub async_aware: bool,
+    /// And every suspended task at each pass (`--async-aware all`).
+    pub async_all: bool,
     /// Code objects are validated once per epoch: one batch of records read from the ring.
     epoch: u64,
 }
@@ -1020,6 +1041,52 @@ impl PythonRegistry {
         p.look_for_asyncio(proc).then_some(p.config)
     }
 
+    /// `--async-aware all`: the stacks of every suspended task of `pid`'s event loops, by the
+    /// loop's thread, root first (the outermost task awaiting it, down to the task and its
+    /// coroutine chain at its suspension point).
+    pub fn suspended_tasks(
+        &mut self,
+        pid: u32,
+        out: &mut impl ProfileSink,
+    ) -> Vec<(u32, Vec<Vec<FrameRef>>)> {
+        let epoch = self.epoch;
+        let Some(p) = self.procs.get_mut(&pid) else {
+            return Vec::new();
+        };
+        let Some(a) = p.asyncio.clone() else {
+            return Vec::new();
+        };
+        let mut threads: Vec<(u32, u64)> = p.threads.iter().map(|(&t, &s)| (t, s)).collect();
+        threads.sort_unstable();
+        let mut result = Vec::new();
+        for (tid, tstate) in threads {
+            let (tasks, list_cut) = a.thread_tasks(&p.remote, tstate);
+            if list_cut {
+                out.count(PyEvent::AsyncCut);
+            }
+            if tasks.is_empty() {
+                continue;
+            }
+            let running = p.remote.u64(tstate + a.tstate_running_task).unwrap_or(0);
+            let chains = a.suspended(&p.remote, &p.layout, &tasks, running, &mut p.task_names);
+            let mut stacks = Vec::with_capacity(chains.len());
+            for c in chains {
+                out.count(PyEvent::AsyncSuspended);
+                if c.cut {
+                    out.count(PyEvent::AsyncCut);
+                }
+                let mut frames = Vec::new();
+                for t in c.tasks.iter().rev() {
+                    frames.push(p.task_frame(out, &t.name));
+                    frames.extend(p.chain_frames(out, &t.frames, epoch));
+                }
+                stacks.push(frames);
+            }
+            result.push((tid, stacks));
+        }
+        result
+    }
+
     /// The known Python processes.
     pub fn pids(&self) -> Vec<u32> {
         self.procs.keys().copied().collect()
@@ -1208,20 +1275,9 @@ impl PythonRegistry {
                 if c.cut {
                     out.count(PyEvent::AsyncCut);
                 }
-                if p.task_frames.len() > 100_000 {
-                    p.task_frames.clear();
-                }
                 let mut prefix = Vec::new();
                 for t in c.tasks.iter().rev() {
-                    let f = match p.task_frames.get(&t.name) {
-                        Some(&f) => f,
-                        None => {
-                            let f = out.task_frame(&t.name);
-                            p.task_frames.insert(t.name.clone(), f);
-                            f
-                        }
-                    };
-                    prefix.push(f);
+                    prefix.push(p.task_frame(out, &t.name));
                     prefix.extend(p.chain_frames(out, &t.frames, self.epoch));
                 }
                 Some(TaskSplice { from, prefix })

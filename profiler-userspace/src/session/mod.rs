@@ -74,6 +74,10 @@ pub struct Scope {
 
 /// The session's clock: one tick every `TICK`.
 pub const TICK: Duration = Duration::from_millis(20);
+/// `--async-aware all`: the mean spacing of passes over the suspended tasks, and how many
+/// times a pass's own duration they are at least apart.
+const TASK_PASS: Duration = Duration::from_millis(100);
+const TASK_PASS_SHARE: u32 = 20;
 /// While a process that has just started (launched, exec'd or forked) is not yet found to be
 /// Python, or known not to be, it is looked at this often: Python's startup imports run
 /// within its first few ms, and every sample taken before its runtime is known has native
@@ -116,6 +120,10 @@ pub struct Session<T: Targets> {
     not_python: std::collections::HashMap<u32, u64>,
     scans: u64,
     ticks: u64,
+    /// `--async-aware all`: when the next pass over the suspended tasks is due, and the state
+    /// of the generator that spaces them.
+    task_pass_at: Instant,
+    task_rng: u64,
 }
 
 fn alive(pid: u32) -> bool {
@@ -142,6 +150,8 @@ impl<T: Targets> Session<T> {
             not_python: std::collections::HashMap::new(),
             scans: 0,
             ticks: 0,
+            task_pass_at: Instant::now(),
+            task_rng: 0x9e37_79b9_7f4a_7c15,
         };
         s.discover(true, true);
         s
@@ -161,9 +171,30 @@ impl<T: Targets> Session<T> {
             self.ticks.is_multiple_of(SCAN_TICKS),
             self.ticks.is_multiple_of(THREAD_TICKS),
         );
+        if self.collector.python.async_all && Instant::now() >= self.task_pass_at {
+            self.pass_over_tasks();
+        }
         if self.ticks.is_multiple_of(SWEEP_TICKS) {
             self.collector.sweep();
         }
+    }
+
+    /// `--async-aware all`: one pass over every suspended task, and when the next is due. Passes
+    /// are spaced at random around `TASK_PASS` (so they cannot keep step with a program's own
+    /// period), and further apart when a pass takes long (thousands of tasks): a pass costs at
+    /// most about 1/`TASK_PASS_SHARE` of a CPU. Each pass's samples weigh the time since the
+    /// previous one, so the totals stay right whatever the spacing.
+    fn pass_over_tasks(&mut self) {
+        let start = Instant::now();
+        self.collector.sample_tasks(crate::process::monotonic_ns());
+        let took = start.elapsed();
+        // xorshift64: a jitter of 0.5 to 1.5 times the spacing.
+        self.task_rng ^= self.task_rng << 13;
+        self.task_rng ^= self.task_rng >> 7;
+        self.task_rng ^= self.task_rng << 17;
+        let jitter = 0.5 + (self.task_rng >> 11) as f64 / (1u64 << 53) as f64;
+        let spacing = TASK_PASS.max(took * TASK_PASS_SHARE);
+        self.task_pass_at = start + spacing.mul_f64(jitter);
     }
 
     /// Hands the waiting records to the collector, for `DRAIN_BUDGET` at most, then acts on
