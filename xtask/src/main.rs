@@ -297,13 +297,19 @@ fn main() -> Result<()> {
                 let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
                 let (md, _) = bench::cpython_sampler(&bin, &tools, &dir, &(cpus - 1).to_string())?;
                 println!("{}", md.join("\n"));
+            } else if rest.first().map(String::as_str) == Some("asyncio") {
+                // Section 10 alone: printed, not written to bench/results.md.
+                let dir = workspace().join("target/bench");
+                std::fs::create_dir_all(&dir)?;
+                let (md, _) = bench::asyncio_tasks(&bin, &tools, &dir)?;
+                println!("{}", md.join("\n"));
             } else {
                 bench::bench(&bin, &tools)?;
             }
         }
         _ => {
             eprintln!(
-                "usage: cargo xtask <setup | build-ebpf | build | run -- ARGS | test [FILTER] | kernels | bench [cpython] | fuzz [SECONDS] | soak [SECONDS]>"
+                "usage: cargo xtask <setup | build-ebpf | build | run -- ARGS | test [FILTER] | kernels | bench [cpython | asyncio] | fuzz [SECONDS] | soak [SECONDS]>"
             );
             std::process::exit(2);
         }
