@@ -639,6 +639,22 @@ fn thread_state(cfg: &Config, pc: &PyProcConfig, pid: u32, tid: u32) -> Option<u
     if let Some(&t) = unsafe { PY_THREADS.get(key) } {
         return Some(t);
     }
+    match thread_state_by_fsbase(cfg, pc, key) {
+        0 => None,
+        t => Some(t),
+    }
+}
+
+/// `thread_state`'s search of the interpreter's thread list (0: not found). A function of its
+/// own, not inlined: its values then take stack of their own instead of the switch program's
+/// frame, which 5.10 and 6.1 count at their 512-byte limit.
+#[inline(never)]
+fn thread_state_by_fsbase(cfg: &Config, pc: &PyProcConfig, key: u64) -> u64 {
+    thread_state_scan(cfg, pc, key).unwrap_or(0)
+}
+
+#[inline(always)]
+fn thread_state_scan(cfg: &Config, pc: &PyProcConfig, key: u64) -> Option<u64> {
     let interp = if pc.interp != 0 {
         pc.interp
     } else if pc.interp_head != 0 {
@@ -838,12 +854,13 @@ fn capture<const MODERN: bool>(
         if pc.tstate_status != NO_OFFSET && hdr.py_tstate != 0 {
             hdr.py_status = read_user::<u32>(hdr.py_tstate + pc.tstate_status as u64).unwrap_or(0);
         }
+        if hdr.py_tstate != 0 && has_exception(&pc, hdr.py_tstate) {
+            hdr.flags |= SAMPLE_PY_EXCEPTION;
+        }
+        // `--async-aware`: the task the thread's event loop runs.
         if pc.tstate_running_task != NO_OFFSET && hdr.py_tstate != 0 {
             hdr.py_task =
                 read_user::<u64>(hdr.py_tstate + pc.tstate_running_task as u64).unwrap_or(0);
-        }
-        if hdr.py_tstate != 0 && has_exception(&pc, hdr.py_tstate) {
-            hdr.flags |= SAMPLE_PY_EXCEPTION;
         }
     }
     // SAFETY: fields of the header written above; volatile so that the value comes from memory.

@@ -143,7 +143,12 @@ fn build_release() -> Result<PathBuf> {
         "-p",
         "tachyon-bpf",
     ]))?;
-    Ok(workspace().join("target/release/tachyon-bpf"))
+    // Where cargo put it: a CARGO_TARGET_DIR of the caller's is cargo's too (the tests must run
+    // what was just built, not an older binary under target/).
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(|d| workspace().join(d))
+        .unwrap_or_else(|| workspace().join("target"));
+    Ok(target.join("release/tachyon-bpf"))
 }
 
 /// The fuzz targets under `fuzz/` (one per decoder of untrusted input).
