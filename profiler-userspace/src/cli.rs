@@ -59,6 +59,10 @@ pub struct DumpArgs {
     /// JSON instead of text.
     #[arg(long)]
     pub json: bool,
+    /// Also every asyncio task of the process's event loops, each with its await chain, and
+    /// running threads shown from their running task (Python 3.14+).
+    #[arg(long)]
+    pub async_aware: bool,
 }
 
 #[derive(clap::Args, Debug)]

@@ -571,7 +571,7 @@ const WRAPPER_EXEC_WITHIN: Duration = Duration::from_millis(300);
 /// `dump --pid P`: a short wall-mode run on the process (see `tachyon_bpf::dump`).
 pub async fn dump(args: DumpArgs) -> Result<i32, AppError> {
     let pid = args.pid.to_string();
-    let cli = crate::cli::Cli::try_parse_from([
+    let mut argv = vec![
         "tachyon-bpf",
         "--pid",
         &pid,
@@ -580,8 +580,11 @@ pub async fn dump(args: DumpArgs) -> Result<i32, AppError> {
         "-d",
         DUMP_WINDOW_SECS,
         "-q",
-    ])
-    .map_err(|e| other(format!("dump: {e}")))?;
+    ];
+    if args.async_aware {
+        argv.extend(["--async-aware", "all"]);
+    }
+    let cli = crate::cli::Cli::try_parse_from(argv).map_err(|e| other(format!("dump: {e}")))?;
     run(cli.run, Command::Dump { json: args.json }).await
 }
 

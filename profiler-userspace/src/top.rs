@@ -136,7 +136,12 @@ impl View {
         }
         let mut seen = HashSet::new();
         let mut labels: HashMap<usize, String> = HashMap::new();
-        for st in stack_totals(p) {
+        // Threads only: an event loop's suspended tasks (`--async-aware all`) are wall time
+        // no thread spent, which the columns' split would misstate.
+        for st in stack_totals(p)
+            .into_iter()
+            .filter(|st| !st.thread.is_task_view())
+        {
             let proc_label = process_label(st.process);
             *iv.process_ms.entry(proc_label.clone()).or_default() += st.ms;
             let wait = waits
@@ -163,7 +168,7 @@ impl View {
             }
         }
         // Per process, for the process filter; rows add up over processes when drawn.
-        let fv = functions::view(p, true);
+        let fv = functions::view_of(p, true, |t| !t.is_task_view());
         iv.threads = fv.threads;
         for r in fv.rows {
             let mut callees: Vec<(String, f64)> = r.native_callees.into_iter().collect();

@@ -181,3 +181,97 @@ fn dump_of_a_missing_process_is_one_line_and_an_error() {
     assert_eq!(err.trim().lines().count(), 1, "{err}");
     assert!(err.contains("999999999"), "{err}");
 }
+
+/// An asyncio service at rest: a task per kind of wait, named, each awaited by the main task.
+const ASYNC_PROGRAM: &str = r#"
+import asyncio
+
+async def wait_for_client(ev):
+    await ev.wait()
+
+async def pause():
+    await asyncio.sleep(120)
+
+async def handler(ev):
+    await wait_for_client(ev)
+
+async def main():
+    ev = asyncio.Event()
+    tasks = [asyncio.create_task(handler(ev), name=f"handler-{i}") for i in range(3)]
+    tasks.append(asyncio.create_task(pause(), name="the-pause"))
+    await asyncio.sleep(0.3)
+    print("ready", flush=True)
+    await asyncio.gather(*tasks)
+
+asyncio.run(main())
+"#;
+
+/// `dump --async-aware` on Debian's 3.14 and 3.15: every suspended task, by name, with its
+/// await chain (the task awaiting it, its coroutines down to where it waits).
+#[test]
+fn dump_async_aware_lists_every_task_where_it_waits() {
+    require_root();
+    let dir = scratch("dump_async");
+    let script = dir.join("service.py");
+    std::fs::write(&script, ASYNC_PROGRAM).unwrap();
+    for minor in [14, 15] {
+        let mut child = start(&debian_python(minor), &script);
+        let pid = child.id().to_string();
+        let o = run_profiler(
+            &["dump", "--pid", &pid, "--json", "--async-aware"],
+            Duration::from_secs(60),
+        );
+        let text = run_profiler(
+            &["dump", "--pid", &pid, "--async-aware"],
+            Duration::from_secs(60),
+        );
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(o.status.success(), "3.{minor}: {}", stderr_of(&o));
+        let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+        let loops = v["processes"][0]["event_loops"].as_array().unwrap();
+        assert_eq!(loops.len(), 1, "3.{minor}: one event loop: {v:#}");
+        assert_eq!(loops[0]["thread"].as_u64(), Some(child.id() as u64));
+        let tasks = loops[0]["suspended_tasks"].as_array().unwrap();
+        let find = |n: &str| {
+            tasks
+                .iter()
+                .find(|t| t["name"] == n)
+                .unwrap_or_else(|| panic!("3.{minor}: no task {n}: {v:#}"))
+        };
+        let chain = |t: &Value| -> Vec<String> {
+            t["frames"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|f| f["name"].as_str().unwrap().to_string())
+                .collect()
+        };
+        for i in 0..3 {
+            let c = chain(find(&format!("handler-{i}")));
+            // Innermost first: Event.wait, our two coroutines, the task, main, its task.
+            let at = |n: &str| c.iter().position(|x| x == n);
+            let (w, wf, h, t, m, root) = (
+                at("Event.wait"),
+                at("wait_for_client"),
+                at("handler"),
+                at(&format!("<task> handler-{i}")),
+                at("main"),
+                at("<task> Task-1"),
+            );
+            assert!(
+                w < wf && wf < h && h < t && t < m && m < root && w.is_some(),
+                "3.{minor}: handler-{i}'s chain: {c:?}"
+            );
+        }
+        let c = chain(find("the-pause"));
+        assert_eq!(&c[..3], ["sleep", "pause", "<task> the-pause"], "3.{minor}");
+        let text = String::from_utf8_lossy(&text.stdout).to_string();
+        assert!(
+            text.contains("asyncio tasks of the event loop in thread")
+                && text.contains("Task \"handler-2\"")
+                && text.contains("service.py:wait_for_client:"),
+            "3.{minor}: {text}"
+        );
+    }
+}
