@@ -60,6 +60,28 @@ const TASK_PASS_MS: f64 = 100.0;
 /// Python resolution's output, interned into the profile and counted in its counters.
 struct PySink<'a>(&'a mut Profile);
 
+impl PySink<'_> {
+    /// A Python frame that is a name alone (no file, no line).
+    fn named_python_frame(&mut self, name: Arc<str>) -> FrameRef {
+        let func = self.0.func(Func {
+            name,
+            file: None,
+            line: None,
+            lib: None,
+            category: Category::Python,
+            is_python: true,
+        });
+        self.0.frame(Frame {
+            func,
+            line: None,
+            address: None,
+            symbol_address: None,
+            category: Category::Python,
+            opcode: None,
+        })
+    }
+}
+
 impl ProfileSink for PySink<'_> {
     fn python_function(&mut self, name: &Arc<str>, file: &Arc<str>, first_line: u32) -> FrameRef {
         self.0.func(Func {
@@ -92,41 +114,11 @@ impl ProfileSink for PySink<'_> {
     }
 
     fn task_frame(&mut self, name: &str) -> FrameRef {
-        let func = self.0.func(Func {
-            name: Arc::from(format!("<task> {name}")),
-            file: None,
-            line: None,
-            lib: None,
-            category: Category::Python,
-            is_python: true,
-        });
-        self.0.frame(Frame {
-            func,
-            line: None,
-            address: None,
-            symbol_address: None,
-            category: Category::Python,
-            opcode: None,
-        })
+        self.named_python_frame(Arc::from(format!("<task> {name}")))
     }
 
     fn unresolved_frame(&mut self) -> FrameRef {
-        let func = self.0.func(Func {
-            name: Arc::from("<unresolved Python frame>"),
-            file: None,
-            line: None,
-            lib: None,
-            category: Category::Python,
-            is_python: true,
-        });
-        self.0.frame(Frame {
-            func,
-            line: None,
-            address: None,
-            symbol_address: None,
-            category: Category::Python,
-            opcode: None,
-        })
+        self.named_python_frame(Arc::from("<unresolved Python frame>"))
     }
 
     fn count(&mut self, event: PyEvent) {

@@ -4,6 +4,8 @@
 //! place of the loop's machinery; versions without asyncio's debug offsets say so and are shown
 //! as they run.
 
+use std::path::Path;
+
 use tachyon_bpf_tests::*;
 
 /// `gather` of three named tasks; each awaits a sub-task of its own that burns CPU in
@@ -111,7 +113,20 @@ const LOOP_FRAMES: [&str; 3] = [
     "Handle._run",
 ];
 
-fn main_paths(out: &std::path::Path, script: &str) -> CallPaths {
+/// Profiles `py script args...` into `out` with `flags` (the run must succeed).
+fn profile_script(
+    out: &Path,
+    flags: &[&str],
+    py: &Path,
+    script: &Path,
+    args: &[&str],
+) -> std::process::Output {
+    let mut command = vec![py.to_str().unwrap(), script.to_str().unwrap()];
+    command.extend_from_slice(args);
+    profile_command(out, flags, &command)
+}
+
+fn main_paths(out: &Path, script: &str) -> CallPaths {
     let v = Viewer::load(out).unwrap();
     let procs = v.processes().unwrap();
     let p = procs
@@ -193,15 +208,12 @@ fn uvloop_tasks_show_the_same_chains() {
         "uvloop is missing: run the tests with `cargo xtask test`"
     );
     let out = dir.join("uvloop.json");
-    let o = profile_command(
+    let o = profile_script(
         &out,
         &["-m", "cpu", "--async-aware", "running"],
-        &[
-            debian_python(14).to_str().unwrap(),
-            script.to_str().unwrap(),
-            "0.7",
-            uvloop.to_str().unwrap(),
-        ],
+        &debian_python(14),
+        &script,
+        &["0.7", uvloop.to_str().unwrap()],
     );
     let paths = main_paths(&out, "gather_app.py");
     let (burn, chained, per_child) = gather_shares(&paths);
@@ -232,10 +244,12 @@ fn gather_samples_show_their_task_and_those_awaiting_it() {
     for minor in [14, 15] {
         let py = debian_python(minor);
         let out = dir.join(format!("3.{minor}.json"));
-        let o = profile_command(
+        let o = profile_script(
             &out,
             &["-m", "cpu", "--async-aware", "running"],
-            &[py.to_str().unwrap(), script.to_str().unwrap(), "0.7"],
+            &py,
+            &script,
+            &["0.7"],
         );
         let err = stderr_of(&o);
         let paths = main_paths(&out, "gather_app.py");
@@ -265,15 +279,7 @@ fn gather_samples_show_their_task_and_those_awaiting_it() {
     }
     // Without the flag: the loop's machinery, no task frames.
     let out = dir.join("plain.json");
-    profile_command(
-        &out,
-        &["-m", "cpu"],
-        &[
-            debian_python(14).to_str().unwrap(),
-            script.to_str().unwrap(),
-            "0.3",
-        ],
-    );
+    profile_script(&out, &["-m", "cpu"], &debian_python(14), &script, &["0.3"]);
     let paths = main_paths(&out, "gather_app.py");
     let tasks = paths.count(|n| n.iter().any(|f| f.starts_with("<task>")));
     let under_loop = paths.count(|n| {
@@ -297,10 +303,12 @@ fn nested_task_groups_show_each_level() {
     for minor in [14, 15] {
         let py = debian_python(minor);
         let out = dir.join(format!("3.{minor}.json"));
-        let o = profile_command(
+        let o = profile_script(
             &out,
             &["-m", "cpu", "--async-aware", "running"],
-            &[py.to_str().unwrap(), script.to_str().unwrap(), "2"],
+            &py,
+            &script,
+            &["2"],
         );
         let paths = main_paths(&out, "groups_app.py");
         let burn = paths.count(|n| n.iter().any(|f| f == "burn_cpu"));
@@ -346,14 +354,12 @@ fn older_pythons_are_said_and_shown_plain() {
     let script = dir.join("gather_app.py");
     std::fs::write(&script, GATHER).unwrap();
     let out = dir.join("3.12.json");
-    let o = profile_command(
+    let o = profile_script(
         &out,
         &["-m", "cpu", "--async-aware", "running"],
-        &[
-            python("3.12.1").to_str().unwrap(),
-            script.to_str().unwrap(),
-            "0.3",
-        ],
+        &python("3.12.1"),
+        &script,
+        &["0.3"],
     );
     let err = stderr_of(&o);
     assert_eq!(
@@ -382,16 +388,12 @@ fn all_tasks_suspended_time_matches_what_tasks_measured() {
     for minor in [14, 15] {
         let out = dir.join(format!("3.{minor}.json"));
         let truth_file = dir.join(format!("3.{minor}.truth.json"));
-        let o = profile_command(
+        let o = profile_script(
             &out,
             &["--async-aware", "all"],
-            &[
-                debian_python(minor).to_str().unwrap(),
-                script.to_str().unwrap(),
-                "1000",
-                "3",
-                truth_file.to_str().unwrap(),
-            ],
+            &debian_python(minor),
+            &script,
+            &["1000", "3", truth_file.to_str().unwrap()],
         );
         let truth: std::collections::HashMap<String, f64> =
             serde_json::from_str(&std::fs::read_to_string(&truth_file).unwrap()).unwrap();

@@ -692,6 +692,17 @@ mod tests {
         t
     }
 
+    /// 3.14's layout, an arena, a code object and a suspended coroutine running it at `instr`.
+    fn fixture(instr: u64) -> (AsyncLayout, Arena, u64, u64) {
+        let l = layout_314();
+        let mut a = Arena { words: Vec::new() };
+        let code = a.obj(64);
+        let code = a.addr(code);
+        let c = coro(&mut a, &l, 0x7000, code, instr);
+        let c = a.addr(c);
+        (l, a, code, c)
+    }
+
     fn me() -> Remote {
         Remote {
             pid: std::process::id(),
@@ -727,17 +738,12 @@ mod tests {
 
     #[test]
     fn cycles_and_long_chains_are_cut_and_said() {
-        let l = layout_314();
-        let mut a = Arena { words: Vec::new() };
-        let code = a.obj(64);
-        let code = a.addr(code);
-        let c = coro(&mut a, &l, 0x7000, code, 0);
-        let c = a.addr(c);
+        let (l, mut a, _, c) = fixture(0);
         // Two tasks awaiting each other.
         let x = task(&mut a, &l, 1, c, 0);
         let xa = a.addr(x);
         let y = task(&mut a, &l, 2, c, xa);
-        let (xa, ya) = (a.addr(x), a.addr(y));
+        let ya = a.addr(y);
         a.set(x, l.task_awaited_by, ya);
         let chain = l.await_chain(&me(), &any_layout(), xa).unwrap();
         assert!(chain.cut);
@@ -755,12 +761,7 @@ mod tests {
 
     #[test]
     fn what_is_not_a_task_or_coroutine_is_not_believed() {
-        let l = layout_314();
-        let mut a = Arena { words: Vec::new() };
-        let code = a.obj(64);
-        let code = a.addr(code);
-        let c = coro(&mut a, &l, 0x7000, code, 0);
-        let c = a.addr(c);
+        let (l, mut a, code, c) = fixture(0);
         let t = task(&mut a, &l, 1, c, 0);
         a.set_byte(t, l.task_is_task, 0);
         assert!(l.await_chain(&me(), &any_layout(), a.addr(t)).is_none());
@@ -805,12 +806,7 @@ mod tests {
 
     #[test]
     fn awaited_by_sets_pick_the_lowest_task_and_count_parents() {
-        let l = layout_314();
-        let mut a = Arena { words: Vec::new() };
-        let code = a.obj(64);
-        let code = a.addr(code);
-        let c = coro(&mut a, &l, 0x7000, code, 0);
-        let c = a.addr(c);
+        let (l, mut a, _, c) = fixture(0);
         let p1 = task(&mut a, &l, 1, c, 0);
         let p2 = task(&mut a, &l, 2, c, 0);
         let (p1a, p2a) = (a.addr(p1), a.addr(p2));
@@ -835,12 +831,7 @@ mod tests {
 
     #[test]
     fn task_lists_end_at_their_head_and_never_loop() {
-        let l = layout_314();
-        let mut a = Arena { words: Vec::new() };
-        let code = a.obj(64);
-        let code = a.addr(code);
-        let c = coro(&mut a, &l, 0x7000, code, 4);
-        let c = a.addr(c);
+        let (l, mut a, code, c) = fixture(4);
         let tstate = a.obj(l.tstate_tasks_head as usize / 8 + 2);
         let head = a.addr(tstate) + l.tstate_tasks_head;
         let t: Vec<usize> = (1..=3).map(|n| task(&mut a, &l, n, c, 0)).collect();
