@@ -283,10 +283,9 @@ impl Viewer {
         self.call_paths_with(thread, &[])
     }
 
-    /// Each function's total (samples, or milliseconds in a weighted profile) in a thread, by
-    /// its name as the viewer shows it (`file.py!function` for Python functions).
-    pub fn function_totals(&self, thread: &str) -> Result<HashMap<String, f64>> {
-        let v = self.json(&[
+    /// A thread's `thread samples` summary (every function, idle samples included).
+    fn top_functions(&self, thread: &str) -> Result<Value> {
+        self.json(&[
             "thread",
             "samples",
             "--thread",
@@ -294,7 +293,13 @@ impl Viewer {
             "--include-idle",
             "--limit",
             "100000",
-        ])?;
+        ])
+    }
+
+    /// Each function's total (samples, or milliseconds in a weighted profile) in a thread, by
+    /// its name as the viewer shows it (`file.py!function` for Python functions).
+    pub fn function_totals(&self, thread: &str) -> Result<HashMap<String, f64>> {
+        let v = self.top_functions(thread)?;
         Ok(v["topFunctionsByTotal"]
             .as_array()
             .context("topFunctionsByTotal")?
@@ -305,15 +310,7 @@ impl Viewer {
 
     /// The handle (`f-N`) of a function of a thread, by name.
     pub fn function_handle(&self, thread: &str, name: &str) -> Result<String> {
-        let v = self.json(&[
-            "thread",
-            "samples",
-            "--thread",
-            thread,
-            "--include-idle",
-            "--limit",
-            "100000",
-        ])?;
+        let v = self.top_functions(thread)?;
         v["topFunctionsByTotal"]
             .as_array()
             .and_then(|fs| {
