@@ -861,7 +861,10 @@ impl Collector {
             return;
         }
         let t_ms = self.time_ms(now_ns);
-        for pid in self.python.pids() {
+        let pids = self.python.pids();
+        // Processes gone since: forgotten (a host's processes come and go for weeks).
+        self.task_passes.retain(|p, _| pids.contains(p));
+        for pid in pids {
             let last = self.task_passes.insert(pid, now_ns);
             let weight_ms = match last {
                 Some(l) => now_ns.saturating_sub(l) as f64 / 1e6,
