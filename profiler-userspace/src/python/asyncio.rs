@@ -100,6 +100,7 @@ pub struct AwaitChain {
 }
 
 /// A task object as read.
+#[derive(Clone)]
 struct TaskObj {
     name: String,
     coro: u64,
@@ -204,46 +205,64 @@ impl AsyncLayout {
     pub fn await_chain(&self, r: &Remote, layout: &Layout, running: u64) -> Option<AwaitChain> {
         let first = self.task(r, layout, running)?;
         let (coro_code, _) = self.coro_frame(r, first.coro)?.0;
-        let mut chain = AwaitChain {
+        // The running task's frames are the sample's; the others are at their `await`.
+        let (tasks, cut) = self.walk_chain(
+            running,
+            first,
+            |a| self.task(r, layout, a),
+            |a, t| match a == running {
+                true => Vec::new(),
+                false => self.coro_chain(r, t.coro),
+            },
+        );
+        Some(AwaitChain {
             coro_code,
-            tasks: Vec::new(),
-            cut: false,
-        };
-        let mut seen = HashSet::from([running]);
-        let mut task = first;
+            tasks,
+            cut,
+        })
+    }
+
+    /// An await chain from task `first` (at `first_addr`) out through the tasks awaiting each
+    /// one, as `lookup` finds them (only tasks: a set also holds the dummies of removed
+    /// entries), each with the coroutine frames `frames` gives it; and whether it was cut (a
+    /// cycle, an awaiter that is no task found, or `MAX_TASK_DEPTH`).
+    fn walk_chain(
+        &self,
+        first_addr: u64,
+        first: TaskObj,
+        lookup: impl Fn(u64) -> Option<TaskObj>,
+        frames: impl Fn(u64, &TaskObj) -> Vec<(u64, i32)>,
+    ) -> (Vec<TaskLink>, bool) {
+        let mut out = Vec::new();
+        let mut seen = HashSet::from([first_addr]);
+        let (mut addr, mut task) = (first_addr, first);
         loop {
-            // Only tasks are followed (a set also holds the dummies of removed entries).
             let mut parents: Vec<(u64, TaskObj)> = task
                 .parents
                 .iter()
                 .take(MAX_TASK_DEPTH)
-                .filter_map(|&a| Some((a, self.task(r, layout, a)?)))
+                .filter_map(|&a| Some((a, lookup(a)?)))
                 .collect();
             parents.sort_by_key(|p| p.0);
             let count = parents.len();
-            let parent = (count > 0).then(|| parents.swap_remove(0));
-            let mut name = task.name;
+            let mut name = task.name.clone();
             if count > 1 {
                 name = format!("{name} ({count} parents)");
             }
-            let frames = if chain.tasks.is_empty() {
-                Vec::new()
-            } else {
-                self.coro_chain(r, task.coro)
-            };
-            chain.tasks.push(TaskLink { name, frames });
-            let Some((addr, t)) = parent else {
-                // Awaited by something that does not read as a task: said, not hidden.
-                chain.cut |= !task.parents.is_empty();
-                break;
-            };
-            if chain.tasks.len() >= MAX_TASK_DEPTH || !seen.insert(addr) {
-                chain.cut = true;
-                break;
+            out.push(TaskLink {
+                name,
+                frames: frames(addr, &task),
+            });
+            if count == 0 {
+                // Awaited by something that is no task found here: said, not hidden.
+                return (out, !task.parents.is_empty());
             }
-            task = t;
+            let (parent, t) = parents.swap_remove(0);
+            if out.len() >= MAX_TASK_DEPTH || !seen.insert(parent) {
+                return (out, true);
+            }
+            (addr, task) = (parent, t);
         }
-        Some(chain)
     }
 
     /// What a task's await chain is read from, in the task itself: its coroutine, name and
@@ -268,14 +287,28 @@ impl AsyncLayout {
 
     /// Reads a task object: `None` for anything that does not say it is a task.
     fn task(&self, r: &Remote, layout: &Layout, addr: u64) -> Option<TaskObj> {
-        if addr & 7 != 0 || addr < 0x10000 || addr >> 47 != 0 {
+        if !plausible(addr) {
             return None;
         }
         let b = r.read(addr, self.task_size as usize)?;
+        self.parse_task(r, layout, addr, &b, None)
+    }
+
+    /// A task object from its bytes `b` (read at `addr`): `None` for anything that does not
+    /// say it is a task, or has no coroutine. `names`: names known from before, by task and
+    /// name object (`all` mode's passes).
+    fn parse_task(
+        &self,
+        r: &Remote,
+        layout: &Layout,
+        addr: u64,
+        b: &[u8],
+        names: Option<&mut NameCache>,
+    ) -> Option<TaskObj> {
         if b.get(self.task_is_task as usize) != Some(&1) {
             return None;
         }
-        let word = |off: u64| le_u64(&b, off as usize).map(|v| v & self.code_mask);
+        let word = |off: u64| le_u64(b, off as usize).map(|v| v & self.code_mask);
         let coro = word(self.task_coro).filter(|&c| c != 0)?;
         let awaited_by = word(self.task_awaited_by).unwrap_or(0);
         let parents = match (awaited_by, b.get(self.task_awaited_by_is_set as usize)) {
@@ -283,9 +316,18 @@ impl AsyncLayout {
             (set, Some(&1)) => self.set_members(r, set),
             (one, _) => vec![one],
         };
-        let name = word(self.task_name)
-            .and_then(|n| self.name(r, layout, n))
-            .unwrap_or_else(|| "Task".into());
+        let name_obj = word(self.task_name).unwrap_or(0);
+        let read_name = || {
+            self.name(r, layout, name_obj)
+                .unwrap_or_else(|| "Task".into())
+        };
+        let name = match names {
+            Some(names) => names
+                .entry((addr, name_obj))
+                .or_insert_with(read_name)
+                .clone(),
+            None => read_name(),
+        };
         Some(TaskObj {
             name,
             coro,
@@ -493,87 +535,44 @@ impl AsyncLayout {
         running: u64,
         names: &mut NameCache,
     ) -> Vec<AwaitChain> {
-        struct Listed {
-            name: String,
-            parents: Vec<u64>,
-            frames: Vec<(u64, i32)>,
-        }
-        let word = |b: &[u8], off: u64| le_u64(b, off as usize).map(|v| v & self.code_mask);
-        let coros: Vec<u64> = tasks
+        let listed: std::collections::HashMap<u64, TaskObj> = tasks
             .iter()
-            .map(|(_, b)| word(b, self.task_coro).unwrap_or(0))
+            .filter_map(|(addr, b)| {
+                Some((
+                    *addr,
+                    self.parse_task(r, layout, *addr, b, Some(&mut *names))?,
+                ))
+            })
             .collect();
-        let chains = self.coro_chains(r, &coros);
-        let mut listed: std::collections::HashMap<u64, Listed> = std::collections::HashMap::new();
-        for ((addr, b), frames) in tasks.iter().zip(chains) {
-            let name_obj = word(b, self.task_name).unwrap_or(0);
-            let name = match names.get(&(*addr, name_obj)) {
-                Some(n) => n.clone(),
-                None => {
-                    let n = self
-                        .name(r, layout, name_obj)
-                        .unwrap_or_else(|| "Task".into());
-                    names.insert((*addr, name_obj), n.clone());
-                    n
-                }
-            };
-            let awaited_by = word(b, self.task_awaited_by).unwrap_or(0);
-            let parents = match (awaited_by, b.get(self.task_awaited_by_is_set as usize)) {
-                (0, _) => Vec::new(),
-                (set, Some(&1)) => self.set_members(r, set),
-                (one, _) => vec![one],
-            };
-            listed.insert(
-                *addr,
-                Listed {
-                    name,
-                    parents,
-                    frames,
-                },
-            );
-        }
+        let addrs: Vec<u64> = tasks
+            .iter()
+            .map(|t| t.0)
+            .filter(|a| listed.contains_key(a))
+            .collect();
+        let coros: Vec<u64> = addrs.iter().map(|a| listed[a].coro).collect();
+        let frames: std::collections::HashMap<u64, Vec<(u64, i32)>> = addrs
+            .iter()
+            .copied()
+            .zip(self.coro_chains(r, &coros))
+            .collect();
         let mut out = Vec::new();
-        for (addr, _) in tasks {
-            let t = &listed[addr];
+        for addr in &addrs {
+            let own = &frames[addr];
             // Running now, or finished (no frames left): not suspended.
-            if *addr == running || t.frames.is_empty() {
+            if *addr == running || own.is_empty() {
                 continue;
             }
-            let mut chain = AwaitChain {
-                coro_code: t.frames[0].0,
-                tasks: Vec::new(),
-                cut: false,
-            };
-            let mut seen = HashSet::from([*addr]);
-            let mut at = *addr;
-            loop {
-                let t = &listed[&at];
-                let parents: Vec<u64> = t
-                    .parents
-                    .iter()
-                    .copied()
-                    .filter(|p| listed.contains_key(p))
-                    .collect();
-                let mut name = t.name.clone();
-                if parents.len() > 1 {
-                    name = format!("{name} ({} parents)", parents.len());
-                }
-                chain.tasks.push(TaskLink {
-                    name,
-                    frames: t.frames.clone(),
-                });
-                let Some(&parent) = parents.iter().min() else {
-                    // Awaited by a task of another thread, or by something not a task.
-                    chain.cut |= !t.parents.is_empty();
-                    break;
-                };
-                if chain.tasks.len() >= MAX_TASK_DEPTH || !seen.insert(parent) {
-                    chain.cut = true;
-                    break;
-                }
-                at = parent;
-            }
-            out.push(chain);
+            let (chain, cut) = self.walk_chain(
+                *addr,
+                listed[addr].clone(),
+                |a| listed.get(&a).cloned(),
+                |a, _| frames[&a].clone(),
+            );
+            out.push(AwaitChain {
+                coro_code: own[0].0,
+                tasks: chain,
+                cut,
+            });
         }
         names.retain(|k, _| listed.contains_key(&k.0));
         out

@@ -137,6 +137,8 @@ struct AwaitEntry {
     epoch: u64,
     key: Option<[u64; 3]>,
     chain: Option<Arc<asyncio::AwaitChain>>,
+    /// The chain's frames once resolved (`PyProcess::task_prefix`).
+    prefix: Option<Arc<Vec<FrameRef>>>,
 }
 
 /// How a sample is shown from its running asyncio task (`PythonFrames::tasks`).
@@ -145,7 +147,7 @@ pub struct TaskSplice {
     pub from: FrameRef,
     /// Root first: the outermost awaiting task's `<task>` frame and coroutine chain, and so on
     /// to the running task's `<task>` frame.
-    pub prefix: Vec<FrameRef>,
+    pub prefix: Arc<Vec<FrameRef>>,
 }
 
 /// How often a process that has not imported asyncio (or not yet) is looked at again: often
@@ -418,9 +420,34 @@ impl PyProcess {
                 epoch,
                 key,
                 chain: chain.clone(),
+                prefix: None,
             },
         );
         chain
+    }
+
+    /// The frames that stand for running task `task`'s await chain `c`, root first: resolved
+    /// once per chain read, not per sample.
+    fn task_prefix(
+        &mut self,
+        out: &mut impl ProfileSink,
+        task: u64,
+        c: &asyncio::AwaitChain,
+        epoch: u64,
+    ) -> Arc<Vec<FrameRef>> {
+        if let Some(p) = self.await_chains.get(&task).and_then(|e| e.prefix.clone()) {
+            return p;
+        }
+        let mut prefix = Vec::new();
+        for t in c.tasks.iter().rev() {
+            prefix.push(self.task_frame(out, &t.name));
+            prefix.extend(self.chain_frames(out, &t.frames, epoch));
+        }
+        let prefix = Arc::new(prefix);
+        if let Some(e) = self.await_chains.get_mut(&task) {
+            e.prefix = Some(prefix.clone());
+        }
+        prefix
     }
 
     /// The `<task> NAME` frame of a task.
@@ -1275,11 +1302,7 @@ impl PythonRegistry {
                 if c.cut {
                     out.count(PyEvent::AsyncCut);
                 }
-                let mut prefix = Vec::new();
-                for t in c.tasks.iter().rev() {
-                    prefix.push(p.task_frame(out, &t.name));
-                    prefix.extend(p.chain_frames(out, &t.frames, self.epoch));
-                }
+                let prefix = p.task_prefix(out, s.py_task, &c, self.epoch);
                 Some(TaskSplice { from, prefix })
             }
             (Some(_), None) => {
