@@ -355,6 +355,16 @@ pub struct PyProcConfig {
     /// starting (`interp` 0): its first Python code runs within moments of the interpreter's
     /// creation, before user space can look again.
     pub interp_head: u64,
+    /// 3.11-3.13, `--async-aware`: the code object of asyncio's `Handle._run`, or 0. These
+    /// versions keep no running task in the thread state; the task an event loop runs is the
+    /// one whose step the innermost `Handle._run` frame calls: that frame's first local (`self`,
+    /// at `frame_self`), its `_callback` (a step wrapper, at `handle_callback`) and the
+    /// wrapper's task (at `step_task`) are read at the sample into `SampleHeader::py_task`.
+    pub handle_run_code: u64,
+    pub frame_self: u32,
+    pub handle_callback: u32,
+    pub step_task: u32,
+    pub _pad: u32,
 }
 
 /// One interpreter frame as read at the sampled instant.
@@ -567,7 +577,7 @@ pub const fn thread_key(pid: u32, tid: u32) -> u64 {
 }
 
 const _: () = assert!(core::mem::size_of::<Config>() == 88);
-const _: () = assert!(core::mem::size_of::<PyProcConfig>() == 144);
+const _: () = assert!(core::mem::size_of::<PyProcConfig>() == 168);
 const _: () = assert!(EventRecord::SIZE == 56);
 const _: () = assert!(SchedRecord::SIZE == 136);
 const _: () = assert!(core::mem::size_of::<ThreadSched>() == 184);

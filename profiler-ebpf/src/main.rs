@@ -1024,6 +1024,9 @@ struct Walk {
     /// The frame being read (here rather than in `FRAME`: one map lookup, and one stack slot,
     /// fewer in a callback that has 32 bytes of stack under the switch program).
     fbuf: [u8; FRAME_BUF],
+    /// The first local of the innermost `Handle._run` frame (`PyProcConfig::handle_run_code`),
+    /// or 0.
+    handle: u64,
 }
 
 /// Walks the interpreter frame chain of `tstate`, writing frames after the header, the count of
@@ -1067,6 +1070,7 @@ fn walk_python<const MODERN: bool>(cpu: u32, pc: &PyProcConfig, tstate: u64) {
         w.cpu = cpu;
         w.snaps = 0;
         w.callee = 0;
+        w.handle = 0;
     }
     if MODERN {
         // SAFETY: the callback has the signature bpf_loop expects; it takes no context.
@@ -1102,6 +1106,14 @@ fn walk_python<const MODERN: bool>(cpu: u32, pc: &PyProcConfig, tstate: u64) {
             if snap(k as u64) != 0 {
                 break;
             }
+        }
+    }
+    // `--async-aware` on 3.11-3.13: the task whose step the innermost `Handle._run` calls.
+    // SAFETY: this CPU's walk state, written by the steps above.
+    let handle = unsafe { core::ptr::read_volatile(&(*w).handle) };
+    if handle != 0 {
+        if let Some(cb) = read_user::<u64>(handle.wrapping_add(pc.handle_callback as u64)) {
+            hdr.py_task = read_user::<u64>(cb.wrapping_add(pc.step_task as u64)).unwrap_or(0);
         }
     }
 }
@@ -1283,6 +1295,9 @@ fn step<const CALLEES: bool>(index: u64) -> i64 {
             (i < PY_CODE_SNAPS) as u32
         };
         w.next = frame_u64(fbuf, pc.frame_previous);
+        if pc.handle_run_code != 0 && code == pc.handle_run_code && w.handle == 0 {
+            w.handle = frame_u64(fbuf, pc.frame_self);
+        }
     }
     hdr.py_len = i as u32 + 1;
     {

@@ -1,8 +1,8 @@
 //! `--async-aware`: asyncio programs profiled for real and read back through the Firefox
 //! Profiler CLI. Samples of an event loop's thread show the running task's coroutine frames
 //! under `<task> NAME` frames of that task and of each task awaiting it, outermost first, in
-//! place of the loop's machinery; versions without asyncio's debug offsets say so and are shown
-//! as they run.
+//! place of the loop's machinery: on 3.14+ from asyncio's debug offsets, on 3.11-3.13 from
+//! tables and the loop's `Handle._run`. Earlier versions say so and are shown as they run.
 
 use std::path::Path;
 
@@ -232,7 +232,18 @@ fn uvloop_tasks_show_the_same_chains() {
     assert_eq!(uvloop_above, 0, "uvloop frames in task stacks");
 }
 
-/// `gather` of named tasks on Debian's 3.14 and 3.15: at least 90% of the samples in the
+/// The versions with async-aware stacks: pyenv's 3.11-3.13 and Debian's 3.11 (tables), Debian's
+/// 3.14 and 3.15 (debug offsets).
+const ASYNC_PYTHONS: [&str; 6] = [
+    "3.11.7",
+    "debian-3.11",
+    "3.12.1",
+    "3.13.0",
+    "debian-3.14",
+    "debian-3.15",
+];
+
+/// `gather` of named tasks on every version from 3.11: at least 90% of the samples in the
 /// burner read `<task> Task-1` > main > `<task> child-K` > child > `<task> sub-K` > leaf_work >
 /// burn_cpu with the same K, each child about a third; without the flag, no `<task>` frame.
 #[test]
@@ -241,9 +252,9 @@ fn gather_samples_show_their_task_and_those_awaiting_it() {
     let dir = scratch("async_gather");
     let script = dir.join("gather_app.py");
     std::fs::write(&script, GATHER).unwrap();
-    for minor in [14, 15] {
-        let py = debian_python(minor);
-        let out = dir.join(format!("3.{minor}.json"));
+    for minor in ASYNC_PYTHONS {
+        let py = python(minor);
+        let out = dir.join(format!("{minor}.json"));
         let o = profile_script(
             &out,
             &["-m", "cpu", "--async-aware", "running"],
@@ -254,27 +265,25 @@ fn gather_samples_show_their_task_and_those_awaiting_it() {
         let err = stderr_of(&o);
         let paths = main_paths(&out, "gather_app.py");
         let (burn, chained, per_child) = gather_shares(&paths);
-        eprintln!(
-            "3.{minor}: {chained} of {burn} burn_cpu samples chained, per child {per_child:?}"
-        );
+        eprintln!("{minor}: {chained} of {burn} burn_cpu samples chained, per child {per_child:?}");
         assert!(
             burn >= 500,
-            "3.{minor}: only {burn} samples in burn_cpu\n{err}"
+            "{minor}: only {burn} samples in burn_cpu\n{err}"
         );
         assert!(
             chained as f64 >= 0.9 * burn as f64,
-            "3.{minor}: {chained} of {burn} burn_cpu samples show the task chain\n{err}"
+            "{minor}: {chained} of {burn} burn_cpu samples show the task chain\n{err}"
         );
         for (k, c) in per_child.iter().enumerate() {
             let share = *c as f64 / chained as f64;
             assert!(
                 (0.2..0.47).contains(&share),
-                "3.{minor}: child-{k} has {share:.2} of the chained samples (three equal children)"
+                "{minor}: child-{k} has {share:.2} of the chained samples (three equal children)"
             );
         }
         assert!(
             err.contains("samples shown from their running task"),
-            "3.{minor}: the summary counts async-aware samples\n{err}"
+            "{minor}: the summary counts async-aware samples\n{err}"
         );
     }
     // Without the flag: the loop's machinery, no task frames.
@@ -292,17 +301,17 @@ fn gather_samples_show_their_task_and_those_awaiting_it() {
     );
 }
 
-/// Task groups nested three deep: the burner's samples read `level-1` > `level-2` > `level-3`
-/// under the main task, each task's group exit between them.
+/// Task groups nested three deep, on every version from 3.11: the burner's samples read
+/// `level-1` > `level-2` > `level-3` under the main task, each task's group exit between them.
 #[test]
 fn nested_task_groups_show_each_level() {
     require_root();
     let dir = scratch("async_groups");
     let script = dir.join("groups_app.py");
     std::fs::write(&script, GROUPS).unwrap();
-    for minor in [14, 15] {
-        let py = debian_python(minor);
-        let out = dir.join(format!("3.{minor}.json"));
+    for minor in ASYNC_PYTHONS {
+        let py = python(minor);
+        let out = dir.join(format!("{minor}.json"));
         let o = profile_script(
             &out,
             &["-m", "cpu", "--async-aware", "running"],
@@ -331,39 +340,40 @@ fn nested_task_groups_show_each_level() {
                 && positions(n, &want).is_some()
                 && !n.iter().any(|f| LOOP_FRAMES.contains(&f.as_str()))
         });
-        eprintln!("3.{minor}: {nested} of {burn} burn_cpu samples nested");
+        eprintln!("{minor}: {nested} of {burn} burn_cpu samples nested");
         assert!(
             burn >= 500,
-            "3.{minor}: only {burn} samples\n{}",
+            "{minor}: only {burn} samples\n{}",
             stderr_of(&o)
         );
         assert!(
             nested as f64 >= 0.9 * burn as f64,
-            "3.{minor}: {nested} of {burn} burn_cpu samples show the three levels\n{}",
+            "{minor}: {nested} of {burn} burn_cpu samples show the three levels\n{}",
             stderr_of(&o)
         );
     }
 }
 
-/// Versions before 3.14 keep no running task per thread: said once on stderr, and shown as
-/// they run.
+/// Versions before 3.11 (no asyncio tables) are said once on stderr and shown as they run;
+/// `all` on 3.11-3.13 says once that suspended tasks are not listed there, and shows the
+/// running ones.
 #[test]
 fn older_pythons_are_said_and_shown_plain() {
     require_root();
     let dir = scratch("async_older");
     let script = dir.join("gather_app.py");
     std::fs::write(&script, GATHER).unwrap();
-    let out = dir.join("3.12.json");
+    let out = dir.join("3.10.json");
     let o = profile_script(
         &out,
         &["-m", "cpu", "--async-aware", "running"],
-        &python("3.12.1"),
+        &python("3.10.13"),
         &script,
         &["0.3"],
     );
     let err = stderr_of(&o);
     assert_eq!(
-        err.matches("async-aware stacks need Python 3.14").count(),
+        err.matches("async-aware stacks need Python 3.11").count(),
         1,
         "said once:\n{err}"
     );
@@ -372,7 +382,30 @@ fn older_pythons_are_said_and_shown_plain() {
         paths.count(|n| n.iter().any(|f| f.starts_with("<task>"))),
         0
     );
-    assert!(paths.count(|n| n.iter().any(|f| f == "BaseEventLoop._run_once")) > 100);
+    // 3.10's code objects have no qualified names.
+    assert!(paths.count(|n| n.iter().any(|f| f == "_run_once")) > 100);
+
+    let out = dir.join("3.12-all.json");
+    let o = profile_script(
+        &out,
+        &["-m", "cpu", "--async-aware", "all"],
+        &python("3.12.1"),
+        &script,
+        &["0.3"],
+    );
+    let err = stderr_of(&o);
+    assert_eq!(
+        err.matches("suspended asyncio tasks are listed on Python 3.14 or newer only")
+            .count(),
+        1,
+        "said once:\n{err}"
+    );
+    let paths = main_paths(&out, "gather_app.py");
+    let (burn, chained, _) = gather_shares(&paths);
+    assert!(
+        chained as f64 >= 0.9 * burn as f64 && burn > 100,
+        "{chained} of {burn} burn_cpu samples show the task chain\n{err}"
+    );
 }
 
 /// `--async-aware all`: 1000 tasks suspended in three functions. Their pseudo-thread's

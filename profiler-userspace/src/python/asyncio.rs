@@ -1,11 +1,19 @@
 //! asyncio's tasks, read from outside (`--async-aware`): the task a thread's event loop runs,
 //! the tasks that await it, and each one's name and coroutine chain.
 //!
-//! 3.14+ only. Its `_asyncio` module publishes the layout of its tasks and where the thread
-//! state keeps the running one in an `.AsyncioDebug` section, for remote readers, as
+//! 3.14+: the `_asyncio` module publishes the layout of its tasks and where the thread state
+//! keeps the running one in an `.AsyncioDebug` section, for remote readers, as
 //! `_Py_DebugOffsets` does for the interpreter; the generator and frame fields a coroutine
-//! chain needs come from `_Py_DebugOffsets` (`Layout::gen_iframe` and the rest). Earlier
-//! versions keep no per-thread running task, and their tasks do not record who awaits them.
+//! chain needs come from `_Py_DebugOffsets` (`Layout::gen_iframe` and the rest). Each task
+//! records who awaits it, and each thread state lists its loop's tasks.
+//!
+//! 3.11-3.13 (`AsyncLayout::legacy`): the layouts are tables here (measured on each version),
+//! no thread state says which task runs, and no task says who awaits it. The running task is
+//! the one whose step the innermost `Handle._run` frame calls (the BPF program reads it at the
+//! sample, see `PyProcConfig::handle_run_code`). Who awaits a task is who its completion
+//! wakes: its done callbacks are followed to a task's wakeup (`await task`), through a
+//! closure's future (`gather`, `shield`, `wait`), or to the task a bound method's object holds
+//! (a `TaskGroup`'s parent task). Suspended tasks (`all`) are not listed on these versions.
 //!
 //! The BPF program copies the running task's address at the sampled instant; the task objects
 //! are read when the sample is resolved, milliseconds later. The tasks that await the running
@@ -43,37 +51,108 @@ const SET_TABLE: usize = 40;
 /// `PyLongObject`'s `lv_tag` and first 30-bit digit (3.12+).
 const LONG_TAG: usize = 16;
 const LONG_DIGITS: usize = 24;
+/// `PyTypeObject`'s `tp_name`, `tp_basicsize` and (3.11-3.13) `tp_base`.
+const TP_NAME: u64 = 24;
+const TP_BASICSIZE: u64 = 32;
+const TP_BASE: u64 = 256;
+/// Base types followed to find a type's name among asyncio's (a subclass of `Task`).
+const MAX_BASES: usize = 8;
+/// `PyTupleObject`'s and `PyListObject`'s size, a tuple's items, a list's item array.
+const VAR_SIZE: u64 = 16;
+const TUPLE_ITEMS: u64 = 24;
+const LIST_ITEMS: u64 = 24;
+/// `PyCFunctionObject::m_self` and `PyMethodObject::im_self`; `PyFunctionObject::func_closure`
+/// (3.11-3.13); `PyCellObject::ob_ref`.
+const CFUNC_SELF: u64 = 24;
+const METHOD_SELF: u64 = 24;
+const FUNC_CLOSURE: u64 = 72;
+const CELL_REF: u64 = 16;
+/// Done callbacks of one future looked at, closure cells of one callback, and attribute values
+/// of one object, at most.
+const MAX_CALLBACKS: usize = 16;
+const MAX_CELLS: usize = 16;
+const MAX_VALUES: usize = 16;
+/// Futures followed from a task's callbacks to the task its completion wakes (a `gather`'s
+/// outer future is one).
+const MAX_FUTURE_HOPS: usize = 2;
 
 /// Where asyncio keeps what async-aware stacks read, in one process.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AsyncLayout {
     task_size: u64,
     task_name: u64,
-    task_awaited_by: u64,
-    task_is_task: u64,
-    task_awaited_by_is_set: u64,
     task_coro: u64,
-    task_node: u64,
-    /// Offset in the thread state of the task its event loop runs (`asyncio_running_task`).
-    pub tstate_running_task: u64,
-    /// Offset in the thread state of the list of its loop's tasks (`asyncio_tasks_head`).
-    tstate_tasks_head: u64,
+    tasks: TaskLinks,
     gen_iframe: u64,
     gen_frame_state: u64,
     frame_code: u64,
     frame_instr: u64,
     frame_owner: u64,
-    frame_stackpointer: u64,
+    stack: StackTop,
     code_mask: u64,
     code_adaptive: u64,
-    /// The state byte of a coroutine not started yet (`FRAME_CREATED`); the two after it are
-    /// `FRAME_SUSPENDED` and, suspended in an `await`, `FRAME_SUSPENDED_YIELD_FROM`.
+    /// The state byte of a coroutine not started yet (`FRAME_CREATED`); the states after it
+    /// up to `created + awaiting` are suspended ones.
     created: u8,
+    /// `state - created` of a coroutine suspended in an `await` (3.13+:
+    /// `FRAME_SUSPENDED_YIELD_FROM`, 2; before: `FRAME_SUSPENDED`, 1, in an `await` or not).
+    awaiting: u8,
     /// Words below a suspended frame's stack pointer where the object it awaits is.
     await_slot: u64,
     str_type: u64,
     long_type: u64,
 }
+
+/// How tasks are told from other objects, and how the tasks awaiting one are found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum TaskLinks {
+    /// 3.14+ (`.AsyncioDebug`): a task says it is one and records who awaits it; each thread
+    /// state keeps its running task and a list of its loop's tasks.
+    Recorded {
+        is_task: u64,
+        awaited_by: u64,
+        awaited_by_is_set: u64,
+        node: u64,
+        tstate_running_task: u64,
+        tstate_tasks_head: u64,
+    },
+    /// 3.11-3.13: a task is an object whose type is (or derives from) `_asyncio.Task`; the
+    /// tasks awaiting it are found from its done callbacks (`callback0` and the `callbacks`
+    /// list of (callback, context) tuples).
+    Callbacks {
+        callback0: u64,
+        callbacks: u64,
+        /// Where an object keeps its attribute values, for a bound method's object.
+        values: Values,
+    },
+}
+
+/// Where a plain object's attribute values are while its `__dict__` was never asked for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Values {
+    /// 3.11: a pointer to them 4 words before the object.
+    Before,
+    /// 3.12: 3 words before the object, minus one (the low bit set says values, not a dict).
+    Tagged,
+    /// 3.13: inline after the object's `tp_basicsize`, after a word of sizes and flags whose
+    /// fourth byte says they are valid.
+    Inline,
+}
+
+/// Where a suspended frame's stack ends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum StackTop {
+    /// 3.14+: the frame's `stackpointer`, at this offset.
+    Pointer(u64),
+    /// 3.11-3.13: the frame's `stacktop` (an i32 index into its locals and stack) at `at`;
+    /// the locals start at `localsplus`.
+    Index { at: u64, localsplus: u64 },
+}
+
+/// The running task's step wrapper in a `Handle` (3.11-3.13): `Handle._callback` (slots are
+/// laid out in sorted order: `_args`, `_callback`, ...) and `TaskStepMethWrapper::sw_task`.
+pub const HANDLE_CALLBACK: u32 = 24;
+pub const STEP_TASK: u32 = 16;
 
 /// One task of an await chain.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -149,22 +228,25 @@ impl AsyncLayout {
             let l = AsyncLayout {
                 task_size: w(0),
                 task_name: w(1),
-                task_awaited_by: w(2),
-                task_is_task: w(3),
-                task_awaited_by_is_set: w(4),
                 task_coro: w(5),
-                task_node: w(6),
-                tstate_running_task: w(11),
-                tstate_tasks_head: w(12),
+                tasks: TaskLinks::Recorded {
+                    is_task: w(3),
+                    awaited_by: w(2),
+                    awaited_by_is_set: w(4),
+                    node: w(6),
+                    tstate_running_task: w(11),
+                    tstate_tasks_head: w(12),
+                },
                 gen_iframe,
                 gen_frame_state,
                 frame_code: layout.frame_code as u64,
                 frame_instr: layout.frame_instr as u64,
                 frame_owner: layout.frame_owner as u64,
-                frame_stackpointer,
+                stack: StackTop::Pointer(frame_stackpointer),
                 code_mask: layout.code_mask,
                 code_adaptive: layout.code_adaptive as u64,
                 created,
+                awaiting: 2,
                 await_slot,
                 str_type,
                 long_type,
@@ -174,30 +256,114 @@ impl AsyncLayout {
         None
     }
 
+    /// 3.11-3.13's layouts (the same in every build of a version: measured on pyenv's 3.11.7,
+    /// 3.12.1 and 3.13.0 and Debian's 3.11.2). `None` for other versions.
+    pub fn legacy(layout: &Layout, str_type: u64, long_type: u64) -> Option<AsyncLayout> {
+        // (task size read, name, coro; generator iframe, frame state; the frame's owner byte;
+        // FRAME_CREATED and what `state - created` a suspension in an `await` has; values).
+        let (task_size, task_name, task_coro, gen_iframe, gen_frame_state, frame_owner) =
+            match layout.minor {
+                11 => (152, 144, 136, 80, 75, 69),
+                12 => (152, 144, 136, 72, 67, 70),
+                13 => (136, 128, 120, 72, 67, 70),
+                _ => return None,
+            };
+        let (created, awaiting, values) = match layout.minor {
+            11 => (0xfe, 1, Values::Before),
+            12 => (0xfe, 1, Values::Tagged),
+            _ => (0xfd, 2, Values::Inline),
+        };
+        Some(AsyncLayout {
+            task_size,
+            task_name,
+            task_coro,
+            tasks: TaskLinks::Callbacks {
+                callback0: 24,
+                callbacks: 40,
+                values,
+            },
+            gen_iframe,
+            gen_frame_state,
+            frame_code: layout.frame_code as u64,
+            frame_instr: layout.frame_instr as u64,
+            frame_owner,
+            // `_PyInterpreterFrame::stacktop`, right before the locals at 72 (3.11-3.13).
+            stack: StackTop::Index {
+                at: 64,
+                localsplus: layout.frame_localsplus as u64,
+            },
+            code_mask: layout.code_mask,
+            code_adaptive: layout.code_adaptive as u64,
+            created,
+            awaiting,
+            await_slot: 1,
+            str_type,
+            long_type,
+        })
+    }
+
+    /// Offset in the thread state of the task its event loop runs (3.14+:
+    /// `asyncio_running_task`); `None` where the thread state has none (3.11-3.13).
+    pub fn tstate_running_task(&self) -> Option<u64> {
+        match self.tasks {
+            TaskLinks::Recorded {
+                tstate_running_task,
+                ..
+            } => Some(tstate_running_task),
+            TaskLinks::Callbacks { .. } => None,
+        }
+    }
+
+    /// Whether the loops' tasks can be listed (`all` mode: 3.14+).
+    pub fn lists_tasks(&self) -> bool {
+        matches!(self.tasks, TaskLinks::Recorded { .. })
+    }
+
     /// Whether the offsets fit the objects they are in (`tstate_size`: the thread state's).
     fn sane(&self, tstate_size: u64) -> bool {
         let in_task =
             |off: u64, len: u64| off.checked_add(len).is_some_and(|e| e <= self.task_size);
-        let frame_end = [self.frame_code, self.frame_instr, self.frame_stackpointer]
+        let stack = match self.stack {
+            StackTop::Pointer(at) => at,
+            StackTop::Index { at, localsplus } => at.max(localsplus),
+        };
+        let frame_end = [self.frame_code, self.frame_instr, stack]
             .into_iter()
             .max()
             .unwrap_or(0)
             .max(self.frame_owner)
             + 8;
+        let tasks = match self.tasks {
+            TaskLinks::Recorded {
+                is_task,
+                awaited_by,
+                awaited_by_is_set,
+                node,
+                tstate_running_task,
+                tstate_tasks_head,
+            } => {
+                in_task(awaited_by, 8)
+                    && in_task(is_task, 1)
+                    && in_task(awaited_by_is_set, 1)
+                    && in_task(node, 16)
+                    && tstate_tasks_head + 16 <= tstate_size
+                    && tstate_size <= 1 << 16
+                    && tstate_running_task + 8 <= tstate_size
+                    && tstate_running_task <= u32::MAX as u64
+            }
+            TaskLinks::Callbacks {
+                callback0,
+                callbacks,
+                ..
+            } => in_task(callback0, 8) && in_task(callbacks, 8),
+        };
         (32..=4096).contains(&self.task_size)
             && in_task(self.task_name, 8)
-            && in_task(self.task_awaited_by, 8)
             && in_task(self.task_coro, 8)
-            && in_task(self.task_is_task, 1)
-            && in_task(self.task_awaited_by_is_set, 1)
-            && in_task(self.task_node, 16)
-            && self.tstate_tasks_head + 16 <= tstate_size
-            && tstate_size <= 1 << 16
-            && self.tstate_running_task + 8 <= tstate_size
+            && tasks
             && self.gen_frame_state < 4096
             && self.gen_iframe < 4096
             && frame_end < 4096
-            && self.tstate_running_task <= u32::MAX as u64
     }
 
     /// The running task `running` (as the sample copied it) and the tasks awaiting it. `None`
@@ -266,23 +432,37 @@ impl AsyncLayout {
     }
 
     /// What a task's await chain is read from, in the task itself: its coroutine, name and
-    /// awaited-by words (`None` when it does not read as a task). A chain read before is still
-    /// the task's while these are the same: the tasks awaiting it stay suspended where they
-    /// were while it runs.
+    /// awaited-by words (3.11-3.13: its done callbacks), or `None` when it does not read as a
+    /// task. A chain read before is still the task's while these are the same: the tasks
+    /// awaiting it stay suspended where they were while it runs.
     pub fn task_key(&self, r: &Remote, addr: u64) -> Option<[u64; 3]> {
-        if addr & 7 != 0 || addr < 0x10000 || addr >> 47 != 0 {
+        if !plausible(addr) {
             return None;
         }
         let b = r.read(addr, self.task_size as usize)?;
-        if b.get(self.task_is_task as usize) != Some(&1) {
-            return None;
-        }
         let word = |off: u64| le_u64(&b, off as usize);
-        Some([
-            word(self.task_coro)?,
-            word(self.task_name)?,
-            word(self.task_awaited_by)?,
-        ])
+        let links = match self.tasks {
+            TaskLinks::Recorded {
+                is_task,
+                awaited_by,
+                ..
+            } => {
+                if b.get(is_task as usize) != Some(&1) {
+                    return None;
+                }
+                word(awaited_by)?
+            }
+            TaskLinks::Callbacks {
+                callback0,
+                callbacks,
+                ..
+            } => {
+                // The type is checked when the chain is read; a key that stays is the same
+                // object's (a new task at the address has another coroutine).
+                word(callback0)? ^ word(callbacks)?.rotate_left(32)
+            }
+        };
+        Some([word(self.task_coro)?, word(self.task_name)?, links])
     }
 
     /// Reads a task object: `None` for anything that does not say it is a task.
@@ -292,6 +472,16 @@ impl AsyncLayout {
         }
         let b = r.read(addr, self.task_size as usize)?;
         self.parse_task(r, layout, addr, &b, None)
+    }
+
+    /// Whether the object whose bytes start with `b` is a task.
+    fn is_task(&self, r: &Remote, b: &[u8]) -> bool {
+        match self.tasks {
+            TaskLinks::Recorded { is_task, .. } => b.get(is_task as usize) == Some(&1),
+            TaskLinks::Callbacks { .. } => {
+                le_u64(b, 8).and_then(|ty| type_named(r, ty, &[b"_asyncio.Task"])) == Some(0)
+            }
+        }
     }
 
     /// A task object from its bytes `b` (read at `addr`): `None` for anything that does not
@@ -305,16 +495,25 @@ impl AsyncLayout {
         b: &[u8],
         names: Option<&mut NameCache>,
     ) -> Option<TaskObj> {
-        if b.get(self.task_is_task as usize) != Some(&1) {
+        if !self.is_task(r, b) {
             return None;
         }
         let word = |off: u64| le_u64(b, off as usize).map(|v| v & self.code_mask);
         let coro = word(self.task_coro).filter(|&c| c != 0)?;
-        let awaited_by = word(self.task_awaited_by).unwrap_or(0);
-        let parents = match (awaited_by, b.get(self.task_awaited_by_is_set as usize)) {
-            (0, _) => Vec::new(),
-            (set, Some(&1)) => self.set_members(r, set),
-            (one, _) => vec![one],
+        let parents = match self.tasks {
+            TaskLinks::Recorded {
+                awaited_by,
+                awaited_by_is_set,
+                ..
+            } => match (
+                word(awaited_by).unwrap_or(0),
+                b.get(awaited_by_is_set as usize),
+            ) {
+                (0, _) => Vec::new(),
+                (set, Some(&1)) => self.set_members(r, set),
+                (one, _) => vec![one],
+            },
+            TaskLinks::Callbacks { .. } => self.woken_by(r, b, 0),
         };
         let name_obj = word(self.task_name).unwrap_or(0);
         let read_name = || {
@@ -333,6 +532,108 @@ impl AsyncLayout {
             coro,
             parents,
         })
+    }
+
+    /// 3.11-3.13: the tasks the completion of a future (its bytes `b`) wakes, found from its
+    /// done callbacks: a task's wakeup (a built-in method bound to the task: `await`), a
+    /// function whose closure holds a future whose completion wakes a task (`gather`,
+    /// `shield`, `wait`; `hops` of them followed so far), a bound method of an object that
+    /// holds a task among its attributes (a `TaskGroup`'s `_on_task_done`: its parent task).
+    fn woken_by(&self, r: &Remote, b: &[u8], hops: usize) -> Vec<u64> {
+        let TaskLinks::Callbacks {
+            callback0,
+            callbacks,
+            values,
+        } = self.tasks
+        else {
+            return Vec::new();
+        };
+        let mut cbs: Vec<u64> = le_u64(b, callback0 as usize)
+            .filter(|&c| c != 0)
+            .into_iter()
+            .collect();
+        if let Some(list) = le_u64(b, callbacks as usize).filter(|&l| plausible(l)) {
+            for item in var_items(r, list, LIST_ITEMS, true, MAX_CALLBACKS) {
+                // Each a (callback, context) tuple.
+                if let Some(cb) = var_items(r, item, TUPLE_ITEMS, false, 1).first() {
+                    cbs.push(*cb);
+                }
+            }
+        }
+        let mut out = Vec::new();
+        for cb in cbs.into_iter().take(MAX_CALLBACKS) {
+            let Some(ty) = plausible(cb).then(|| r.u64(cb + 8)).flatten() else {
+                continue;
+            };
+            const KINDS: [&[u8]; 3] = [b"builtin_function_or_method", b"method", b"function"];
+            let found: Vec<u64> = match type_named(r, ty, &KINDS) {
+                Some(0) => r.u64(cb + CFUNC_SELF).into_iter().collect(),
+                Some(1) => r
+                    .u64(cb + METHOD_SELF)
+                    .map(|o| self.values_of(r, o, values))
+                    .unwrap_or_default(),
+                Some(2) if hops < MAX_FUTURE_HOPS => {
+                    let closure = r.u64(cb + FUNC_CLOSURE).filter(|&c| plausible(c));
+                    let cells = closure
+                        .map(|c| var_items(r, c, TUPLE_ITEMS, false, MAX_CELLS))
+                        .unwrap_or_default();
+                    let mut via = Vec::new();
+                    for cell in cells {
+                        let Some(v) = r.u64(cell + CELL_REF).filter(|&v| plausible(v)) else {
+                            continue;
+                        };
+                        let Some(fb) = r.read(v, self.task_size as usize) else {
+                            continue;
+                        };
+                        let future =
+                            le_u64(&fb, 8).and_then(|ty| type_named(r, ty, &[b"_asyncio.Future"]));
+                        if future == Some(0) {
+                            via.extend(self.woken_by(r, &fb, hops + 1));
+                        }
+                    }
+                    via
+                }
+                _ => Vec::new(),
+            };
+            for t in found {
+                let is_task = plausible(t)
+                    && r.read(t, 16).is_some_and(|tb| self.is_task(r, &tb))
+                    && !out.contains(&t);
+                if is_task {
+                    out.push(t);
+                }
+            }
+        }
+        out
+    }
+
+    /// The attribute values of a plain object (at most `MAX_VALUES`; none when its values are
+    /// in a dict of their own: its `__dict__` was asked for).
+    fn values_of(&self, r: &Remote, obj: u64, values: Values) -> Vec<u64> {
+        if !plausible(obj) {
+            return Vec::new();
+        }
+        let at = match values {
+            Values::Before => r.u64(obj - 32).filter(|&v| v != 0),
+            Values::Tagged => r
+                .u64(obj - 24)
+                .filter(|v| v & 1 == 1)
+                .map(|v| v.wrapping_add(1)),
+            Values::Inline => r
+                .u64(obj + 8)
+                .and_then(|ty| r.u64(ty + TP_BASICSIZE))
+                .filter(|&size| (16..4096).contains(&size))
+                .and_then(|size| {
+                    let head = r.read(obj + size, 8)?;
+                    (head[3] != 0).then_some(obj + size + 8)
+                }),
+        };
+        let Some(at) = at.filter(|&a| plausible(a)) else {
+            return Vec::new();
+        };
+        r.read(at, MAX_VALUES * 8)
+            .map(|b| b.chunks_exact(8).filter_map(|w| le_u64(w, 0)).collect())
+            .unwrap_or_default()
     }
 
     /// A task's name object: a `str`, or an `int` N (a task not named yet shows `Task-N`).
@@ -395,22 +696,21 @@ impl AsyncLayout {
 
     /// Bytes of a coroutine object read to parse its frame (`parse_coro`).
     fn coro_len(&self) -> usize {
-        let frame_len = [
-            self.frame_code,
-            self.frame_instr,
-            self.frame_stackpointer,
-            self.frame_owner,
-        ]
-        .into_iter()
-        .max()
-        .unwrap_or(0)
+        let stack = match self.stack {
+            StackTop::Pointer(at) => at,
+            StackTop::Index { at, .. } => at,
+        };
+        let frame_len = [self.frame_code, self.frame_instr, stack, self.frame_owner]
+            .into_iter()
+            .max()
+            .unwrap_or(0)
             + 8;
         (self.gen_iframe + frame_len).max(self.gen_frame_state + 1) as usize
     }
 
-    /// A coroutine's own frame from the start of its object: (code object, instruction
-    /// offset), with its type, its state and the stack pointer of its frame.
-    fn parse_coro(&self, g: &[u8]) -> Option<((u64, i32), u64, u8, u64)> {
+    /// A coroutine's own frame from the start of its object `g` (at `addr`): (code object,
+    /// instruction offset), with its type, its state and the stack pointer of its frame.
+    fn parse_coro(&self, addr: u64, g: &[u8]) -> Option<((u64, i32), u64, u8, u64)> {
         let ty = le_u64(g, 8)?;
         let state = *g.get(self.gen_frame_state as usize)?;
         let f = g.get(self.gen_iframe as usize..)?;
@@ -423,7 +723,14 @@ impl AsyncLayout {
         if !plausible(code) || off >= 1 << 24 {
             return None;
         }
-        let sp = le_u64(f, self.frame_stackpointer as usize)?;
+        let sp = match self.stack {
+            StackTop::Pointer(at) => le_u64(f, at as usize)?,
+            StackTop::Index { at, localsplus } => {
+                let top = u32::from_le_bytes(f.get(at as usize..at as usize + 4)?.try_into().ok()?);
+                (addr + self.gen_iframe + localsplus)
+                    .checked_add(u64::from(top).min(1 << 16) * 8)?
+            }
+        };
         Some(((code, (off / 2) as i32), ty, state, sp))
     }
 
@@ -432,7 +739,7 @@ impl AsyncLayout {
         if !plausible(coro) {
             return None;
         }
-        self.parse_coro(&r.read(coro, self.coro_len())?)
+        self.parse_coro(coro, &r.read(coro, self.coro_len())?)
     }
 
     /// A suspended coroutine's await chain, outermost first: the coroutine, then each
@@ -464,18 +771,19 @@ impl AsyncLayout {
             let mut slots: Vec<(usize, u64)> = Vec::new();
             for (&(i, c), head) in cur.iter().zip(heads) {
                 seen[i].push(c);
-                let Some((frame, ty, state, sp)) = head.and_then(|h| self.parse_coro(&h)) else {
+                let Some((frame, ty, state, sp)) = head.and_then(|h| self.parse_coro(c, &h)) else {
                     continue;
                 };
                 // Only what is suspended (or not started): a finished coroutine's frame is
                 // gone, and a running one's stack pointer is stale.
                 let suspended = state.wrapping_sub(self.created);
-                if *types[i].get_or_insert(ty) != ty || suspended > 2 {
+                if *types[i].get_or_insert(ty) != ty || suspended > self.awaiting {
                     continue;
                 }
                 out[i].push(frame);
                 // The stack of a suspended frame lies inside its coroutine object.
-                if suspended == 2 && sp >= c + self.gen_iframe + below && sp <= c + (1 << 20) {
+                let inside = sp >= c + self.gen_iframe + below && sp <= c + (1 << 20);
+                if suspended == self.awaiting && inside {
                     slots.push((i, sp - below));
                 }
             }
@@ -494,10 +802,20 @@ impl AsyncLayout {
 
     /// The tasks a thread's event loop created that still exist (its thread state's task
     /// list), each with its object's bytes; and whether the list was cut (`MAX_TASKS`, a read
-    /// that failed, or a list that does not come back to its head).
+    /// that failed, or a list that does not come back to its head). Empty where the tasks
+    /// are not listed (3.11-3.13).
     pub fn thread_tasks(&self, r: &Remote, tstate: u64) -> (Vec<(u64, Vec<u8>)>, bool) {
-        let head = tstate + self.tstate_tasks_head;
         let mut out = Vec::new();
+        let TaskLinks::Recorded {
+            is_task,
+            node: task_node,
+            tstate_tasks_head,
+            ..
+        } = self.tasks
+        else {
+            return (out, false);
+        };
+        let head = tstate + tstate_tasks_head;
         let Some(mut node) = r.u64(head) else {
             return (out, true);
         };
@@ -506,16 +824,16 @@ impl AsyncLayout {
             if out.len() >= MAX_TASKS || !seen.insert(node) {
                 return (out, true);
             }
-            let Some(task) = node.checked_sub(self.task_node).filter(|&t| plausible(t)) else {
+            let Some(task) = node.checked_sub(task_node).filter(|&t| plausible(t)) else {
                 return (out, true);
             };
             let Some(b) = r.read(task, self.task_size as usize) else {
                 return (out, true);
             };
-            let Some(next) = le_u64(&b, (self.task_node) as usize) else {
+            let Some(next) = le_u64(&b, task_node as usize) else {
                 return (out, true);
             };
-            if b.get(self.task_is_task as usize) == Some(&1) {
+            if b.get(is_task as usize) == Some(&1) {
                 out.push((task, b));
             }
             node = next;
@@ -587,6 +905,43 @@ fn plausible(a: u64) -> bool {
     a & 7 == 0 && a >= 0x10000 && a >> 47 == 0
 }
 
+/// Which of `names` type `ty` is named, or derives from a type so named (3.11-3.13's asyncio
+/// types have no flag to tell them by; a subclass of `Task` derives from it).
+fn type_named(r: &Remote, mut ty: u64, names: &[&[u8]]) -> Option<usize> {
+    let longest = names.iter().map(|n| n.len()).max().unwrap_or(0) + 1;
+    for _ in 0..MAX_BASES {
+        if !plausible(ty) {
+            return None;
+        }
+        let name = r.u64(ty + TP_NAME).and_then(|p| r.read(p, longest));
+        if let Some(name) = name {
+            let found = names
+                .iter()
+                .position(|n| name.get(..n.len()) == Some(n) && name.get(n.len()) == Some(&0));
+            if found.is_some() {
+                return found;
+            }
+        }
+        ty = r.u64(ty + TP_BASE)?;
+    }
+    None
+}
+
+/// Up to `max` items of a tuple (items inline) or a list (`list`: a pointer to its items).
+fn var_items(r: &Remote, obj: u64, items: u64, list: bool, max: usize) -> Vec<u64> {
+    let Some(n) = r.u64(obj + VAR_SIZE).filter(|&n| n <= 1 << 20) else {
+        return Vec::new();
+    };
+    let n = (n as usize).min(max);
+    let at = match list {
+        true => r.u64(obj + items).filter(|&a| plausible(a)),
+        false => Some(obj + items),
+    };
+    at.and_then(|a| r.read(a, n * 8))
+        .map(|b| b.chunks_exact(8).filter_map(|w| le_u64(w, 0)).collect())
+        .unwrap_or_default()
+}
+
 /// Ranges read per system call (under the kernel's `IOV_MAX` of 1024).
 const BATCH: usize = 512;
 
@@ -634,27 +989,37 @@ mod tests {
         }
     }
 
+    /// 3.14's task offsets (Debian's 3.14.10) that only `TaskLinks::Recorded` has.
+    const AWAITED_BY: u64 = 96;
+    const IS_TASK: u64 = 108;
+    const IS_SET: u64 = 109;
+    const NODE: u64 = 152;
+    const TASKS_HEAD: u64 = 880;
+
     /// 3.14's offsets (Debian's 3.14.10), with type addresses this test makes up.
     fn layout_314() -> AsyncLayout {
         AsyncLayout {
             task_size: 168,
             task_name: 136,
-            task_awaited_by: 96,
-            task_is_task: 108,
-            task_awaited_by_is_set: 109,
             task_coro: 128,
-            task_node: 152,
-            tstate_running_task: 872,
-            tstate_tasks_head: 880,
+            tasks: TaskLinks::Recorded {
+                is_task: IS_TASK,
+                awaited_by: AWAITED_BY,
+                awaited_by_is_set: IS_SET,
+                node: NODE,
+                tstate_running_task: 872,
+                tstate_tasks_head: TASKS_HEAD,
+            },
             gen_iframe: 72,
             gen_frame_state: 67,
             frame_code: 0,
             frame_instr: 56,
             frame_owner: 74,
-            frame_stackpointer: 64,
+            stack: StackTop::Pointer(64),
             code_mask: !3,
             code_adaptive: 208,
             created: 0xfd,
+            awaiting: 2,
             await_slot: 1,
             str_type: 0,
             long_type: 0x5000,
@@ -684,10 +1049,10 @@ mod tests {
         a.set(name, LONG_DIGITS as u64, number);
         let name = a.addr(name);
         let t = a.obj(l.task_size as usize / 8);
-        a.set_byte(t, l.task_is_task, 1);
+        a.set_byte(t, IS_TASK, 1);
         a.set(t, l.task_coro, coro);
         a.set(t, l.task_name, name);
-        a.set(t, l.task_awaited_by, parent);
+        a.set(t, AWAITED_BY, parent);
         t
     }
 
@@ -743,7 +1108,7 @@ mod tests {
         let xa = a.addr(x);
         let y = task(&mut a, &l, 2, c, xa);
         let ya = a.addr(y);
-        a.set(x, l.task_awaited_by, ya);
+        a.set(x, AWAITED_BY, ya);
         let chain = l.await_chain(&me(), &any_layout(), xa).unwrap();
         assert!(chain.cut);
         assert_eq!(chain.tasks.len(), 2);
@@ -762,7 +1127,7 @@ mod tests {
     fn what_is_not_a_task_or_coroutine_is_not_believed() {
         let (l, mut a, code, c) = fixture(0);
         let t = task(&mut a, &l, 1, c, 0);
-        a.set_byte(t, l.task_is_task, 0);
+        a.set_byte(t, IS_TASK, 0);
         assert!(l.await_chain(&me(), &any_layout(), a.addr(t)).is_none());
         // Unaligned, null and unmapped addresses.
         for bad in [0, 1, 0x10, a.addr(t) + 4, 0x7fff_ffff_f000] {
@@ -791,7 +1156,7 @@ mod tests {
         for (c, ca, next) in [(outer, oa, ia), (inner, ia, fa)] {
             a.set_byte(c, l.gen_frame_state, l.created + 2);
             a.set(c, 200, next);
-            a.set(c, l.gen_iframe + l.frame_stackpointer, ca + 208);
+            a.set(c, l.gen_iframe + 64, ca + 208);
         }
         assert_eq!(l.coro_chain(&me(), oa), [(code, 1), (code, 2)]);
         // inner awaits outer: a cycle ends the walk.
@@ -799,7 +1164,7 @@ mod tests {
         assert_eq!(l.coro_chain(&me(), oa), [(code, 1), (code, 2)]);
         // A stack pointer outside the coroutine is not followed.
         a.set(inner, 200, fa);
-        a.set(outer, l.gen_iframe + l.frame_stackpointer, 0x10);
+        a.set(outer, l.gen_iframe + 64, 0x10);
         assert_eq!(l.coro_chain(&me(), oa), [(code, 1)]);
     }
 
@@ -820,7 +1185,7 @@ mod tests {
         a.set(set, SET_TABLE as u64, ta);
         let sa = a.addr(set);
         let child = task(&mut a, &l, 3, c, sa);
-        a.set_byte(child, l.task_awaited_by_is_set, 1);
+        a.set_byte(child, IS_SET, 1);
         let chain = l.await_chain(&me(), &any_layout(), a.addr(child)).unwrap();
         assert_eq!(chain.tasks[0].name, "Task-3 (2 parents)");
         let lowest = if p1a < p2a { "Task-1" } else { "Task-2" };
@@ -831,16 +1196,16 @@ mod tests {
     #[test]
     fn task_lists_end_at_their_head_and_never_loop() {
         let (l, mut a, code, c) = fixture(4);
-        let tstate = a.obj(l.tstate_tasks_head as usize / 8 + 2);
-        let head = a.addr(tstate) + l.tstate_tasks_head;
+        let tstate = a.obj(TASKS_HEAD as usize / 8 + 2);
+        let head = a.addr(tstate) + TASKS_HEAD;
         let t: Vec<usize> = (1..=3).map(|n| task(&mut a, &l, n, c, 0)).collect();
-        let node = |a: &Arena, i: usize| a.addr(t[i]) + l.task_node;
+        let node = |a: &Arena, i: usize| a.addr(t[i]) + NODE;
         // head -> t0 -> t1 -> t2 -> head
         let (n0, n1, n2) = (node(&a, 0), node(&a, 1), node(&a, 2));
-        a.set(tstate, l.tstate_tasks_head, n0);
-        a.set(t[0], l.task_node, n1);
-        a.set(t[1], l.task_node, n2);
-        a.set(t[2], l.task_node, head);
+        a.set(tstate, TASKS_HEAD, n0);
+        a.set(t[0], NODE, n1);
+        a.set(t[1], NODE, n2);
+        a.set(t[2], NODE, head);
         let (tasks, cut) = l.thread_tasks(&me(), a.addr(tstate));
         assert!(!cut);
         assert_eq!(tasks.len(), 3);
@@ -851,9 +1216,303 @@ mod tests {
         assert_eq!(shown, ["Task-1", "Task-3"]);
         assert_eq!(chains[0].tasks[0].frames, [(code, 4)]);
         // A list that loops without coming back to its head is cut, not walked forever.
-        a.set(t[2], l.task_node, n1);
+        a.set(t[2], NODE, n1);
         let (tasks, cut) = l.thread_tasks(&me(), a.addr(tstate));
         assert!(cut);
         assert_eq!(tasks.len(), 3);
+    }
+
+    /// 3.11-3.13: tasks told by their type's name, awaiters found from done callbacks.
+    mod callbacks {
+        use super::*;
+
+        const LONG_TYPE: u64 = 0x5000;
+
+        /// A C string in the arena.
+        fn cstr(a: &mut Arena, s: &str) -> u64 {
+            let mut b = s.as_bytes().to_vec();
+            b.resize(b.len() / 8 * 8 + 8, 0);
+            let o = a.obj(b.len() / 8);
+            for (k, w) in b.chunks_exact(8).enumerate() {
+                a.set(o, k as u64 * 8, u64::from_le_bytes(w.try_into().unwrap()));
+            }
+            a.addr(o)
+        }
+
+        /// A type object named `name`, derived from `base` (0: none).
+        fn ty(a: &mut Arena, name: &str, base: u64) -> u64 {
+            let n = cstr(a, name);
+            let t = a.obj(40);
+            a.set(t, TP_NAME, n);
+            a.set(t, TP_BASICSIZE, 16);
+            a.set(t, TP_BASE, base);
+            a.addr(t)
+        }
+
+        /// An object of type `t` with `words` words.
+        fn object(a: &mut Arena, t: u64, words: usize) -> usize {
+            let o = a.obj(words);
+            a.set(o, 8, t);
+            o
+        }
+
+        struct World {
+            l: AsyncLayout,
+            a: Arena,
+            task_type: u64,
+            future_type: u64,
+            code: u64,
+        }
+
+        fn world(minor: u32) -> World {
+            let layout = super::super::super::layout::builtin(minor).unwrap();
+            let l = AsyncLayout::legacy(&layout, 0, LONG_TYPE).unwrap();
+            let mut a = Arena { words: Vec::new() };
+            let future_type = ty(&mut a, "_asyncio.Future", 0);
+            let task_type = ty(&mut a, "_asyncio.Task", future_type);
+            let code = a.obj(64);
+            let code = a.addr(code);
+            World {
+                l,
+                a,
+                task_type,
+                future_type,
+                code,
+            }
+        }
+
+        impl World {
+            /// A task of type `t` named by the int `number`, whose coroutine runs `instr`.
+            fn task_of(&mut self, t: u64, number: u64, instr: u64) -> u64 {
+                let c = coro(&mut self.a, &self.l, 0x7000, self.code, instr);
+                let c = self.a.addr(c);
+                let name = object(&mut self.a, LONG_TYPE, 4);
+                self.a.set(name, LONG_TAG as u64, 1 << 3);
+                self.a.set(name, LONG_DIGITS as u64, number);
+                let name = self.a.addr(name);
+                let task = object(&mut self.a, t, self.l.task_size as usize / 8);
+                self.a.set(task, self.l.task_coro, c);
+                self.a.set(task, self.l.task_name, name);
+                self.a.addr(task)
+            }
+            fn task(&mut self, number: u64, instr: u64) -> u64 {
+                self.task_of(self.task_type, number, instr)
+            }
+            /// A future of type `t` (a task or not).
+            fn future(&mut self, t: u64) -> u64 {
+                let f = object(&mut self.a, t, self.l.task_size as usize / 8);
+                self.a.addr(f)
+            }
+            /// Sets the done callback of `fut` to `cb`: the first in `callback0`, the others
+            /// in its list of (callback, context) tuples.
+            fn add_callback(&mut self, fut: u64, cb: u64, first: bool) {
+                let i = self.index(fut);
+                if first {
+                    self.a.set(i, 24, cb);
+                    return;
+                }
+                let tuple_type = ty(&mut self.a, "tuple", 0);
+                let t = object(&mut self.a, tuple_type, 5);
+                self.a.set(t, VAR_SIZE, 2);
+                self.a.set(t, TUPLE_ITEMS, cb);
+                let t = self.a.addr(t);
+                let items = self.a.obj(1);
+                self.a.set(items, 0, t);
+                let items = self.a.addr(items);
+                let list_type = ty(&mut self.a, "list", 0);
+                let list = object(&mut self.a, list_type, 5);
+                self.a.set(list, VAR_SIZE, 1);
+                self.a.set(list, LIST_ITEMS, items);
+                let list = self.a.addr(list);
+                self.a.set(i, 40, list);
+            }
+            fn index(&self, addr: u64) -> usize {
+                (0..self.a.words.len())
+                    .find(|&k| self.a.addr(k) == addr)
+                    .unwrap()
+            }
+            /// A task's wakeup: a built-in method bound to `task`.
+            fn wakeup(&mut self, task: u64) -> u64 {
+                let t = ty(&mut self.a, "builtin_function_or_method", 0);
+                let w = object(&mut self.a, t, 6);
+                self.a.set(w, CFUNC_SELF, task);
+                self.a.addr(w)
+            }
+            fn names(&self, task: u64) -> (Vec<String>, bool) {
+                let chain = self.l.await_chain(&me(), &any_layout(), task).unwrap();
+                let names = chain.tasks.iter().map(|t| t.name.clone()).collect();
+                (names, chain.cut)
+            }
+        }
+
+        #[test]
+        fn awaiting_tasks_are_found_from_their_wakeups() {
+            for minor in [11, 12, 13] {
+                let mut w = world(minor);
+                let outer = w.task(1, 3);
+                let inner = w.task(7, 5);
+                let wake = w.wakeup(outer);
+                w.add_callback(inner, wake, true);
+                assert_eq!(
+                    w.names(inner),
+                    (vec!["Task-7".into(), "Task-1".into()], false)
+                );
+                // The task awaiting it is shown at its await.
+                let chain = w.l.await_chain(&me(), &any_layout(), inner).unwrap();
+                assert_eq!(chain.tasks[1].frames, [(w.code, 3)]);
+                // Listed after other callbacks too.
+                let other = w.task(8, 5);
+                let stranger = w.wakeup(w.code); // bound to something that is no task
+                w.add_callback(other, stranger, true);
+                w.add_callback(other, wake, false);
+                assert_eq!(w.names(other).0, ["Task-8", "Task-1"], "3.{minor}");
+            }
+        }
+
+        #[test]
+        fn gather_and_task_groups_lead_to_the_task_they_wake() {
+            for minor in [11, 12, 13] {
+                let mut w = world(minor);
+                let parent = w.task(1, 3);
+                // gather: the child's callback is a closure over the outer future, whose
+                // completion wakes the parent.
+                let gathering = ty(&mut w.a, "_GatheringFuture", w.future_type);
+                let outer = w.future(gathering);
+                let wake = w.wakeup(parent);
+                w.add_callback(outer, wake, true);
+                let cell_type = ty(&mut w.a, "cell", 0);
+                let list_type = ty(&mut w.a, "list", 0);
+                let not_future = object(&mut w.a, list_type, 5);
+                let not_future = w.a.addr(not_future);
+                let cells: Vec<u64> = [not_future, outer]
+                    .iter()
+                    .map(|&v| {
+                        let c = object(&mut w.a, cell_type, 3);
+                        w.a.set(c, CELL_REF, v);
+                        w.a.addr(c)
+                    })
+                    .collect();
+                let tuple_type = ty(&mut w.a, "tuple", 0);
+                let closure = object(&mut w.a, tuple_type, 5);
+                w.a.set(closure, VAR_SIZE, 2);
+                w.a.set(closure, TUPLE_ITEMS, cells[0]);
+                w.a.set(closure, TUPLE_ITEMS + 8, cells[1]);
+                let closure = w.a.addr(closure);
+                let function_type = ty(&mut w.a, "function", 0);
+                let f = object(&mut w.a, function_type, 12);
+                w.a.set(f, FUNC_CLOSURE, closure);
+                let f = w.a.addr(f);
+                let child = w.task(2, 5);
+                w.add_callback(child, f, true);
+                assert_eq!(w.names(child).0, ["Task-2", "Task-1"], "3.{minor}");
+
+                // TaskGroup: a bound method of the group, which holds its parent task among
+                // its attributes (the fifth, `_parent_task`).
+                let group_type = ty(&mut w.a, "TaskGroup", 0);
+                let g = w.a.obj(16);
+                let base = w.a.addr(g);
+                let (group, valid_at) = match minor {
+                    11 | 12 => {
+                        // A pointer to the values before the object (3.12: minus one).
+                        let values = w.a.obj(MAX_VALUES);
+                        w.a.set(values, 8 * 4, parent);
+                        let at = w.a.addr(values);
+                        match minor {
+                            11 => w.a.set(g, 0, at),
+                            _ => w.a.set(g, 8, at - 1),
+                        }
+                        w.a.set(g, 32 + 8, group_type);
+                        (base + 32, None)
+                    }
+                    _ => {
+                        // Inline after the object's `tp_basicsize` (16), behind a word whose
+                        // fourth byte says they are valid.
+                        w.a.set(g, 8, group_type);
+                        w.a.set(g, 16, 1 << 24);
+                        w.a.set(g, 24 + 8 * 4, parent);
+                        (base, Some(16))
+                    }
+                };
+                let method_type = ty(&mut w.a, "method", 0);
+                let m = object(&mut w.a, method_type, 5);
+                w.a.set(m, METHOD_SELF, group);
+                let m = w.a.addr(m);
+                let member = w.task(3, 5);
+                w.add_callback(member, m, true);
+                assert_eq!(w.names(member).0, ["Task-3", "Task-1"], "3.{minor}");
+                if let Some(at) = valid_at {
+                    // Values no longer valid (moved to a dict): no parent found.
+                    w.a.set(g, at, 0);
+                    assert_eq!(w.names(member).0, ["Task-3"], "3.{minor}");
+                }
+            }
+        }
+
+        #[test]
+        fn only_tasks_are_believed_and_future_hops_are_bounded() {
+            let mut w = world(12);
+            // A subclass of Task is a task; a future is not; garbage is not.
+            let sub = ty(&mut w.a, "MyTask", w.task_type);
+            let t = w.task_of(sub, 4, 1);
+            assert_eq!(w.names(t).0, ["Task-4"]);
+            let f = w.future(w.future_type);
+            assert!(w.l.await_chain(&me(), &any_layout(), f).is_none());
+            assert!(w.l.await_chain(&me(), &any_layout(), 0x10).is_none());
+            assert!(w.l.task_key(&me(), 0x12345).is_none());
+            // A closure over a future whose callback is the same closure: followed
+            // `MAX_FUTURE_HOPS` times, then given up.
+            let cell_type = ty(&mut w.a, "cell", 0);
+            let tuple_type = ty(&mut w.a, "tuple", 0);
+            let function_type = ty(&mut w.a, "function", 0);
+            let fut = w.future(w.future_type);
+            let cell = object(&mut w.a, cell_type, 3);
+            w.a.set(cell, CELL_REF, fut);
+            let cell = w.a.addr(cell);
+            let closure = object(&mut w.a, tuple_type, 4);
+            w.a.set(closure, VAR_SIZE, 1);
+            w.a.set(closure, TUPLE_ITEMS, cell);
+            let closure = w.a.addr(closure);
+            let func = object(&mut w.a, function_type, 12);
+            w.a.set(func, FUNC_CLOSURE, closure);
+            let func = w.a.addr(func);
+            w.add_callback(fut, func, true);
+            let looping = w.task(5, 1);
+            w.add_callback(looping, func, true);
+            assert_eq!(w.names(looping).0, ["Task-5"]);
+            // A key changes with the callbacks.
+            let before = w.l.task_key(&me(), looping).unwrap();
+            let wake = w.wakeup(t);
+            w.add_callback(looping, wake, false);
+            assert_ne!(w.l.task_key(&me(), looping).unwrap(), before);
+        }
+
+        #[test]
+        fn suspended_coroutine_chains_follow_the_stack_top() {
+            for minor in [11, 12, 13] {
+                let mut w = world(minor);
+                let l = w.l.clone();
+                let inner = coro(&mut w.a, &l, 0x7000, w.code, 9);
+                let inner = w.a.addr(inner);
+                let outer = coro(&mut w.a, &l, 0x7000, w.code, 2);
+                // Suspended in an await: the awaited coroutine on top of the frame's stack.
+                w.a.set_byte(outer, l.gen_frame_state, l.created.wrapping_add(l.awaiting));
+                let (StackTop::Index { at, localsplus }, 0) = (l.stack, 0) else {
+                    panic!("3.{minor} keeps a stack index");
+                };
+                // `stacktop` is an i32 sharing its word with the owner byte.
+                w.a.set_byte(outer, l.gen_iframe + at, 2);
+                w.a.set(outer, l.gen_iframe + localsplus + 8, inner);
+                let outer = w.a.addr(outer);
+                assert_eq!(
+                    l.coro_chain(&me(), outer),
+                    [(w.code, 2), (w.code, 9)],
+                    "3.{minor}"
+                );
+                // A stack index past the coroutine is not followed.
+                let i = w.index(outer);
+                w.a.set_byte(i, l.gen_iframe + at + 2, 0x10);
+                assert_eq!(l.coro_chain(&me(), outer), [(w.code, 2)], "3.{minor}");
+            }
+        }
     }
 }

@@ -481,6 +481,11 @@ impl Layout {
             code_filename: self.code_filename as u32,
             tstate_running_task: NO_OFFSET,
             interp_head: 0,
+            handle_run_code: 0,
+            frame_self: NO_OFFSET,
+            handle_callback: NO_OFFSET,
+            step_task: NO_OFFSET,
+            _pad: 0,
         }
     }
 

@@ -184,6 +184,11 @@ pub struct PyProcess {
     asyncio: Option<asyncio::AsyncLayout>,
     asyncio_looked: Option<std::time::Instant>,
     asyncio_looks: u32,
+    /// 3.11-3.13, `--async-aware`: asyncio's `Handle._run` code object is looked for among
+    /// the code objects samples name, and its address once seen (see
+    /// `PyProcConfig::handle_run_code`).
+    handle_run_wanted: bool,
+    handle_run: u64,
     /// Await chains by running task, with the epoch they were last checked in and what they
     /// were read from (`AsyncLayout::task_key`).
     await_chains: FxHashMap<u64, AwaitEntry>,
@@ -353,6 +358,8 @@ impl PyProcess {
                 asyncio: None,
                 asyncio_looked: None,
                 asyncio_looks: 0,
+                handle_run_wanted: false,
+                handle_run: 0,
                 await_chains: FxHashMap::default(),
                 task_frames: FxHashMap::default(),
                 task_names: asyncio::NameCache::new(),
@@ -370,25 +377,48 @@ impl PyProcess {
         Err(NotPython::NoRuntime)
     }
 
-    /// Looks for asyncio's layout in the mapped files; true when it is newly found.
+    /// Looks for asyncio's layout in the mapped files (3.11-3.13: takes it from the tables
+    /// once `Handle._run` was seen); true when it is newly found.
     fn look_for_asyncio(&mut self, proc: &Process) -> bool {
         if self.asyncio.is_some() {
             return false;
         }
         self.asyncio_looked = Some(std::time::Instant::now());
         self.asyncio_looks = self.asyncio_looks.saturating_add(1);
-        let found = asyncio::AsyncLayout::find(
-            proc,
-            &self.remote,
-            &self.layout,
-            self.str_type,
-            self.long_type,
-        );
+        let found = match self.handle_run_wanted {
+            true if self.handle_run != 0 => {
+                asyncio::AsyncLayout::legacy(&self.layout, self.str_type, self.long_type)
+            }
+            true => None,
+            false => asyncio::AsyncLayout::find(
+                proc,
+                &self.remote,
+                &self.layout,
+                self.str_type,
+                self.long_type,
+            ),
+        };
         let Some(a) = found else { return false };
         log::info!("pid {}: asyncio found", self.pid);
-        self.config.tstate_running_task = a.tstate_running_task as u32;
         self.asyncio = Some(a);
+        self.async_config();
         true
+    }
+
+    /// Sets what the BPF side reads of asyncio at a sample into `config` (again after the
+    /// rest of it was taken anew: `PythonRegistry::refresh`).
+    fn async_config(&mut self) {
+        let Some(a) = &self.asyncio else { return };
+        let c = &mut self.config;
+        if let Some(off) = a.tstate_running_task() {
+            c.tstate_running_task = off as u32;
+        } else if self.handle_run != 0 {
+            c.handle_run_code = self.handle_run;
+            c.frame_self = self.layout.frame_localsplus;
+            c.handle_callback = asyncio::HANDLE_CALLBACK;
+            c.step_task = asyncio::STEP_TASK;
+            c.frame_read_size = c.frame_read_size.max(c.frame_self + 8);
+        }
     }
 
     /// The await chain of the running task `task`: checked once per epoch (one read of the
@@ -645,6 +675,9 @@ impl PyProcess {
                     code::StringCopies::default(),
                 )?);
                 self.retire(a);
+                if self.handle_run_wanted && self.handle_run == 0 && is_handle_run(&c) {
+                    self.handle_run = a;
+                }
                 self.codes.insert(a, (c.clone(), epoch));
                 Some(c)
             })();
@@ -781,6 +814,13 @@ fn task_ids(pid: u32) -> Vec<(u32, u32)> {
 /// in distribution builds), named so that an eval-loop frame in either part is recognized as
 /// one when Python frames are merged into the native stack.
 pub const SPLIT_FUNCTIONS: &[&str] = &["_PyEval_EvalFrameDefault"];
+
+/// Whether `c` is asyncio's `Handle._run` (3.11+: the name is the qualified name), which calls
+/// the step of the task an event loop runs.
+fn is_handle_run(c: &CodeInfo) -> bool {
+    &*c.name == "Handle._run"
+        && (c.file.ends_with("/asyncio/events.py") || &*c.file == "asyncio/events.py")
+}
 
 /// Native functions on the path that takes the GIL, and `drop_gil`, which on a forced switch
 /// waits until the requesting thread has taken the GIL before this thread queues for it again.
@@ -954,10 +994,20 @@ impl PythonRegistry {
             Ok(mut p) => {
                 if self.async_aware && p.layout.minor >= 14 {
                     p.look_for_asyncio(proc);
+                } else if self.async_aware && p.layout.minor >= 11 {
+                    p.handle_run_wanted = true;
+                    if self.async_all {
+                        eprintln!(
+                            "tachyon-bpf: pid {} runs Python {}: suspended asyncio tasks are \
+                             listed on Python 3.14 or newer only, so its running tasks are \
+                             shown and its suspended ones are not",
+                            proc.pid, p.version
+                        );
+                    }
                 } else if self.async_aware {
                     eprintln!(
                         "tachyon-bpf: pid {} runs Python {}: async-aware stacks need Python \
-                         3.14 or newer, so its stacks are shown as they run",
+                         3.11 or newer, so its stacks are shown as they run",
                         proc.pid, p.version
                     );
                 }
@@ -1038,9 +1088,8 @@ impl PythonRegistry {
         let p = self.procs.get_mut(&proc.pid).filter(|p| !p.ready)?;
         let now = PyProcess::discover(proc).ok().filter(|n| n.ready)?;
         log::info!("pid {}: Python {} runtime ready", proc.pid, p.version);
-        let running_task = p.config.tstate_running_task;
         p.config = now.config;
-        p.config.tstate_running_task = running_task;
+        p.async_config();
         p.ready = true;
         Some(p.config)
     }
@@ -1055,8 +1104,13 @@ impl PythonRegistry {
                 } else {
                     ASYNCIO_RETRY
                 };
+                // 3.11-3.13: once `Handle._run` has been seen.
+                let ready = match p.handle_run_wanted {
+                    true => p.handle_run != 0,
+                    false => p.layout.minor >= 14,
+                };
                 p.asyncio.is_none()
-                    && p.layout.minor >= 14
+                    && ready
                     && p.asyncio_looked.is_none_or(|t| t.elapsed() >= every)
             })
     }
@@ -1080,7 +1134,7 @@ impl PythonRegistry {
         let Some(p) = self.procs.get_mut(&pid) else {
             return Vec::new();
         };
-        let Some(a) = p.asyncio.clone() else {
+        let Some(a) = p.asyncio.clone().filter(|a| a.lists_tasks()) else {
             return Vec::new();
         };
         let mut threads: Vec<(u32, u64)> = p.threads.iter().map(|(&t, &s)| (t, s)).collect();
@@ -1094,7 +1148,10 @@ impl PythonRegistry {
             if tasks.is_empty() {
                 continue;
             }
-            let running = p.remote.u64(tstate + a.tstate_running_task).unwrap_or(0);
+            let running = a
+                .tstate_running_task()
+                .and_then(|off| p.remote.u64(tstate + off))
+                .unwrap_or(0);
             let chains = a.suspended(&p.remote, &p.layout, &tasks, running, &mut p.task_names);
             let mut stacks = Vec::with_capacity(chains.len());
             for c in chains {
@@ -1384,6 +1441,13 @@ impl PythonRegistry {
             };
             out.frames
                 .push(profiler_common::PyFrame { code, instr, flags });
+            // 3.11-3.13: the running task from the innermost `Handle._run`, as at a sample.
+            if c.handle_run_code != 0 && code == c.handle_run_code && out.running_task == 0 {
+                out.running_task = u64_at(c.frame_self)
+                    .and_then(|h| r.u64(h.wrapping_add(c.handle_callback as u64)))
+                    .and_then(|cb| r.u64(cb.wrapping_add(c.step_task as u64)))
+                    .unwrap_or(0);
+            }
             frame = u64_at(c.frame_previous).unwrap_or(0);
         }
         Some(out)
