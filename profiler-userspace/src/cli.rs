@@ -60,7 +60,7 @@ pub struct DumpArgs {
     #[arg(long)]
     pub json: bool,
     /// Also every asyncio task of the process's event loops, each with its await chain, and
-    /// running threads shown from their running task (Python 3.14+).
+    /// running threads shown from their running task (Python 3.11+).
     #[arg(long)]
     pub async_aware: bool,
 }
@@ -141,7 +141,7 @@ pub struct RunArgs {
     pub opcodes: bool,
     /// running: show each sample of a thread that runs an asyncio event loop from the task it
     /// runs, under `<task> NAME` frames of that task and of each task awaiting it, outermost
-    /// first, instead of under the loop's machinery (Python 3.14+; others are shown plain).
+    /// first, instead of under the loop's machinery (Python 3.11+; others are shown plain).
     /// all: that, and every suspended task's await chain, sampled every 100 ms on a
     /// pseudo-thread of its loop, weighted with the time it stood for (a wall-time view).
     #[arg(long, value_name = "WHICH", value_parser = ["running", "all"])]

@@ -870,9 +870,11 @@ impl Collector {
                 Some(l) => now_ns.saturating_sub(l) as f64 / 1e6,
                 None => TASK_PASS_MS,
             };
-            let loops = self
-                .python
-                .suspended_tasks(pid, &mut PySink(&mut self.profile));
+            let loops = self.python.suspended_tasks(
+                pid,
+                self.procs.get(&pid),
+                &mut PySink(&mut self.profile),
+            );
             if loops.is_empty() {
                 continue;
             }

@@ -25,7 +25,7 @@
 //! Target memory is untrusted: every chain is bounded, a cycle or a freed task ends a walk, and
 //! names are decoded with the same checks as code-object names.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use super::code::read_unicode;
 use super::layout::Layout;
@@ -72,6 +72,17 @@ const CELL_REF: u64 = 16;
 const MAX_CALLBACKS: usize = 16;
 const MAX_CELLS: usize = 16;
 const MAX_VALUES: usize = 16;
+/// `PyHeapTypeObject::ht_module` (3.12, 3.13) and `PyModuleObject::md_state`.
+const HT_MODULE: u64 = 888;
+const MD_STATE: u64 = 32;
+/// Words of `_asyncio`'s module state (3.12, 3.13), or bytes of its static data (3.11), looked
+/// through for its set of every task.
+const STATE_WORDS: usize = 64;
+const MAX_STATIC: u64 = 64 << 10;
+/// `PyWeakReference::wr_object`.
+const WR_OBJECT: u64 = 16;
+/// Largest table of the set of every task read (its `mask + 1`): room for `MAX_TASKS`.
+const MAX_TASK_TABLE: u64 = 1 << 17;
 /// Futures followed from a task's callbacks to the task its completion wakes (a `gather`'s
 /// outer future is one).
 const MAX_FUTURE_HOPS: usize = 2;
@@ -101,6 +112,95 @@ pub struct AsyncLayout {
     await_slot: u64,
     str_type: u64,
     long_type: u64,
+    /// 3.11-3.13: type objects read, by address (see `TypeCache`).
+    types: TypeCache,
+}
+
+/// The name and base of each type object read (3.11-3.13 tell asyncio's objects by their
+/// types' names): a type lives as long as objects of it, and the same few are met again and
+/// again. Shared by the copies of a layout; not part of what a layout is.
+#[derive(Clone, Debug, Default)]
+struct TypeCache(std::sync::Arc<std::sync::Mutex<Caches>>);
+
+#[derive(Debug, Default)]
+struct Caches {
+    types: HashMap<u64, TypeEntry>,
+    /// The tasks each done callback leads to, by the callback's address, for one pass or
+    /// chain read (`TypeCache::new_read`): a `gather` adds one callback to all its children.
+    woken: HashMap<u64, Vec<u64>>,
+}
+
+/// A type's name (its first `TYPE_NAME_LEN` bytes) and its base type's address.
+type TypeEntry = (Vec<u8>, u64);
+
+/// Tasks as listed for a pass of `all`: each one's address and object bytes.
+pub type TaskBytes = Vec<(u64, Vec<u8>)>;
+
+impl PartialEq for TypeCache {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for TypeCache {}
+
+/// Types kept in a `TypeCache` at most.
+const MAX_TYPES: usize = 4096;
+/// Bytes of a type's name read: the longest name looked for, with its terminator.
+const TYPE_NAME_LEN: usize = 32;
+
+impl TypeCache {
+    /// A new pass or chain read: what callbacks led to is read again.
+    fn new_read(&self) {
+        if let Ok(mut c) = self.0.lock() {
+            c.woken.clear();
+        }
+    }
+
+    fn woken(&self, cb: u64) -> Option<Vec<u64>> {
+        self.0.lock().ok()?.woken.get(&cb).cloned()
+    }
+
+    fn set_woken(&self, cb: u64, tasks: &[u64]) {
+        if let Ok(mut c) = self.0.lock() {
+            c.woken.insert(cb, tasks.to_vec());
+        }
+    }
+
+    /// Which of `names` type `ty` is named, or derives from a type so named (3.11-3.13's
+    /// asyncio types have no flag to tell them by; a subclass of `Task` derives from it).
+    fn named(&self, r: &Remote, mut ty: u64, names: &[&[u8]]) -> Option<usize> {
+        for _ in 0..MAX_BASES {
+            if !plausible(ty) {
+                return None;
+            }
+            let known = self.0.lock().ok()?.types.get(&ty).cloned();
+            let (name, base) = match known {
+                Some(k) => k,
+                None => {
+                    let name = r
+                        .u64(ty + TP_NAME)
+                        .and_then(|p| r.read(p, TYPE_NAME_LEN))
+                        .unwrap_or_default();
+                    let base = r.u64(ty + TP_BASE)?;
+                    let cache = &mut self.0.lock().ok()?.types;
+                    if cache.len() >= MAX_TYPES {
+                        cache.clear();
+                    }
+                    cache.insert(ty, (name.clone(), base));
+                    (name, base)
+                }
+            };
+            let found = names
+                .iter()
+                .position(|n| name.get(..n.len()) == Some(n) && name.get(n.len()) == Some(&0));
+            if found.is_some() {
+                return found;
+            }
+            ty = base;
+        }
+        None
+    }
 }
 
 /// How tasks are told from other objects, and how the tasks awaiting one are found.
@@ -250,6 +350,7 @@ impl AsyncLayout {
                 await_slot,
                 str_type,
                 long_type,
+                types: TypeCache::default(),
             };
             return l.sane(w(9)).then_some(l);
         }
@@ -299,6 +400,7 @@ impl AsyncLayout {
             await_slot: 1,
             str_type,
             long_type,
+            types: TypeCache::default(),
         })
     }
 
@@ -369,6 +471,7 @@ impl AsyncLayout {
     /// The running task `running` (as the sample copied it) and the tasks awaiting it. `None`
     /// when it does not read as a task with a coroutine.
     pub fn await_chain(&self, r: &Remote, layout: &Layout, running: u64) -> Option<AwaitChain> {
+        self.types.new_read();
         let first = self.task(r, layout, running)?;
         let (coro_code, _) = self.coro_frame(r, first.coro)?.0;
         // The running task's frames are the sample's; the others are at their `await`.
@@ -474,12 +577,19 @@ impl AsyncLayout {
         self.parse_task(r, layout, addr, &b, None)
     }
 
+    /// Whether the object at `addr` is a task.
+    pub fn is_task_at(&self, r: &Remote, addr: u64) -> bool {
+        plausible(addr)
+            && r.read(addr, self.task_size as usize)
+                .is_some_and(|b| self.is_task(r, &b))
+    }
+
     /// Whether the object whose bytes start with `b` is a task.
     fn is_task(&self, r: &Remote, b: &[u8]) -> bool {
         match self.tasks {
             TaskLinks::Recorded { is_task, .. } => b.get(is_task as usize) == Some(&1),
             TaskLinks::Callbacks { .. } => {
-                le_u64(b, 8).and_then(|ty| type_named(r, ty, &[b"_asyncio.Task"])) == Some(0)
+                le_u64(b, 8).and_then(|ty| self.types.named(r, ty, &[b"_asyncio.Task"])) == Some(0)
             }
         }
     }
@@ -510,7 +620,7 @@ impl AsyncLayout {
                 b.get(awaited_by_is_set as usize),
             ) {
                 (0, _) => Vec::new(),
-                (set, Some(&1)) => self.set_members(r, set),
+                (set, Some(&1)) => set_members(r, set, MAX_SET_TABLE),
                 (one, _) => vec![one],
             },
             TaskLinks::Callbacks { .. } => self.woken_by(r, b, 0),
@@ -562,11 +672,19 @@ impl AsyncLayout {
         }
         let mut out = Vec::new();
         for cb in cbs.into_iter().take(MAX_CALLBACKS) {
+            if let Some(known) = self.types.woken(cb).filter(|_| hops == 0) {
+                for t in known {
+                    if !out.contains(&t) {
+                        out.push(t);
+                    }
+                }
+                continue;
+            }
             let Some(ty) = plausible(cb).then(|| r.u64(cb + 8)).flatten() else {
                 continue;
             };
             const KINDS: [&[u8]; 3] = [b"builtin_function_or_method", b"method", b"function"];
-            let found: Vec<u64> = match type_named(r, ty, &KINDS) {
+            let found: Vec<u64> = match self.types.named(r, ty, &KINDS) {
                 Some(0) => r.u64(cb + CFUNC_SELF).into_iter().collect(),
                 Some(1) => r
                     .u64(cb + METHOD_SELF)
@@ -585,8 +703,8 @@ impl AsyncLayout {
                         let Some(fb) = r.read(v, self.task_size as usize) else {
                             continue;
                         };
-                        let future =
-                            le_u64(&fb, 8).and_then(|ty| type_named(r, ty, &[b"_asyncio.Future"]));
+                        let future = le_u64(&fb, 8)
+                            .and_then(|ty| self.types.named(r, ty, &[b"_asyncio.Future"]));
                         if future == Some(0) {
                             via.extend(self.woken_by(r, &fb, hops + 1));
                         }
@@ -595,11 +713,21 @@ impl AsyncLayout {
                 }
                 _ => Vec::new(),
             };
+            let mut tasks: Vec<u64> = Vec::new();
             for t in found {
                 let is_task = plausible(t)
-                    && r.read(t, 16).is_some_and(|tb| self.is_task(r, &tb))
-                    && !out.contains(&t);
+                    && !tasks.contains(&t)
+                    && r.read(t, 16).is_some_and(|tb| self.is_task(r, &tb));
                 if is_task {
+                    tasks.push(t);
+                }
+            }
+            // What a callback leads to depends on the hops left: kept from the first only.
+            if hops == 0 {
+                self.types.set_woken(cb, &tasks);
+            }
+            for t in tasks {
+                if !out.contains(&t) {
                     out.push(t);
                 }
             }
@@ -666,32 +794,6 @@ impl AsyncLayout {
             return Some(format!("Task-{n}"));
         }
         None
-    }
-
-    /// The members of an awaited-by set (bounded; the dummy entries of deleted keys are
-    /// among them, and are not tasks).
-    fn set_members(&self, r: &Remote, set: u64) -> Vec<u64> {
-        let Some(head) = r.read(set, SET_TABLE + 8) else {
-            return Vec::new();
-        };
-        let (Some(used), Some(mask), Some(table)) = (
-            le_u64(&head, SET_USED),
-            le_u64(&head, SET_MASK),
-            le_u64(&head, SET_TABLE),
-        ) else {
-            return Vec::new();
-        };
-        if mask >= MAX_SET_TABLE || used > mask + 1 {
-            return Vec::new();
-        }
-        let Some(t) = r.read(table, (mask as usize + 1) * 16) else {
-            return Vec::new();
-        };
-        t.chunks_exact(16)
-            .filter_map(|e| le_u64(e, 0))
-            .filter(|&k| k != 0)
-            .take(used as usize)
-            .collect()
     }
 
     /// Bytes of a coroutine object read to parse its frame (`parse_coro`).
@@ -841,6 +943,93 @@ impl AsyncLayout {
         (out, false)
     }
 
+    /// 3.11-3.13 (`all`): the `WeakSet` of every task the `_asyncio` module keeps (3.11: its
+    /// static `all_tasks`, found among the words of its data and bss sections; 3.12, 3.13:
+    /// `scheduled_tasks` in its module state, found from `task`'s type, a task seen running).
+    pub fn find_task_set(&self, r: &Remote, proc: &Process, minor: u32, task: u64) -> Option<u64> {
+        let mut words: Vec<u64> = Vec::new();
+        if minor == 11 {
+            for m in &proc.modules {
+                let file = m.path.rsplit('/').next().unwrap_or("");
+                let Some(elf) = m.elf.as_ref().filter(|_| file.starts_with("_asyncio")) else {
+                    continue;
+                };
+                for name in [".data", ".bss"] {
+                    let Some((at, size)) = elf.section_range(name) else {
+                        continue;
+                    };
+                    let at = at.wrapping_add(m.bias);
+                    if let Some(b) = r.read(at, size.min(MAX_STATIC) as usize) {
+                        words.extend(b.chunks_exact(8).filter_map(|w| le_u64(w, 0)));
+                    }
+                }
+            }
+        } else {
+            let ty = r.u64(task + 8).filter(|&t| plausible(t))?;
+            let module = r.u64(ty + HT_MODULE).filter(|&m| plausible(m))?;
+            let state = r.u64(module + MD_STATE).filter(|&s| plausible(s))?;
+            let b = r.read(state, STATE_WORDS * 8)?;
+            words.extend(b.chunks_exact(8).filter_map(|w| le_u64(w, 0)));
+        }
+        words.into_iter().filter(|&w| plausible(w)).find(|&w| {
+            r.u64(w + 8)
+                .is_some_and(|ty| self.types.named(r, ty, &[b"WeakSet"]) == Some(0))
+        })
+    }
+
+    /// 3.11-3.13 (`all`): the tasks in the `WeakSet` `set` (`find_task_set`), each with its
+    /// object's bytes and its loop; and whether the list was cut (`MAX_TASKS`, or a set that
+    /// did not read).
+    pub fn set_tasks(&self, r: &Remote, set: u64) -> (Vec<(u64, Vec<u8>)>, bool) {
+        let TaskLinks::Callbacks { values, .. } = self.tasks else {
+            return (Vec::new(), true);
+        };
+        // `WeakSet.data` is its first attribute: a set of weak references.
+        let Some(&data) = self.values_of(r, set, values).first() else {
+            return (Vec::new(), true);
+        };
+        let is_set = plausible(data)
+            && r.u64(data + 8)
+                .is_some_and(|ty| self.types.named(r, ty, &[b"set"]) == Some(0));
+        if !is_set {
+            return (Vec::new(), true);
+        }
+        let refs = set_members(r, data, MAX_TASK_TABLE);
+        let cut = refs.len() > MAX_TASKS;
+        let refs: Vec<(u64, usize)> = refs
+            .into_iter()
+            .filter(|&w| plausible(w))
+            .take(MAX_TASKS)
+            .map(|w| (w, (WR_OBJECT + 8) as usize))
+            .collect();
+        let objs: Vec<(u64, usize)> = read_batch(r, &refs)
+            .into_iter()
+            .filter_map(|b| le_u64(&b?, WR_OBJECT as usize))
+            .filter(|&t| plausible(t))
+            .map(|t| (t, self.task_size as usize))
+            .collect();
+        let mut types: std::collections::HashMap<u64, bool> = std::collections::HashMap::new();
+        let tasks = objs
+            .iter()
+            .zip(read_batch(r, &objs))
+            .filter_map(|(&(t, _), b)| {
+                let b = b?;
+                let ty = le_u64(&b, 8)?;
+                let task = *types
+                    .entry(ty)
+                    .or_insert_with(|| self.types.named(r, ty, &[b"_asyncio.Task"]) == Some(0));
+                task.then_some((t, b))
+            })
+            .collect();
+        (tasks, cut)
+    }
+
+    /// The loop of a task, from its bytes (`fut_loop`, the first field after the object
+    /// header on every version).
+    pub fn task_loop(b: &[u8]) -> Option<u64> {
+        le_u64(b, 16)
+    }
+
     /// Every suspended task of a thread, as `all` mode shows it: the task's await chain from
     /// the outermost task awaiting it, each task with its coroutine chain at its suspension
     /// point. `running`: the thread's running task (sampled on CPU, not here). `names`: task
@@ -853,6 +1042,7 @@ impl AsyncLayout {
         running: u64,
         names: &mut NameCache,
     ) -> Vec<AwaitChain> {
+        self.types.new_read();
         let listed: std::collections::HashMap<u64, TaskObj> = tasks
             .iter()
             .filter_map(|(addr, b)| {
@@ -905,26 +1095,30 @@ fn plausible(a: u64) -> bool {
     a & 7 == 0 && a >= 0x10000 && a >> 47 == 0
 }
 
-/// Which of `names` type `ty` is named, or derives from a type so named (3.11-3.13's asyncio
-/// types have no flag to tell them by; a subclass of `Task` derives from it).
-fn type_named(r: &Remote, mut ty: u64, names: &[&[u8]]) -> Option<usize> {
-    let longest = names.iter().map(|n| n.len()).max().unwrap_or(0) + 1;
-    for _ in 0..MAX_BASES {
-        if !plausible(ty) {
-            return None;
-        }
-        let name = r.u64(ty + TP_NAME).and_then(|p| r.read(p, longest));
-        if let Some(name) = name {
-            let found = names
-                .iter()
-                .position(|n| name.get(..n.len()) == Some(n) && name.get(n.len()) == Some(&0));
-            if found.is_some() {
-                return found;
-            }
-        }
-        ty = r.u64(ty + TP_BASE)?;
+/// The members of a set (a table of at most `max_table` entries read; the dummy entries of
+/// deleted keys are among them, and are not what the set holds).
+fn set_members(r: &Remote, set: u64, max_table: u64) -> Vec<u64> {
+    let Some(head) = r.read(set, SET_TABLE + 8) else {
+        return Vec::new();
+    };
+    let (Some(used), Some(mask), Some(table)) = (
+        le_u64(&head, SET_USED),
+        le_u64(&head, SET_MASK),
+        le_u64(&head, SET_TABLE),
+    ) else {
+        return Vec::new();
+    };
+    if mask >= max_table || used > mask + 1 {
+        return Vec::new();
     }
-    None
+    let Some(t) = r.read(table, (mask as usize + 1) * 16) else {
+        return Vec::new();
+    };
+    t.chunks_exact(16)
+        .filter_map(|e| le_u64(e, 0))
+        .filter(|&k| k != 0)
+        .take(used as usize)
+        .collect()
 }
 
 /// Up to `max` items of a tuple (items inline) or a list (`list`: a pointer to its items).
@@ -1023,6 +1217,7 @@ mod tests {
             await_slot: 1,
             str_type: 0,
             long_type: 0x5000,
+            types: TypeCache::default(),
         }
     }
 

@@ -150,6 +150,13 @@ pub struct TaskSplice {
     pub prefix: Arc<Vec<FrameRef>>,
 }
 
+/// Threads of a process whose frames are walked for their event loops (3.11-3.13, `all`), and
+/// locals of each frame looked at for a task.
+const MAX_LOOP_THREADS: usize = 256;
+const LOCALS_SCANNED: usize = 8;
+/// Passes of `all` (3.11-3.13) between walks of a process's threads for their loops.
+const LOOP_WALK_EVERY: u32 = 10;
+
 /// How often a process that has not imported asyncio (or not yet) is looked at again: often
 /// for its first `ASYNCIO_EARLY_LOOKS` looks (a program imports asyncio as it starts), then
 /// seldom.
@@ -189,6 +196,13 @@ pub struct PyProcess {
     /// `PyProcConfig::handle_run_code`).
     handle_run_wanted: bool,
     handle_run: u64,
+    /// 3.11-3.13, `all`: the set of every task once found, a task seen running (to find it
+    /// from), and the thread each event loop was seen running a task in.
+    task_set: u64,
+    seen_task: u64,
+    loop_threads: FxHashMap<u64, u32>,
+    /// Passes of `all` since the threads were last walked for their loops.
+    loop_passes: u32,
     /// Await chains by running task, with the epoch they were last checked in and what they
     /// were read from (`AsyncLayout::task_key`).
     await_chains: FxHashMap<u64, AwaitEntry>,
@@ -360,6 +374,10 @@ impl PyProcess {
                 asyncio_looks: 0,
                 handle_run_wanted: false,
                 handle_run: 0,
+                task_set: 0,
+                seen_task: 0,
+                loop_threads: FxHashMap::default(),
+                loop_passes: 0,
                 await_chains: FxHashMap::default(),
                 task_frames: FxHashMap::default(),
                 task_names: asyncio::NameCache::new(),
@@ -378,15 +396,27 @@ impl PyProcess {
     }
 
     /// Looks for asyncio's layout in the mapped files (3.11-3.13: takes it from the tables
-    /// once `Handle._run` was seen); true when it is newly found.
+    /// once the `_asyncio` extension is mapped or `Handle._run` was seen); true when it is
+    /// newly found, or (3.11-3.13) `Handle._run` was seen since: the BPF config changed.
     fn look_for_asyncio(&mut self, proc: &Process) -> bool {
         if self.asyncio.is_some() {
-            return false;
+            let news = self.handle_run != 0 && self.config.handle_run_code == 0;
+            self.async_config();
+            return news;
         }
         self.asyncio_looked = Some(std::time::Instant::now());
         self.asyncio_looks = self.asyncio_looks.saturating_add(1);
+        let legacy_seen = || {
+            self.handle_run != 0
+                || proc.modules.iter().any(|m| {
+                    m.path
+                        .rsplit('/')
+                        .next()
+                        .is_some_and(|f| f.starts_with("_asyncio"))
+                })
+        };
         let found = match self.handle_run_wanted {
-            true if self.handle_run != 0 => {
+            true if legacy_seen() => {
                 asyncio::AsyncLayout::legacy(&self.layout, self.str_type, self.long_type)
             }
             true => None,
@@ -423,7 +453,7 @@ impl PyProcess {
 
     /// The await chain of the running task `task`: checked once per epoch (one read of the
     /// task), read again when the task's own words changed.
-    fn await_chain(&mut self, task: u64, epoch: u64) -> Option<Arc<asyncio::AwaitChain>> {
+    fn await_chain(&mut self, task: u64, tid: u32, epoch: u64) -> Option<Arc<asyncio::AwaitChain>> {
         let a = self.asyncio.as_ref()?;
         if self.await_chains.len() > 4096 {
             self.await_chains.clear();
@@ -444,6 +474,16 @@ impl PyProcess {
         let chain = key
             .and_then(|_| a.await_chain(&self.remote, &self.layout, task))
             .map(Arc::new);
+        if chain.is_some() && !a.lists_tasks() {
+            // 3.11-3.13: which thread runs the task's loop (`all` mode's passes).
+            if let Some(l) = self.remote.u64(task + 16) {
+                if self.loop_threads.len() > 1024 {
+                    self.loop_threads.clear();
+                }
+                self.loop_threads.insert(l, tid);
+            }
+            self.seen_task = task;
+        }
         self.await_chains.insert(
             task,
             AwaitEntry {
@@ -478,6 +518,53 @@ impl PyProcess {
             e.prefix = Some(prefix.clone());
         }
         prefix
+    }
+
+    /// 3.11-3.13 (`all`): the event loop each thread runs, from its `BaseEventLoop.run_forever`
+    /// frame's `self`; and a task found among the first locals of its frames (from which
+    /// `_asyncio`'s set of tasks is found, before a sample has shown one running). Also learns
+    /// `Handle._run` where a frame runs it.
+    fn loops_of_threads(&mut self, epoch: u64) {
+        let Some(a) = self.asyncio.clone() else {
+            return;
+        };
+        let c = self.config;
+        let mut threads: Vec<(u32, u64)> = self.threads.iter().map(|(&t, &s)| (t, s)).collect();
+        threads.sort_unstable();
+        for (tid, tstate) in threads.into_iter().take(MAX_LOOP_THREADS) {
+            let mut frame = self.remote.u64(tstate + c.tstate_frame as u64).unwrap_or(0);
+            if c.cframe_frame != profiler_common::NO_OFFSET && frame != 0 {
+                frame = self.remote.u64(frame + c.cframe_frame as u64).unwrap_or(0);
+            }
+            let len = self.layout.frame_localsplus as usize + 8 * LOCALS_SCANNED;
+            let mut seen = HashSet::new();
+            while frame != 0 && seen.len() < profiler_common::MAX_PY_FRAMES && seen.insert(frame) {
+                let Some(buf) = self.remote.read(frame, len) else {
+                    break;
+                };
+                let code = le_u64(&buf, c.frame_code as usize).unwrap_or(0) & c.code_mask;
+                let owner = buf.get(c.frame_owner as usize).copied().unwrap_or(0);
+                let info = match self.layout.is_shim(owner, code, self.none_addr) {
+                    true => None,
+                    false => self.code(&[code], epoch).pop().flatten(),
+                };
+                let locals: Vec<u64> = buf[self.layout.frame_localsplus as usize..]
+                    .chunks_exact(8)
+                    .filter_map(|w| le_u64(w, 0))
+                    .collect();
+                if info.is_some_and(|i| &*i.name == "BaseEventLoop.run_forever") {
+                    if let Some(&l) = locals.first() {
+                        self.loop_threads.insert(l, tid);
+                    }
+                }
+                if self.seen_task == 0 {
+                    if let Some(&t) = locals.iter().find(|&&t| a.is_task_at(&self.remote, t)) {
+                        self.seen_task = t;
+                    }
+                }
+                frame = le_u64(&buf, c.frame_previous as usize).unwrap_or(0);
+            }
+        }
     }
 
     /// The `<task> NAME` frame of a task.
@@ -996,14 +1083,6 @@ impl PythonRegistry {
                     p.look_for_asyncio(proc);
                 } else if self.async_aware && p.layout.minor >= 11 {
                     p.handle_run_wanted = true;
-                    if self.async_all {
-                        eprintln!(
-                            "tachyon-bpf: pid {} runs Python {}: suspended asyncio tasks are \
-                             listed on Python 3.14 or newer only, so its running tasks are \
-                             shown and its suspended ones are not",
-                            proc.pid, p.version
-                        );
-                    }
                 } else if self.async_aware {
                     eprintln!(
                         "tachyon-bpf: pid {} runs Python {}: async-aware stacks need Python \
@@ -1104,14 +1183,12 @@ impl PythonRegistry {
                 } else {
                     ASYNCIO_RETRY
                 };
-                // 3.11-3.13: once `Handle._run` has been seen.
-                let ready = match p.handle_run_wanted {
-                    true => p.handle_run != 0,
-                    false => p.layout.minor >= 14,
-                };
-                p.asyncio.is_none()
-                    && ready
-                    && p.asyncio_looked.is_none_or(|t| t.elapsed() >= every)
+                // 3.11-3.13: also once `Handle._run` has been seen, for the BPF side.
+                let handle_news = p.handle_run != 0 && p.config.handle_run_code == 0;
+                let looks = p.asyncio.is_none()
+                    && (p.handle_run_wanted || p.layout.minor >= 14)
+                    && p.asyncio_looked.is_none_or(|t| t.elapsed() >= every);
+                looks || (p.asyncio.is_some() && handle_news)
             })
     }
 
@@ -1128,30 +1205,70 @@ impl PythonRegistry {
     pub fn suspended_tasks(
         &mut self,
         pid: u32,
+        proc: Option<&Process>,
         out: &mut impl ProfileSink,
     ) -> Vec<(u32, Vec<Vec<FrameRef>>)> {
         let epoch = self.epoch;
         let Some(p) = self.procs.get_mut(&pid) else {
             return Vec::new();
         };
-        let Some(a) = p.asyncio.clone().filter(|a| a.lists_tasks()) else {
+        let Some(a) = p.asyncio.clone() else {
             return Vec::new();
         };
-        let mut threads: Vec<(u32, u64)> = p.threads.iter().map(|(&t, &s)| (t, s)).collect();
-        threads.sort_unstable();
-        let mut result = Vec::new();
-        for (tid, tstate) in threads {
-            let (tasks, list_cut) = a.thread_tasks(&p.remote, tstate);
-            if list_cut {
+        // Each loop thread's tasks, and the task it runs now (where the thread state says).
+        let mut per_thread: Vec<(u32, asyncio::TaskBytes, u64)> = Vec::new();
+        if a.lists_tasks() {
+            let mut threads: Vec<(u32, u64)> = p.threads.iter().map(|(&t, &s)| (t, s)).collect();
+            threads.sort_unstable();
+            for (tid, tstate) in threads {
+                let (tasks, list_cut) = a.thread_tasks(&p.remote, tstate);
+                if list_cut {
+                    out.count(PyEvent::AsyncCut);
+                }
+                let running = a
+                    .tstate_running_task()
+                    .and_then(|off| p.remote.u64(tstate + off))
+                    .unwrap_or(0);
+                per_thread.push((tid, tasks, running));
+            }
+        } else {
+            // 3.11-3.13: every task of the process, by the thread its loop was seen running
+            // in (a loop not seen running yet is left for a later pass); a running task's
+            // coroutine is not suspended, so it shows no chain.
+            if p.loop_threads.is_empty() || p.loop_passes >= LOOP_WALK_EVERY {
+                p.loop_passes = 0;
+                p.loop_threads.clear();
+                p.loops_of_threads(epoch);
+            }
+            p.loop_passes += 1;
+            if let Some(proc) = proc.filter(|_| p.task_set == 0 && p.seen_task != 0) {
+                p.task_set = a
+                    .find_task_set(&p.remote, proc, p.layout.minor, p.seen_task)
+                    .unwrap_or(0);
+            }
+            if p.task_set == 0 {
+                return Vec::new();
+            }
+            let (tasks, cut) = a.set_tasks(&p.remote, p.task_set);
+            if cut {
                 out.count(PyEvent::AsyncCut);
             }
+            let mut by_thread: std::collections::BTreeMap<u32, Vec<(u64, Vec<u8>)>> =
+                Default::default();
+            for (t, b) in tasks {
+                let tid = asyncio::AsyncLayout::task_loop(&b)
+                    .and_then(|l| p.loop_threads.get(&l).copied());
+                if let Some(tid) = tid {
+                    by_thread.entry(tid).or_default().push((t, b));
+                }
+            }
+            per_thread.extend(by_thread.into_iter().map(|(tid, t)| (tid, t, 0)));
+        }
+        let mut result = Vec::new();
+        for (tid, tasks, running) in per_thread {
             if tasks.is_empty() {
                 continue;
             }
-            let running = a
-                .tstate_running_task()
-                .and_then(|off| p.remote.u64(tstate + off))
-                .unwrap_or(0);
             let chains = a.suspended(&p.remote, &p.layout, &tasks, running, &mut p.task_names);
             let mut stacks = Vec::with_capacity(chains.len());
             for c in chains {
@@ -1294,7 +1411,7 @@ impl PythonRegistry {
         // frame of its coroutine in the sample.
         let chain = match s.py_task {
             0 => None,
-            task if self.async_aware => p.await_chain(task, self.epoch),
+            task if self.async_aware => p.await_chain(task, s.tid, self.epoch),
             _ => None,
         };
         let coro_code = chain.as_ref().map(|c| c.coro_code);

@@ -306,8 +306,13 @@ impl ElfFile {
 
     /// The SVMA of a section, if present (e.g. `.PyRuntime`).
     pub fn section_address(&self, name: &str) -> Option<u64> {
+        self.section_range(name).map(|r| r.0)
+    }
+
+    /// The address and size of section `name`, as linked.
+    pub fn section_range(&self, name: &str) -> Option<(u64, u64)> {
         let file = object::File::parse(&self.map[..]).ok()?;
-        file.section_by_name(name).map(|s| s.address())
+        file.section_by_name(name).map(|s| (s.address(), s.size()))
     }
 }
 
