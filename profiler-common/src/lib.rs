@@ -364,6 +364,15 @@ pub struct PyProcConfig {
     pub frame_self: u32,
     pub handle_callback: u32,
     pub step_task: u32,
+    /// Offset of `previous` in `_PyCFrame` (3.11: 16, 3.12: 8), or `NO_OFFSET`. These versions
+    /// make a new `_PyCFrame` current as the eval loop starts, before they set its frame: a
+    /// sample in that window finds garbage there, and the thread's frames are the caller's, in
+    /// the previous `_PyCFrame`.
+    pub cframe_previous: u32,
+    /// The owner byte of the frame an eval loop was entered with (3.11: `is_entry` 1, 3.12: the
+    /// C-stack shim, 3), or 0: that frame's `previous` is the previous `_PyCFrame`'s frame, which
+    /// tells a chain of this instant from the garbage of that window.
+    pub entry_mark: u32,
     pub _pad: u32,
 }
 
@@ -577,7 +586,7 @@ pub const fn thread_key(pid: u32, tid: u32) -> u64 {
 }
 
 const _: () = assert!(core::mem::size_of::<Config>() == 88);
-const _: () = assert!(core::mem::size_of::<PyProcConfig>() == 168);
+const _: () = assert!(core::mem::size_of::<PyProcConfig>() == 176);
 const _: () = assert!(EventRecord::SIZE == 56);
 const _: () = assert!(SchedRecord::SIZE == 136);
 const _: () = assert!(core::mem::size_of::<ThreadSched>() == 184);

@@ -625,6 +625,15 @@ fn block_signature<const MODERN: bool>(cfg: &Config, pid: u32, tid: u32) -> u64 
     sig ^ frame.rotate_left(7) ^ code.rotate_left(29) ^ instr.rotate_left(43)
 }
 
+/// The frame of the `_PyCFrame` before `cframe` (3.11, 3.12), or 0.
+#[inline(always)]
+fn caller_frame(pc: &PyProcConfig, cframe: u64) -> u64 {
+    read_user::<u64>(cframe + pc.cframe_previous as u64)
+        .filter(|&p| p != 0)
+        .and_then(|p| read_user::<u64>(p + pc.cframe_frame as u64))
+        .unwrap_or(0)
+}
+
 /// Thread states looked at when a thread is missing from `PY_THREADS`.
 const MAX_TSTATE_SCAN: usize = 32;
 
@@ -1027,6 +1036,9 @@ struct Walk {
     /// The first local of the innermost `Handle._run` frame (`PyProcConfig::handle_run_code`),
     /// or 0.
     handle: u64,
+    /// 3.11, 3.12: the frame the first frame entered with must link to (the previous
+    /// `_PyCFrame`'s), 0 once it did (or when there is none to check), 1 when it did not.
+    expect: u64,
 }
 
 /// Walks the interpreter frame chain of `tstate`, writing frames after the header, the count of
@@ -1048,13 +1060,22 @@ fn walk_python<const MODERN: bool>(cpu: u32, pc: &PyProcConfig, tstate: u64) {
         hdr.flags |= SAMPLE_PY_READ_FAILED;
         return;
     };
+    // The current `_PyCFrame` (3.11, 3.12), or 0, and the frame of the one before it.
+    let mut cframe = 0u64;
+    let mut expect = 0u64;
     if pc.cframe_frame != NO_OFFSET && frame != 0 {
-        match read_user::<u64>(frame + pc.cframe_frame as u64) {
+        cframe = frame;
+        match read_user::<u64>(cframe + pc.cframe_frame as u64) {
             Some(f) => frame = f,
             None => {
                 hdr.flags |= SAMPLE_PY_READ_FAILED;
                 return;
             }
+        }
+        expect = caller_frame(pc, cframe);
+        if frame == 0 {
+            frame = expect;
+            expect = 0;
         }
     }
     let Some(w) = WALK.get_ptr_mut(0) else {
@@ -1071,6 +1092,7 @@ fn walk_python<const MODERN: bool>(cpu: u32, pc: &PyProcConfig, tstate: u64) {
         w.snaps = 0;
         w.callee = 0;
         w.handle = 0;
+        w.expect = expect;
     }
     if MODERN {
         // SAFETY: the callback has the signature bpf_loop expects; it takes no context.
@@ -1081,6 +1103,40 @@ fn walk_python<const MODERN: bool>(cpu: u32, pc: &PyProcConfig, tstate: u64) {
                 core::ptr::null_mut(),
                 0,
             );
+        }
+        // In the eval loop's first instructions (3.11, 3.12) the current `_PyCFrame` is new and
+        // its frame not set yet: what is there is the last call's, a chain that does not reach
+        // the previous `_PyCFrame`'s frame (`Walk::expect`), or breaks off. The thread then runs
+        // its caller's frames, in the previous `_PyCFrame` (the callee has not started): walked
+        // again from there. (Kernels without `bpf_loop` keep such a sample as it was read.)
+        // SAFETY: fields written by the walk.
+        let (flags, expect) = unsafe {
+            (
+                core::ptr::read_volatile(&hdr.flags),
+                core::ptr::read_volatile(&(*w).expect),
+            )
+        };
+        if cframe != 0 && expect != 0 && flags & SAMPLE_PY_TRUNCATED == 0 {
+            let caller = caller_frame(pc, cframe);
+            if caller != 0 {
+                hdr.flags = flags & !(SAMPLE_PY_READ_FAILED | SAMPLE_PY_CYCLE);
+                hdr.py_len = 0;
+                // SAFETY: as above.
+                unsafe {
+                    let w = &mut *w;
+                    w.frame = caller;
+                    w.expect = 0;
+                    w.snaps = 0;
+                    w.callee = 0;
+                    w.handle = 0;
+                    bpf_loop(
+                        MAX_PY_FRAMES as u32,
+                        walk_step as *mut c_void,
+                        core::ptr::null_mut(),
+                        0,
+                    );
+                }
+            }
         }
     } else {
         for i in 0..MAX_PY_FRAMES {
@@ -1297,6 +1353,10 @@ fn step<const CALLEES: bool>(index: u64) -> i64 {
         w.next = frame_u64(fbuf, pc.frame_previous);
         if pc.handle_run_code != 0 && code == pc.handle_run_code && w.handle == 0 {
             w.handle = frame_u64(fbuf, pc.frame_self);
+        }
+        let mark = fbuf[(pc.frame_owner as usize) & (FRAME_BUF - 1)] as u32;
+        if w.expect != 0 && pc.entry_mark != 0 && mark == pc.entry_mark {
+            w.expect = (w.next != w.expect) as u64;
         }
     }
     hdr.py_len = i as u32 + 1;

@@ -13,7 +13,8 @@
 //! sample, see `PyProcConfig::handle_run_code`). Who awaits a task is who its completion
 //! wakes: its done callbacks are followed to a task's wakeup (`await task`), through a
 //! closure's future (`gather`, `shield`, `wait`), or to the task a bound method's object holds
-//! (a `TaskGroup`'s parent task). Suspended tasks (`all`) are not listed on these versions.
+//! (a `TaskGroup`'s parent task). For `all`, every task is read from the `WeakSet` of tasks
+//! `_asyncio` keeps (`find_task_set`, `set_tasks`), and given to the thread its loop runs in.
 //!
 //! The BPF program copies the running task's address at the sampled instant; the task objects
 //! are read when the sample is resolved, milliseconds later. The tasks that await the running
@@ -44,7 +45,7 @@ pub const MAX_TASKS: usize = 20_000;
 const MAX_NAME: usize = 200;
 /// A frame's owner byte when a generator or coroutine owns it (3.14, 3.15).
 const FRAME_OWNED_BY_GENERATOR: u8 = 1;
-/// `PySetObject`'s `used`, `mask` and `table` (3.14, 3.15); a table entry is a key and a hash.
+/// `PySetObject`'s `used`, `mask` and `table` (3.11-3.15); a table entry is a key and a hash.
 const SET_USED: usize = 24;
 const SET_MASK: usize = 32;
 const SET_TABLE: usize = 40;
@@ -416,7 +417,8 @@ impl AsyncLayout {
         }
     }
 
-    /// Whether the loops' tasks can be listed (`all` mode: 3.14+).
+    /// Whether thread states list their loop's tasks (3.14+: `thread_tasks`); before, `all`
+    /// reads `_asyncio`'s set of every task (`set_tasks`).
     pub fn lists_tasks(&self) -> bool {
         matches!(self.tasks, TaskLinks::Recorded { .. })
     }
@@ -623,7 +625,12 @@ impl AsyncLayout {
                 (set, Some(&1)) => set_members(r, set, MAX_SET_TABLE),
                 (one, _) => vec![one],
             },
-            TaskLinks::Callbacks { .. } => self.woken_by(r, b, 0),
+            // A callback's object may hold the task itself: not its own awaiter.
+            TaskLinks::Callbacks { .. } => {
+                let mut woken = self.woken_by(r, b, 0);
+                woken.retain(|&t| t != addr);
+                woken
+            }
         };
         let name_obj = word(self.task_name).unwrap_or(0);
         let read_name = || {

@@ -485,6 +485,16 @@ impl Layout {
             frame_self: NO_OFFSET,
             handle_callback: NO_OFFSET,
             step_task: NO_OFFSET,
+            cframe_previous: match self.cframe_frame {
+                NO_OFFSET => NO_OFFSET,
+                // `current_frame` then `previous` (3.11: after an int, 3.12: first).
+                at => at + 8,
+            },
+            entry_mark: match (self.cframe_frame, self.minor) {
+                (NO_OFFSET, _) => 0,
+                (_, 11) => 1,
+                _ => 3,
+            },
             _pad: 0,
         }
     }

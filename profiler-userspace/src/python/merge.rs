@@ -14,6 +14,18 @@ pub fn is_eval_frame(name: &str) -> bool {
         || name == "PyEval_EvalFrameEx"
 }
 
+/// The eval loop clearing and popping a frame that has returned (it is no longer the thread's).
+fn is_frame_teardown(name: &str) -> bool {
+    const PREFIXES: [&str; 5] = [
+        "_PyEvalFrameClearAndPop",
+        "_PyEval_FrameClearAndPop",
+        "clear_thread_frame",
+        "_PyThreadState_PopFrame",
+        "_PyFrame_Clear",
+    ];
+    PREFIXES.iter().any(|p| name.starts_with(p))
+}
+
 /// Interpreter call machinery: hidden between Python frames by default.
 pub fn is_internal(name: &str) -> bool {
     const PREFIXES: [&str; 29] = [
@@ -79,16 +91,18 @@ pub fn merge(
     } else {
         evals.iter().zip(0..a).map(|(&n, p)| (n, p)).collect()
     };
-    // One eval frame more than activations, innermost, with no real code above it: a C function
-    // is entering a Python call (or returning from one) and the eval loop has not linked the
-    // callee's frame yet (or has unlinked it). Every Python frame that exists is in place; the
-    // time is the eval loop's own, under its caller.
+    // One eval frame more than activations, innermost, with no real code above it but the eval
+    // loop's own unlinking of a frame: a C function is entering a Python call (or returning
+    // from one) and the eval loop has not linked the callee's frame yet (or has unlinked it,
+    // and is clearing it). Every Python frame that exists is in place; the time is the eval
+    // loop's own, under its caller.
     let last_real = native.iter().rposition(|(_, n)| !is_internal(n));
     let entering = !native_truncated
         && e == a + 1
-        && evals
-            .last()
-            .is_some_and(|&l| last_real.is_none_or(|r| r < l));
+        && evals.last().is_some_and(|&l| {
+            last_real.is_none_or(|r| r < l)
+                || native.get(l + 1).is_some_and(|(_, n)| is_frame_teardown(n))
+        });
     let outcome = if (e == a || entering) && !native_truncated {
         Some(PyEvent::Merged)
     } else if (!native_truncated && e != a) || (native_truncated && e > a) {
@@ -233,6 +247,35 @@ mod tests {
             "x",
             "_PyEval_EvalFrameDefault",
             "_PyEval_EvalFrameDefault",
+        ]);
+        assert_eq!(
+            merge(&native, &acts, false, false).1,
+            Some(PyEvent::MergeMismatch)
+        );
+    }
+
+    #[test]
+    fn an_eval_loop_clearing_a_returned_frame_is_whole() {
+        // 3.12's `map(f, ...)`: `f` returned, its frame unlinked, and the eval loop that ran it
+        // is clearing it. No Python frame is missing.
+        let native = nat(&[
+            "_PyEval_EvalFrameDefault",
+            "map_next",
+            "_PyEval_EvalFrameDefault",
+            "_PyEvalFrameClearAndPop",
+            "_PyFrame_ClearExceptCode",
+        ]);
+        let acts = vec![vec![1]];
+        assert_eq!(
+            merge(&native, &acts, false, false),
+            (vec![1, 101, 103, 104], Some(PyEvent::Merged))
+        );
+        // Other real code there: frames were not all read.
+        let native = nat(&[
+            "_PyEval_EvalFrameDefault",
+            "map_next",
+            "_PyEval_EvalFrameDefault",
+            "long_add",
         ]);
         assert_eq!(
             merge(&native, &acts, false, false).1,

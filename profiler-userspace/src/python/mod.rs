@@ -521,9 +521,9 @@ impl PyProcess {
     }
 
     /// 3.11-3.13 (`all`): the event loop each thread runs, from its `BaseEventLoop.run_forever`
-    /// frame's `self`; and a task found among the first locals of its frames (from which
-    /// `_asyncio`'s set of tasks is found, before a sample has shown one running). Also learns
-    /// `Handle._run` where a frame runs it.
+    /// frame's `self`; and a task found among the first locals of the frames rootward of it
+    /// (from which `_asyncio`'s set of tasks is found, before a sample has shown one running).
+    /// Code objects named on the way are learnt as a sample's are (`Handle._run` among them).
     fn loops_of_threads(&mut self, epoch: u64) {
         let Some(a) = self.asyncio.clone() else {
             return;
@@ -538,6 +538,9 @@ impl PyProcess {
             }
             let len = self.layout.frame_localsplus as usize + 8 * LOCALS_SCANNED;
             let mut seen = HashSet::new();
+            // Locals are looked at rootward of the loop (`run_until_complete` holds the main
+            // task), not in every frame of every thread.
+            let mut in_loop = false;
             while frame != 0 && seen.len() < profiler_common::MAX_PY_FRAMES && seen.insert(frame) {
                 let Some(buf) = self.remote.read(frame, len) else {
                     break;
@@ -555,9 +558,10 @@ impl PyProcess {
                 if info.is_some_and(|i| &*i.name == "BaseEventLoop.run_forever") {
                     if let Some(&l) = locals.first() {
                         self.loop_threads.insert(l, tid);
+                        in_loop = true;
                     }
                 }
-                if self.seen_task == 0 {
+                if in_loop && self.seen_task == 0 {
                     if let Some(&t) = locals.iter().find(|&&t| a.is_task_at(&self.remote, t)) {
                         self.seen_task = t;
                     }
@@ -1531,7 +1535,16 @@ impl PythonRegistry {
         };
         let mut frame = r.u64(tstate + c.tstate_frame as u64)?;
         if c.cframe_frame != profiler_common::NO_OFFSET && frame != 0 {
-            frame = r.u64(frame + c.cframe_frame as u64)?;
+            let cframe = frame;
+            frame = r.u64(cframe + c.cframe_frame as u64)?;
+            // As the BPF walk: a `_PyCFrame` whose frame is not set yet stands for its caller's.
+            if frame == 0 || r.u64(frame + c.frame_code as u64).is_none() {
+                frame = r
+                    .u64(cframe + c.cframe_previous as u64)
+                    .filter(|&p| p != 0)
+                    .and_then(|p| r.u64(p + c.cframe_frame as u64))
+                    .unwrap_or(0);
+            }
         }
         let read = (c.frame_read_size as usize).clamp(8, profiler_common::FRAME_BUF);
         let mut seen = HashSet::new();
