@@ -1072,10 +1072,12 @@ fn walk_python<const MODERN: bool>(cpu: u32, pc: &PyProcConfig, tstate: u64) {
                 return;
             }
         }
-        expect = caller_frame(pc, cframe);
         if frame == 0 {
-            frame = expect;
-            expect = 0;
+            frame = caller_frame(pc, cframe);
+        } else if MODERN {
+            // Checked by the walk (`Walk::expect`): kernels with `bpf_loop` only, where the
+            // walk can be done again; the unrolled walk of older ones has no room for it.
+            expect = caller_frame(pc, cframe);
         }
     }
     let Some(w) = WALK.get_ptr_mut(0) else {
@@ -1355,7 +1357,7 @@ fn step<const CALLEES: bool>(index: u64) -> i64 {
             w.handle = frame_u64(fbuf, pc.frame_self);
         }
         let mark = fbuf[(pc.frame_owner as usize) & (FRAME_BUF - 1)] as u32;
-        if w.expect != 0 && pc.entry_mark != 0 && mark == pc.entry_mark {
+        if CALLEES && w.expect != 0 && pc.entry_mark != 0 && mark == pc.entry_mark {
             w.expect = (w.next != w.expect) as u64;
         }
     }
