@@ -308,7 +308,8 @@ while time.time() - t0 < 3:
 /// current before they set its frame. A sample there found the last call's stale frame chain,
 /// which broke off unread: 1-2% of these samples had no Python frame at all. Now the caller's
 /// frames are walked (the callee has not started), and an eval loop clearing a frame that has
-/// returned counts as whole.
+/// returned counts as whole (on 3.13 it calls that through a PLT stub, which used to be named
+/// `_init`, the symbol before the stubs).
 const C_CALLS_PYTHON: &str = r#"
 import time
 f = lambda v: v
@@ -321,7 +322,7 @@ while time.time() - t0 < 3:
 fn c_calling_python_in_a_loop_keeps_every_frame() {
     require_root();
     let dir = scratch("fidelity_c_calls_python");
-    for label in ["3.11.7", "debian-3.11", "3.12.1"] {
+    for label in ["3.11.7", "debian-3.11", "3.12.1", "3.13.0", "debian-3.14"] {
         let out = dir.join(format!("{label}.folded"));
         let py = python(label);
         profile_quietly(&out, &[py.to_str().unwrap(), "-c", C_CALLS_PYTHON], &[]);
@@ -334,6 +335,19 @@ fn c_calling_python_in_a_loop_keeps_every_frame() {
             .map(|l| l.rsplit_once(' ').unwrap().1.parse::<u64>().unwrap())
             .sum();
         assert!(lambda > 100, "{label}: {lambda} samples in the lambda");
+        // PLT stubs are named for what they call, not for the symbol before them.
+        let init: u64 = text
+            .lines()
+            .filter(|l| {
+                l.rsplit_once(' ')
+                    .unwrap()
+                    .0
+                    .split(';')
+                    .any(|f| f == "_init")
+            })
+            .map(|l| l.rsplit_once(' ').unwrap().1.parse::<u64>().unwrap())
+            .sum();
+        assert_eq!(init, 0, "{label}: {init} samples in a frame named _init");
     }
 }
 

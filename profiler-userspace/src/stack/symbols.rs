@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol, SymbolKind};
+use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol, ObjectSymbolTable, SymbolKind};
 
 /// A sorted function-symbol table; addresses are SVMAs (file virtual addresses).
 #[derive(Default)]
@@ -39,6 +39,7 @@ impl SymbolTable {
                 }
             }
         }
+        syms.extend(plt_symbols(file));
         SymbolTable::from_entries(syms)
     }
 
@@ -92,6 +93,70 @@ impl SymbolTable {
         }
         Some((*start, name.clone()))
     }
+}
+
+/// x86_64 PLT stubs, named `NAME@plt` as perf and objdump name them (`.plt`, `.plt.sec`,
+/// `.plt.got`). Each stub jumps through a GOT slot (`jmp *disp(%rip)`, after an `endbr64` and a
+/// `bnd` prefix in IBT builds); the dynamic relocation that fills that slot names it. Without
+/// them a stub takes the name of the symbol before it (`_init`, which has no size). What stays
+/// unnamed of those sections (a lazy binder's first entry, `ifunc` slots) is `[plt]`.
+fn plt_symbols(file: &object::File) -> Vec<(u64, u64, Arc<str>)> {
+    let mut out = Vec::new();
+    if file.architecture() != object::Architecture::X86_64 {
+        return out;
+    }
+    let (Some(dynsyms), Some(relocs)) = (file.dynamic_symbol_table(), file.dynamic_relocations())
+    else {
+        return out;
+    };
+    let slots: std::collections::HashMap<u64, String> = relocs
+        .filter_map(|(at, r)| {
+            let object::RelocationTarget::Symbol(i) = r.target() else {
+                return None;
+            };
+            let name = dynsyms.symbol_by_index(i).ok()?.name().ok()?;
+            (!name.is_empty()).then(|| (at, name.to_string()))
+        })
+        .collect();
+    for name in [".plt", ".plt.sec", ".plt.got"] {
+        let Some(section) = file.section_by_name(name) else {
+            continue;
+        };
+        let (at, Ok(code)) = (section.address(), section.data()) else {
+            continue;
+        };
+        if code.is_empty() {
+            continue;
+        }
+        // `.plt.got` stubs are 8 bytes (`jmp *disp(%rip); xchg %ax,%ax`) unless IBT's
+        // `endbr64` starts them; the others are 16.
+        const ENDBR64: [u8; 4] = [0xf3, 0x0f, 0x1e, 0xfa];
+        let stride = if name == ".plt.got" && !code.starts_with(&ENDBR64) {
+            8
+        } else {
+            16
+        };
+        for (k, stub) in code.chunks_exact(stride).enumerate() {
+            let body = stub.strip_prefix(&ENDBR64).unwrap_or(stub);
+            let body = body.strip_prefix(&[0xf2]).unwrap_or(body);
+            let disp = body
+                .strip_prefix(&[0xff, 0x25])
+                .and_then(|d| d.get(..4))
+                .map(|d| i32::from_le_bytes([d[0], d[1], d[2], d[3]]));
+            let stub_at = at + (k * stride) as u64;
+            // The displacement counts from the end of the jump instruction (6 bytes).
+            let got = disp.map(|d| {
+                let end = stub_at + (stub.len() - body.len()) as u64 + 6;
+                end.wrapping_add(d as i64 as u64)
+            });
+            let name = match got.and_then(|g| slots.get(&g)) {
+                Some(sym) => format!("{}@plt", demangle(sym)),
+                None => "[plt]".to_string(),
+            };
+            out.push((stub_at, stride as u64, Arc::from(name)));
+        }
+    }
+    out
 }
 
 /// The kernel's symbols from `/proc/kallsyms` (text symbols only). Module symbols carry their
@@ -158,6 +223,49 @@ pub fn section_range(file: &object::File, name: &str) -> Option<std::ops::Range<
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// PLT stubs are named as objdump names them, in the host's own libraries.
+    #[test]
+    fn plt_stubs_are_named_as_objdump_names_them() {
+        let mut checked = 0;
+        for lib in [
+            "/lib/x86_64-linux-gnu/libz.so.1",
+            "/lib/x86_64-linux-gnu/libstdc++.so.6",
+            "/lib/x86_64-linux-gnu/libc.so.6",
+        ] {
+            let data = std::fs::read(lib).unwrap();
+            let table = SymbolTable::from_elf(&object::File::parse(&*data).unwrap());
+            let dump = std::process::Command::new("objdump")
+                .args(["-d", "-j", ".plt", "-j", ".plt.sec", "-j", ".plt.got", lib])
+                .output()
+                .expect("objdump (binutils)");
+            for line in String::from_utf8_lossy(&dump.stdout).lines() {
+                // `0000000000026030 <realloc@plt>:`
+                let Some((addr, rest)) = line.split_once(" <") else {
+                    continue;
+                };
+                let Some(name) = rest.strip_suffix("@plt>:") else {
+                    continue;
+                };
+                if name.starts_with("*ABS*") {
+                    continue; // an ifunc slot: no symbol
+                }
+                let addr = u64::from_str_radix(addr, 16).unwrap();
+                let want = format!("{}@plt", demangle(name));
+                let got = table.lookup(addr).map(|s| s.1.to_string());
+                assert_eq!(got.as_deref(), Some(want.as_str()), "{lib} at {addr:#x}");
+                // The whole stub, not only its first byte.
+                let inside = table.lookup(addr + 7).map(|s| s.1.to_string());
+                assert_eq!(
+                    inside.as_deref(),
+                    Some(want.as_str()),
+                    "{lib} at {addr:#x}+7"
+                );
+                checked += 1;
+            }
+        }
+        assert!(checked >= 100, "only {checked} stubs checked");
+    }
 
     #[test]
     fn lookup_respects_sizes() {
