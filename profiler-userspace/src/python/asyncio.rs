@@ -1533,12 +1533,29 @@ mod tests {
                     .find(|&k| self.a.addr(k) == addr)
                     .unwrap()
             }
+            /// An object of a new type named `type_name`, of `words` words, holding `value` at
+            /// `field`.
+            fn holding(&mut self, type_name: &str, words: usize, field: u64, value: u64) -> u64 {
+                let t = ty(&mut self.a, type_name, 0);
+                let o = object(&mut self.a, t, words);
+                self.a.set(o, field, value);
+                self.a.addr(o)
+            }
+            /// A function whose closure's cells hold `values`.
+            fn closure_over(&mut self, values: &[u64]) -> u64 {
+                let tuple_type = ty(&mut self.a, "tuple", 0);
+                let closure = object(&mut self.a, tuple_type, 3 + values.len());
+                self.a.set(closure, VAR_SIZE, values.len() as u64);
+                for (k, &v) in values.iter().enumerate() {
+                    let cell = self.holding("cell", 3, CELL_REF, v);
+                    self.a.set(closure, TUPLE_ITEMS + 8 * k as u64, cell);
+                }
+                let closure = self.a.addr(closure);
+                self.holding("function", 12, FUNC_CLOSURE, closure)
+            }
             /// A task's wakeup: a built-in method bound to `task`.
             fn wakeup(&mut self, task: u64) -> u64 {
-                let t = ty(&mut self.a, "builtin_function_or_method", 0);
-                let w = object(&mut self.a, t, 6);
-                self.a.set(w, CFUNC_SELF, task);
-                self.a.addr(w)
+                self.holding("builtin_function_or_method", 6, CFUNC_SELF, task)
             }
             fn names(&self, task: u64) -> (Vec<String>, bool) {
                 let chain = self.l.await_chain(&me(), &any_layout(), task).unwrap();
@@ -1582,28 +1599,10 @@ mod tests {
                 let outer = w.future(gathering);
                 let wake = w.wakeup(parent);
                 w.add_callback(outer, wake, true);
-                let cell_type = ty(&mut w.a, "cell", 0);
                 let list_type = ty(&mut w.a, "list", 0);
                 let not_future = object(&mut w.a, list_type, 5);
                 let not_future = w.a.addr(not_future);
-                let cells: Vec<u64> = [not_future, outer]
-                    .iter()
-                    .map(|&v| {
-                        let c = object(&mut w.a, cell_type, 3);
-                        w.a.set(c, CELL_REF, v);
-                        w.a.addr(c)
-                    })
-                    .collect();
-                let tuple_type = ty(&mut w.a, "tuple", 0);
-                let closure = object(&mut w.a, tuple_type, 5);
-                w.a.set(closure, VAR_SIZE, 2);
-                w.a.set(closure, TUPLE_ITEMS, cells[0]);
-                w.a.set(closure, TUPLE_ITEMS + 8, cells[1]);
-                let closure = w.a.addr(closure);
-                let function_type = ty(&mut w.a, "function", 0);
-                let f = object(&mut w.a, function_type, 12);
-                w.a.set(f, FUNC_CLOSURE, closure);
-                let f = w.a.addr(f);
+                let f = w.closure_over(&[not_future, outer]);
                 let child = w.task(2, 5);
                 w.add_callback(child, f, true);
                 assert_eq!(w.names(child).0, ["Task-2", "Task-1"], "3.{minor}");
@@ -1635,10 +1634,7 @@ mod tests {
                         (base, Some(16))
                     }
                 };
-                let method_type = ty(&mut w.a, "method", 0);
-                let m = object(&mut w.a, method_type, 5);
-                w.a.set(m, METHOD_SELF, group);
-                let m = w.a.addr(m);
+                let m = w.holding("method", 5, METHOD_SELF, group);
                 let member = w.task(3, 5);
                 w.add_callback(member, m, true);
                 assert_eq!(w.names(member).0, ["Task-3", "Task-1"], "3.{minor}");
@@ -1663,20 +1659,8 @@ mod tests {
             assert!(w.l.task_key(&me(), 0x12345).is_none());
             // A closure over a future whose callback is the same closure: followed
             // `MAX_FUTURE_HOPS` times, then given up.
-            let cell_type = ty(&mut w.a, "cell", 0);
-            let tuple_type = ty(&mut w.a, "tuple", 0);
-            let function_type = ty(&mut w.a, "function", 0);
             let fut = w.future(w.future_type);
-            let cell = object(&mut w.a, cell_type, 3);
-            w.a.set(cell, CELL_REF, fut);
-            let cell = w.a.addr(cell);
-            let closure = object(&mut w.a, tuple_type, 4);
-            w.a.set(closure, VAR_SIZE, 1);
-            w.a.set(closure, TUPLE_ITEMS, cell);
-            let closure = w.a.addr(closure);
-            let func = object(&mut w.a, function_type, 12);
-            w.a.set(func, FUNC_CLOSURE, closure);
-            let func = w.a.addr(func);
+            let func = w.closure_over(&[fut]);
             w.add_callback(fut, func, true);
             let looping = w.task(5, 1);
             w.add_callback(looping, func, true);
