@@ -206,7 +206,7 @@ async def main():
 asyncio.run(main())
 "#;
 
-/// `dump --async-aware` on Debian's 3.14 and 3.15: every suspended task, by name, with its
+/// `dump --async-aware` on 3.11 to 3.15: every suspended task, by name, with its
 /// await chain (the task awaiting it, its coroutines down to where it waits).
 #[test]
 fn dump_async_aware_lists_every_task_where_it_waits() {
@@ -214,8 +214,8 @@ fn dump_async_aware_lists_every_task_where_it_waits() {
     let dir = scratch("dump_async");
     let script = dir.join("service.py");
     std::fs::write(&script, ASYNC_PROGRAM).unwrap();
-    for minor in [14, 15] {
-        let mut child = start(&debian_python(minor), &script);
+    for minor in ["3.11.7", "3.12.1", "3.13.0", "debian-3.14", "debian-3.15"] {
+        let mut child = start(&python(minor), &script);
         let pid = child.id().to_string();
         let o = run_profiler(
             &["dump", "--pid", &pid, "--json", "--async-aware"],
@@ -227,17 +227,17 @@ fn dump_async_aware_lists_every_task_where_it_waits() {
         );
         let _ = child.kill();
         let _ = child.wait();
-        assert!(o.status.success(), "3.{minor}: {}", stderr_of(&o));
+        assert!(o.status.success(), "{minor}: {}", stderr_of(&o));
         let v: Value = serde_json::from_slice(&o.stdout).unwrap();
         let loops = v["processes"][0]["event_loops"].as_array().unwrap();
-        assert_eq!(loops.len(), 1, "3.{minor}: one event loop: {v:#}");
+        assert_eq!(loops.len(), 1, "{minor}: one event loop: {v:#}");
         assert_eq!(loops[0]["thread"].as_u64(), Some(child.id() as u64));
         let tasks = loops[0]["suspended_tasks"].as_array().unwrap();
         let find = |n: &str| {
             tasks
                 .iter()
                 .find(|t| t["name"] == n)
-                .unwrap_or_else(|| panic!("3.{minor}: no task {n}: {v:#}"))
+                .unwrap_or_else(|| panic!("{minor}: no task {n}: {v:#}"))
         };
         let chain = |t: &Value| -> Vec<String> {
             t["frames"]
@@ -261,17 +261,17 @@ fn dump_async_aware_lists_every_task_where_it_waits() {
             );
             assert!(
                 w < wf && wf < h && h < t && t < m && m < root && w.is_some(),
-                "3.{minor}: handler-{i}'s chain: {c:?}"
+                "{minor}: handler-{i}'s chain: {c:?}"
             );
         }
         let c = chain(find("the-pause"));
-        assert_eq!(&c[..3], ["sleep", "pause", "<task> the-pause"], "3.{minor}");
+        assert_eq!(&c[..3], ["sleep", "pause", "<task> the-pause"], "{minor}");
         let text = String::from_utf8_lossy(&text.stdout).to_string();
         assert!(
             text.contains("asyncio tasks of the event loop in thread")
                 && text.contains("Task \"handler-2\"")
                 && text.contains("service.py:wait_for_client:"),
-            "3.{minor}: {text}"
+            "{minor}: {text}"
         );
     }
 }
