@@ -1065,19 +1065,28 @@ fn walk_python<const MODERN: bool>(cpu: u32, pc: &PyProcConfig, tstate: u64) {
     let mut expect = 0u64;
     if pc.cframe_frame != NO_OFFSET && frame != 0 {
         cframe = frame;
-        match read_user::<u64>(cframe + pc.cframe_frame as u64) {
-            Some(f) => frame = f,
-            None => {
-                hdr.flags |= SAMPLE_PY_READ_FAILED;
-                return;
+        // `current_frame` and `previous` in one read: `previous` follows it on both versions
+        // (`PyProcConfig::cframe_previous`).
+        let Some([current, previous]) = read_user::<[u64; 2]>(cframe + pc.cframe_frame as u64)
+        else {
+            hdr.flags |= SAMPLE_PY_READ_FAILED;
+            return;
+        };
+        let before = || {
+            if previous == 0 {
+                return 0;
             }
-        }
-        if frame == 0 {
-            frame = caller_frame(pc, cframe);
-        } else if MODERN {
-            // Checked by the walk (`Walk::expect`): kernels with `bpf_loop` only, where the
-            // walk can be done again; the unrolled walk of older ones has no room for it.
-            expect = caller_frame(pc, cframe);
+            read_user::<u64>(previous + pc.cframe_frame as u64).unwrap_or(0)
+        };
+        if current == 0 {
+            frame = before();
+        } else {
+            frame = current;
+            if MODERN {
+                // Checked by the walk (`Walk::expect`): kernels with `bpf_loop` only, where the
+                // walk can be done again; the unrolled walk of older ones has no room for it.
+                expect = before();
+            }
         }
     }
     let Some(w) = WALK.get_ptr_mut(0) else {

@@ -511,6 +511,18 @@ impl Layout {
 mod tests {
     use super::*;
 
+    /// The BPF walk reads a `_PyCFrame`'s `current_frame` and `previous` in one read.
+    #[test]
+    fn a_cframes_previous_follows_its_frame() {
+        for minor in [11, 12] {
+            let c = builtin(minor).unwrap().proc_config(None, None, 0, 0);
+            assert_eq!(c.cframe_previous, c.cframe_frame + 8, "3.{minor}");
+            assert_eq!(c.entry_mark, if minor == 11 { 1 } else { 3 });
+        }
+        let c = builtin(13).unwrap().proc_config(None, None, 0, 0);
+        assert_eq!((c.cframe_previous, c.entry_mark), (NO_OFFSET, 0));
+    }
+
     #[test]
     fn every_supported_version_has_a_layout() {
         for minor in 8..=14 {
