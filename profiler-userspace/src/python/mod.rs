@@ -1239,13 +1239,14 @@ impl PythonRegistry {
             // 3.11-3.13: every task of the process, by the thread its loop was seen running
             // in (a loop not seen running yet is left for a later pass); a running task's
             // coroutine is not suspended, so it shows no chain.
-            // Every `LOOP_WALK_EVERY` passes, found or not: a process that imported asyncio
-            // and runs no loop is not walked on every pass.
-            if p.loop_passes == 0 {
+            // While no loop is known, on every pass: its tasks' time is lost until then (a walk
+            // every 10 passes only lost a second of a 3 s test).
+            if p.loop_threads.is_empty() || p.loop_passes >= LOOP_WALK_EVERY {
+                p.loop_passes = 0;
                 p.loop_threads.clear();
                 p.loops_of_threads(epoch);
             }
-            p.loop_passes = (p.loop_passes + 1) % LOOP_WALK_EVERY;
+            p.loop_passes += 1;
             if let Some(proc) = proc.filter(|_| p.task_set == 0 && p.seen_task != 0) {
                 p.task_set = a
                     .find_task_set(&p.remote, proc, p.layout.minor, p.seen_task)
