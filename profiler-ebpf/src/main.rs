@@ -238,7 +238,7 @@ fn switch<const MODERN: bool>(ctx: &BtfTracePointContext) -> Option<()> {
             unsafe { &mut *SCHED.get_ptr_mut(key)? }
         }
     };
-    close_intervals(cfg, st, pid, tid, now, sum);
+    close_intervals(st, key, now, sum);
     st.attr = if cfg.offcpu != OFFCPU_STACKS {
         ATTR_NONE
     } else if prev_state == 0 {
@@ -255,7 +255,7 @@ fn switch<const MODERN: bool>(ctx: &BtfTracePointContext) -> Option<()> {
 /// The thread, last seen leaving at `st.since_ns`, is leaving again at `now` with CPU time
 /// `sum`: it was off CPU, then on CPU for the CPU time it used meanwhile.
 #[inline(always)]
-fn close_intervals(cfg: &Config, st: &mut ThreadSched, pid: u32, tid: u32, now: u64, sum: u64) {
+fn close_intervals(st: &mut ThreadSched, key: u64, now: u64, sum: u64) {
     let since = st.since_ns;
     let mut on = sum.saturating_sub(st.last_sum);
     if on > now.saturating_sub(since) {
@@ -263,30 +263,28 @@ fn close_intervals(cfg: &Config, st: &mut ThreadSched, pid: u32, tid: u32, now: 
     }
     let back = now - on;
     if st.attr != ATTR_UNKNOWN && back > since {
-        add_interval(cfg, st, pid, tid, since, back, false);
+        add_interval(st, key, since, back, 0);
     }
     if on > 0 {
-        add_interval(cfg, st, pid, tid, back, now, true);
+        add_interval(st, key, back, now, 1);
     }
 }
 
-/// One interval of the thread, `t0..t1`, on or off CPU (off: charged to `st.attr`): a long one
-/// (a sampling period or more) is sent alone, after the open span; a short one joins the span,
-/// which is sent once it covers a sampling period.
-#[inline(always)]
-fn add_interval(
-    cfg: &Config,
-    st: &mut ThreadSched,
-    pid: u32,
-    tid: u32,
-    t0: u64,
-    t1: u64,
-    on: bool,
-) {
+/// One interval of the thread (`key`), `t0..t1`, on CPU (`on` 1) or off (charged to
+/// `st.attr`): a long one (a sampling period or more) is sent alone, after the open span; a
+/// short one joins the span, which is sent once it covers a sampling period. A subprogram, not
+/// inlined: its two call sites would otherwise multiply the paths the verifier walks (and its
+/// time at start-up) in every program that closes intervals.
+#[inline(never)]
+fn add_interval(st: &mut ThreadSched, key: u64, t0: u64, t1: u64, on: u64) {
+    let Some(cfg) = CONFIG.get(0) else {
+        return;
+    };
+    let (pid, tid) = ((key >> 32) as u32, key as u32);
     let d = t1.saturating_sub(t0);
     if d >= cfg.sched_span_ns {
         flush(st, pid, tid);
-        send_interval(st, pid, tid, t0, t1, on);
+        send_interval(st, pid, tid, t0, t1, on != 0);
         return;
     }
     if st.span_start == 0 {
@@ -294,7 +292,7 @@ fn add_interval(
     }
     st.span_end = t1;
     st.switches += 1;
-    if on {
+    if on != 0 {
         st.on_ns += d;
     } else if let Some(o) = st.off_ns.get_mut(st.attr as usize) {
         *o += d;
@@ -491,7 +489,7 @@ pub fn tachyon_exit(_ctx: BtfTracePointContext) -> u32 {
     // SAFETY: a live map value, removed right after.
     if let Some(st) = unsafe { SCHED.get_ptr_mut(key).map(|p| &mut *p) } {
         if let Some(sum) = read_kernel::<u64>(task + cfg.task_sum_exec_off as u64) {
-            close_intervals(cfg, st, pid, tid, now, sum);
+            close_intervals(st, key, now, sum);
         }
         flush(st, pid, tid);
     }
@@ -578,8 +576,9 @@ fn wake_flags() -> u64 {
 /// Where the current thread blocks, as one word: its user-mode instruction and stack pointers
 /// (the syscall site and C stack depth) and, for a Python thread, its innermost interpreter
 /// frame, that frame's code object and instruction. Equal words: the same blocking point, so
-/// the same stack. A few reads: no walk, no copy.
-#[inline(always)]
+/// the same stack. A few reads: no walk, no copy. A subprogram: it returns one word, so the
+/// verifier walks what follows once, not once per way through it.
+#[inline(never)]
 fn block_signature<const MODERN: bool>(cfg: &Config, pid: u32, tid: u32) -> u64 {
     let mut sig = 0u64;
     if MODERN {
@@ -591,8 +590,14 @@ fn block_signature<const MODERN: bool>(cfg: &Config, pid: u32, tid: u32) -> u64 
             // SAFETY: as above.
             sig = unsafe { (*regs).rip ^ (*regs).rsp.rotate_left(17) };
         }
-    } else if let Some(u) = read_kernel::<pt_regs>(user_regs::<MODERN>(cfg)) {
-        sig = u.rip ^ u.rsp.rotate_left(17);
+    } else {
+        // Two words, not the whole `pt_regs`: this subprogram's stack adds to its caller's.
+        let regs = user_regs::<MODERN>(cfg);
+        let ip = read_kernel::<u64>(regs + core::mem::offset_of!(pt_regs, rip) as u64);
+        let sp = read_kernel::<u64>(regs + core::mem::offset_of!(pt_regs, rsp) as u64);
+        if let (Some(ip), Some(sp)) = (ip, sp) {
+            sig = ip ^ sp.rotate_left(17);
+        }
     }
     // SAFETY: the values are copied out at once.
     let Some(pc) = (unsafe { PY_PROCS.get(pid) }) else {
