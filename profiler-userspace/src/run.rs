@@ -202,6 +202,7 @@ pub async fn run(cli: RunArgs, command: Command) -> Result<i32, AppError> {
             .map(|(n, v)| (n.to_string(), v))
             .collect(),
         async_aware: cli.async_aware.clone(),
+        bpf_programs: Vec::new(),
     };
 
     // Let the launched command run now that sampling is on.
@@ -336,8 +337,18 @@ pub async fn run(cli: RunArgs, command: Command) -> Result<i32, AppError> {
     }
     session.collector.finish(now);
     let capture = &session.targets;
+    // One read of the kernel's statistics: the total is the programs' sum.
+    let programs = capture.bpf_programs();
+    let bpf = programs.as_ref().map(|v| {
+        let ms: f64 = v.iter().map(|p| p.1).sum();
+        (
+            Duration::from_secs_f64(ms / 1e3),
+            v.iter().map(|p| p.2).sum(),
+        )
+    });
     let run = RunInfo {
-        cost: Some(output::Cost::measure(capture.bpf_cost())),
+        cost: Some(output::Cost::measure(bpf)),
+        bpf_programs: programs.unwrap_or_default(),
         ..run_info(capture, elapsed)
     };
     sink.finish(&session.collector.profile, &run)?;
@@ -401,6 +412,12 @@ fn summary(p: &Profile, run: &RunInfo, capture: &Capture, sink: &dyn Sink, elaps
     }
     if let Some(cost) = &run.cost {
         eprintln!("tachyon-bpf: {}", cost.line(samples));
+    }
+    if !run.bpf_programs.is_empty() {
+        eprintln!(
+            "tachyon-bpf: BPF time by program: {}",
+            output::bpf_programs_line(&run.bpf_programs)
+        );
     }
     let counters: Vec<String> = run
         .bpf_counters

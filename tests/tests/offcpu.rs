@@ -142,6 +142,23 @@ fn wall_mode_shows_sleep_and_cpu_mode_does_not() {
         "every record written was read: {t}"
     );
     assert!(b("switchCaptures") >= n("offCpuCaptures"), "{t}");
+    // The BPF time by program: the sampler and the switch program both ran, and their times add
+    // up to the total.
+    let progs = t["bpfPrograms"].as_object().expect("bpfPrograms");
+    for want in ["tachyon_sample", "tachyon_switch"] {
+        assert!(
+            progs
+                .get(want)
+                .is_some_and(|p| p["runs"].as_u64() > Some(0)),
+            "bpfPrograms lacks {want}: {progs:?}"
+        );
+    }
+    let by_program: f64 = progs.values().map(|p| p["ms"].as_f64().unwrap()).sum();
+    let total = t["profilerCost"]["bpfMs"].as_f64().unwrap();
+    assert!(
+        (by_program - total).abs() <= 0.01 * total.max(0.1),
+        "programs {by_program} ms, total {total} ms"
+    );
     let v = Viewer::load(&wall).unwrap();
     let (_, c) = thread_with(&v, "nap");
     // Python frame, the C function, down to the kernel's sleep.

@@ -810,6 +810,33 @@ pub fn bench(tachyon: &Path, tools: &Path) -> Result<()> {
                 .collect()
         ),
     ));
+    // Where the BPF time goes: per program, per sample and per run (medians of the runs).
+    let mut names: Vec<String> = mixed
+        .iter()
+        .filter_map(|m| m["bpfPrograms"].as_object())
+        .flat_map(|o| o.keys().cloned())
+        .collect();
+    names.sort();
+    names.dedup();
+    let mut by_program = Vec::new();
+    for name in &names {
+        let (mut per_sample, mut per_run, mut runs) = (Vec::new(), Vec::new(), Vec::new());
+        for m in &mixed {
+            let p = &m["bpfPrograms"][name.as_str()];
+            per_sample.push(1000.0 * f(&p["ms"]) / f(&m["samples"]).max(1.0));
+            per_run.push(1000.0 * f(&p["ms"]) / f(&p["runs"]).max(1.0));
+            runs.push(f(&p["runs"]));
+        }
+        by_program.push(format!(
+            "`{name}` {:.2} µs per sample ({:.0} runs, {:.2} µs each)",
+            median(per_sample),
+            median(runs),
+            median(per_run)
+        ));
+    }
+    if !by_program.is_empty() {
+        md.push(format!("\nBPF time by program: {}.", by_program.join("; ")));
+    }
     raw.insert("mixed".into(), json!(mixed));
 
     // 8. Idle processes.

@@ -301,18 +301,21 @@ impl Capture {
         })
     }
 
-    /// Time spent in this profiler's BPF programs and how many times they ran, when the
-    /// kernel's statistics are on.
-    pub fn bpf_cost(&self) -> Option<(std::time::Duration, u64)> {
+    /// The kernel's run time and runs of each BPF program that ran: (name, ms, runs), most
+    /// costly first; `None` when the statistics could not be enabled (no CAP_SYS_ADMIN).
+    pub fn bpf_programs(&self) -> Option<Vec<(String, f64, u64)>> {
         self.stats.as_ref()?;
-        let mut total = (std::time::Duration::ZERO, 0);
-        for (_, prog) in self.bpf.programs() {
-            if let Ok(info) = prog.info() {
-                total.0 += info.run_time();
-                total.1 += info.run_count();
-            }
-        }
-        Some(total)
+        let mut v: Vec<(String, f64, u64)> = self
+            .bpf
+            .programs()
+            .filter_map(|(name, prog)| {
+                let info = prog.info().ok()?;
+                let runs = info.run_count();
+                (runs > 0).then(|| (name.to_string(), info.run_time().as_secs_f64() * 1e3, runs))
+            })
+            .collect();
+        v.sort_by(|a, b| b.1.total_cmp(&a.1));
+        Some(v)
     }
 
     /// Instructions the verifier went through for each loaded program (5.16+ kernels say).

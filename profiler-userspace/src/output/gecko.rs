@@ -806,6 +806,14 @@ pub fn to_json(p: &Profile, run: &RunInfo) -> Value {
         .map(|(n, v)| (n.clone(), json!(v)))
         .collect::<serde_json::Map<_, _>>()
         .into();
+    if !run.bpf_programs.is_empty() {
+        tachyon["bpfPrograms"] = run
+            .bpf_programs
+            .iter()
+            .map(|(n, ms, runs)| (n.clone(), json!({"ms": ms, "runs": runs})))
+            .collect::<serde_json::Map<_, _>>()
+            .into();
+    }
     if let Some(k) = &run.kernel {
         tachyon["kernel"] = json!({"release": k.release, "programs": k.programs});
     }

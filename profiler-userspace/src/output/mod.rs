@@ -82,6 +82,24 @@ pub struct RunInfo {
     /// `--async-aware`'s setting (`running` or `all`), if given.
     #[serde(default)]
     pub async_aware: Option<String>,
+    /// Each BPF program's run time (ms) and runs, when the kernel's statistics were on (not
+    /// kept in recordings).
+    #[serde(default)]
+    pub bpf_programs: Vec<(String, f64, u64)>,
+}
+
+/// `NAME MS ms (RUNS runs, US µs each)` per program, comma-separated.
+pub fn bpf_programs_line(programs: &[(String, f64, u64)]) -> String {
+    programs
+        .iter()
+        .map(|(name, ms, runs)| {
+            format!(
+                "{name} {ms:.1} ms ({runs} runs, {:.2} µs each)",
+                ms * 1000.0 / (*runs).max(1) as f64
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// The kernel of a run, as the profile's `meta.tachyon.kernel` reports it.
@@ -578,6 +596,7 @@ pub(crate) mod fixture {
             kernel: None,
             bpf_counters: vec![("samples".into(), 13), ("lost".into(), 0)],
             async_aware: None,
+            bpf_programs: Vec::new(),
         };
         (p, run)
     }
@@ -735,6 +754,19 @@ mod tests {
         let now = recording::to_bytes(&p, &run).unwrap();
         std::io::Read::read_to_string(&mut flate2::read::GzDecoder::new(&now[..]), &mut b).unwrap();
         assert_eq!(a, b, "the version-3 schema changed: add version 4 instead");
+    }
+
+    #[test]
+    fn bpf_time_is_told_by_program() {
+        let line = bpf_programs_line(&[
+            ("tachyon_switch".into(), 129.6, 177_959),
+            ("tachyon_sample".into(), 87.9, 19_993),
+        ]);
+        assert_eq!(
+            line,
+            "tachyon_switch 129.6 ms (177959 runs, 0.73 µs each), \
+             tachyon_sample 87.9 ms (19993 runs, 4.40 µs each)"
+        );
     }
 
     #[test]

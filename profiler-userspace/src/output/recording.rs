@@ -547,6 +547,8 @@ fn from_v2(r: V2) -> Result<(Profile, RunInfo), String> {
         }),
         bpf_counters: k.bpf_counters,
         async_aware: k.async_aware,
+        // Not recorded: the profile made from a recording says nothing of what it cost.
+        bpf_programs: Vec::new(),
     };
     Ok((p, run))
 }
