@@ -22,7 +22,9 @@ fn main() {
             "{BPF_RUSTC} is missing: the BPF toolchain is not set up. Run `cargo xtask setup` (or any `cargo xtask` command)."
         );
     }
-    let out = ebpf_build_command(&ws)
+    // The architecture the user space is built for: the object reads its register layout.
+    let arch = std::env::var("CARGO_CFG_TARGET_ARCH").unwrap();
+    let out = ebpf_build_command(&ws, &arch)
         .output()
         .expect("running the BPF build");
     if !out.status.success() {
@@ -33,6 +35,6 @@ fn main() {
     }
     println!(
         "cargo:rustc-env=TACHYON_BPF_OBJECT={}",
-        ws.join(BPF_OBJECT).display()
+        ws.join(bpf_object(&arch)).display()
     );
 }

@@ -268,8 +268,11 @@ pub struct Config {
     /// `signal_struct`: a process's last thread is exiting when `live` has reached 0.
     pub task_signal_off: u32,
     pub signal_live_off: u32,
-    /// Size of a task's kernel stack (`THREAD_SIZE`: 16 KiB on x86_64 without KASAN).
+    /// Size of a task's kernel stack (`THREAD_SIZE`: 16 KiB on x86_64 and arm64 without KASAN).
     pub thread_size: u32,
+    /// Size of the kernel's `struct pt_regs` (from its BTF): the user registers sit that far
+    /// below the top of the kernel stack.
+    pub pt_regs_size: u32,
     /// Byte offset of `thread.fsbase` in `task_struct` (the thread pointer, which glibc's
     /// `pthread_self` returns and CPython stores as a thread state's `thread_id`), or 0.
     pub task_fsbase_off: u32,
@@ -279,7 +282,6 @@ pub struct Config {
     /// only: the CPU time since its previous switch-out says when it came back.
     pub task_sum_exec_off: u32,
     pub task_prev_sum_exec_off: u32,
-    pub _pad: u32,
 }
 
 /// Where a Python process keeps what the frame walk needs. Offsets are byte offsets into the
@@ -411,10 +413,14 @@ pub struct SampleHeader {
     /// Python frames after the header, innermost first.
     pub py_len: u32,
     pub comm: [u8; 16],
-    /// User instruction pointer, stack pointer and frame pointer.
+    /// User instruction pointer, stack pointer and frame pointer (x86_64's `rbp`, aarch64's
+    /// `x29`).
     pub ip: u64,
     pub sp: u64,
     pub bp: u64,
+    /// aarch64: the link register (`x30`), where a leaf function's return address may still
+    /// be. 0 on x86_64.
+    pub lr: u64,
     /// The Python thread state of the sampled thread, or 0.
     pub py_tstate: u64,
     /// The GIL's `last_holder` and `locked` words, read once at the sampled instant.
@@ -593,7 +599,7 @@ const _: () = assert!(core::mem::size_of::<ThreadSched>() == 184);
 const _: () = assert!(core::mem::size_of::<PyFrame>() == 16);
 // The BPF program bounds indexes by masking with these less one.
 const _: () = assert!(MAX_PY_FRAMES.is_power_of_two() && PY_CODE_SNAPS.is_power_of_two());
-const _: () = assert!(SampleHeader::SIZE == 128 + MAX_KSTACK * 8);
+const _: () = assert!(SampleHeader::SIZE == 136 + MAX_KSTACK * 8);
 const _: () = assert!(SampleHeader::SIZE.is_multiple_of(8));
 const _: () = assert!(CodeSnap::SIZE == PY_CODE_SNAP + PY_NAME_SNAP + PY_FILE_SNAP);
 const _: () = assert!(CodeSnap::SIZE.is_multiple_of(8));

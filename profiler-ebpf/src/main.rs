@@ -36,7 +36,7 @@
 use core::ffi::c_void;
 
 use aya_ebpf::{
-    bindings::{pt_regs, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
+    bindings::{BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
     helpers::{
         bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_ns,
         bpf_probe_read_kernel,
@@ -51,6 +51,92 @@ use aya_ebpf::{
     EbpfContext,
 };
 use profiler_common::*;
+
+use arch::UserRegs;
+
+/// What differs between the architectures the object is built for (`--cfg bpf_target_arch`,
+/// chosen by the build): the layout of the saved user registers.
+#[cfg(not(bpf_target_arch = "aarch64"))]
+mod arch {
+    pub use aya_ebpf::bindings::pt_regs as Regs;
+
+    /// The user registers a record carries.
+    #[derive(Clone, Copy)]
+    pub struct UserRegs {
+        pub ip: u64,
+        pub sp: u64,
+        pub bp: u64,
+        pub lr: u64,
+    }
+
+    /// The registers, when they were saved in user mode (the code segment's privilege level).
+    #[inline(always)]
+    pub fn user(r: &Regs) -> Option<UserRegs> {
+        (r.cs & 3 == 3).then_some(UserRegs {
+            ip: r.rip,
+            sp: r.rsp,
+            bp: r.rbp,
+            lr: 0,
+        })
+    }
+
+    /// Reads the user registers saved at `addr` (a `struct pt_regs`): `Err` when the read
+    /// fails, `Ok(None)` when they were not saved in user mode.
+    #[inline(always)]
+    pub fn read_user(addr: u64) -> Result<Option<UserRegs>, ()> {
+        super::read_kernel::<Regs>(addr).map(|r| user(&r)).ok_or(())
+    }
+
+    pub const IP_OFFSET: usize = core::mem::offset_of!(Regs, rip);
+    pub const SP_OFFSET: usize = core::mem::offset_of!(Regs, rsp);
+}
+
+/// arm64: `struct pt_regs` begins with `struct user_pt_regs` (x0-x30, sp, pc, pstate), which is
+/// also what a perf event's context holds.
+#[cfg(bpf_target_arch = "aarch64")]
+mod arch {
+    pub use aya_ebpf::bindings::user_pt_regs as Regs;
+
+    #[derive(Clone, Copy)]
+    pub struct UserRegs {
+        pub ip: u64,
+        pub sp: u64,
+        /// The frame pointer, `x29`.
+        pub bp: u64,
+        /// The link register, `x30`.
+        pub lr: u64,
+    }
+
+    /// `PSR_MODE_MASK` and the 32-bit bit: EL0 in AArch64 state is 0 under both.
+    const MODE_MASK: u64 = 0x1f;
+
+    #[inline(always)]
+    pub fn user(r: &Regs) -> Option<UserRegs> {
+        (r.pstate & MODE_MASK == 0).then_some(UserRegs {
+            ip: r.pc,
+            sp: r.sp,
+            bp: r.regs[29],
+            lr: r.regs[30],
+        })
+    }
+
+    /// Reads x29, x30, sp, pc and pstate (contiguous) from the `pt_regs` at `addr`: 40 bytes
+    /// of BPF stack, not the whole 272.
+    #[inline(always)]
+    pub fn read_user(addr: u64) -> Result<Option<UserRegs>, ()> {
+        let tail = super::read_kernel::<[u64; 5]>(addr + X29_OFFSET as u64).ok_or(())?;
+        Ok((tail[4] & MODE_MASK == 0).then_some(UserRegs {
+            ip: tail[3],
+            sp: tail[2],
+            bp: tail[0],
+            lr: tail[1],
+        }))
+    }
+
+    const X29_OFFSET: usize = core::mem::offset_of!(Regs, regs) + 29 * 8;
+    pub const IP_OFFSET: usize = core::mem::offset_of!(Regs, pc);
+    pub const SP_OFFSET: usize = core::mem::offset_of!(Regs, sp);
+}
 
 #[map]
 static CONFIG: Array<Config> = Array::with_max_entries(1, 0);
@@ -124,12 +210,8 @@ fn sample<const MODERN: bool>(ctx: PerfEventContext) -> u32 {
         return 0;
     }
     // SAFETY: the context of a perf_event program is a bpf_perf_event_data.
-    let regs: &pt_regs = unsafe { &(*ctx.ctx).regs };
-    let user = if regs.cs & 3 == 3 {
-        Some((regs.rip, regs.rsp, regs.rbp))
-    } else {
-        None
-    };
+    let regs: &arch::Regs = unsafe { &(*ctx.ctx).regs };
+    let user = arch::user(regs);
     // SAFETY: helper without preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
     capture::<MODERN>(ctx.as_ptr(), cfg, RECORD_SAMPLE, pid, tid, now, user, 0);
@@ -585,16 +667,19 @@ fn block_signature<const MODERN: bool>(cfg: &Config, pid: u32, tid: u32) -> u64 
         // A typed pointer (BTF): its fields are read directly, without a probe read.
         // SAFETY: the current task's saved user registers, a `struct pt_regs` the verifier
         // knows; the loads are checked against its type.
-        let regs = unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) } as *const pt_regs;
+        let regs = unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) } as *const u8;
         if !regs.is_null() {
-            // SAFETY: as above.
-            sig = unsafe { (*regs).rip ^ (*regs).rsp.rotate_left(17) };
+            // SAFETY: as above; the offsets are those of fields of the kernel's `pt_regs`.
+            sig = unsafe {
+                *(regs.add(arch::IP_OFFSET) as *const u64)
+                    ^ (*(regs.add(arch::SP_OFFSET) as *const u64)).rotate_left(17)
+            };
         }
     } else {
         // Two words, not the whole `pt_regs`: this subprogram's stack adds to its caller's.
         let regs = user_regs::<MODERN>(cfg);
-        let ip = read_kernel::<u64>(regs + core::mem::offset_of!(pt_regs, rip) as u64);
-        let sp = read_kernel::<u64>(regs + core::mem::offset_of!(pt_regs, rsp) as u64);
+        let ip = read_kernel::<u64>(regs + arch::IP_OFFSET as u64);
+        let sp = read_kernel::<u64>(regs + arch::SP_OFFSET as u64);
         if let (Some(ip), Some(sp)) = (ip, sp) {
             sig = ip ^ sp.rotate_left(17);
         }
@@ -757,7 +842,7 @@ fn event(kind: u32, pid: u32, tid: u32, now: u64, arg0: u64, arg1: u64) {
 }
 
 /// Assembles one sample record of the current thread and sends it. `user` holds the user
-/// registers (ip, sp, bp) when the thread was interrupted in user mode; otherwise they come from
+/// registers when the thread was interrupted in user mode; otherwise they come from
 /// the task and the kernel stack is recorded. Returns whether the record was written.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
@@ -768,7 +853,7 @@ fn capture<const MODERN: bool>(
     pid: u32,
     tid: u32,
     now: u64,
-    user: Option<(u64, u64, u64)>,
+    user: Option<UserRegs>,
     sched_state: u64,
 ) -> bool {
     // SAFETY: helper without preconditions.
@@ -804,21 +889,24 @@ fn capture<const MODERN: bool>(
     hdr.ip = 0;
     hdr.sp = 0;
     hdr.bp = 0;
+    hdr.lr = 0;
 
-    if let Some((ip, sp, bp)) = user {
-        hdr.ip = ip;
-        hdr.sp = sp;
-        hdr.bp = bp;
+    if let Some(u) = user {
+        hdr.ip = u.ip;
+        hdr.sp = u.sp;
+        hdr.bp = u.bp;
+        hdr.lr = u.lr;
     } else {
         hdr.flags |= SAMPLE_KERNEL_MODE;
-        match read_kernel::<pt_regs>(user_regs::<MODERN>(cfg)) {
-            Some(u) if u.cs & 3 == 3 => {
-                hdr.ip = u.rip;
-                hdr.sp = u.rsp;
-                hdr.bp = u.rbp;
+        match arch::read_user(user_regs::<MODERN>(cfg)) {
+            Ok(Some(u)) => {
+                hdr.ip = u.ip;
+                hdr.sp = u.sp;
+                hdr.bp = u.bp;
+                hdr.lr = u.lr;
             }
-            Some(_) => hdr.flags |= SAMPLE_NO_USER,
-            None => {
+            Ok(None) => hdr.flags |= SAMPLE_NO_USER,
+            Err(()) => {
                 hdr.flags |= SAMPLE_NO_USER;
                 count(STAT_UREGS_FAIL);
             }
@@ -971,10 +1059,10 @@ fn capture<const MODERN: bool>(
 }
 
 /// Address of the current task's saved user registers (`task_pt_regs`). Without
-/// `bpf_task_pt_regs` it is computed as x86_64's `task_pt_regs()` does: the `pt_regs` sit at the
-/// very top of the task's kernel stack (`TOP_OF_KERNEL_STACK_PADDING` is 0 on x86_64). The
-/// caller checks the code segment of what it reads, so a wrong guess gives no user stack, never
-/// a wrong one.
+/// `bpf_task_pt_regs` it is computed as `task_pt_regs()` does on x86_64 and arm64: the
+/// `pt_regs` sit at the very top of the task's kernel stack (`TOP_OF_KERNEL_STACK_PADDING` is 0
+/// on x86_64). The caller checks the mode the registers were saved in, so a wrong guess gives no
+/// user stack, never a wrong one.
 #[inline(always)]
 fn user_regs<const MODERN: bool>(cfg: &Config) -> u64 {
     if MODERN {
@@ -984,9 +1072,7 @@ fn user_regs<const MODERN: bool>(cfg: &Config) -> u64 {
     // SAFETY: helper without preconditions.
     let task = unsafe { bpf_get_current_task() };
     match read_kernel::<u64>(task + cfg.task_stack_off as u64) {
-        Some(stack) if stack != 0 => {
-            stack + cfg.thread_size as u64 - core::mem::size_of::<pt_regs>() as u64
-        }
+        Some(stack) if stack != 0 => stack + cfg.thread_size as u64 - cfg.pt_regs_size as u64,
         _ => 0,
     }
 }

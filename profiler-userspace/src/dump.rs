@@ -142,6 +142,7 @@ fn read_blocked(
         ip,
         sp,
         bp: 0,
+        lr: 0,
         kstack,
         py_frames: Vec::new(),
         py_tstate: 0,

@@ -7,6 +7,11 @@
 //! every profile is read through the Firefox Profiler CLI: Python frames merged into the native
 //! stacks, off-CPU time where and as long as it happened, no BPF program left behind, and the
 //! program set each kernel got is the one the README's kernel table promises.
+//!
+//! The arm64 guest (`arm64_guest_profiles_python`) runs the same script and checks under
+//! `qemu-system-aarch64`: Debian 12's arm64 kernel, an arm64 Debian tree with its python3 as the
+//! root (both from `cargo xtask setup`), and the cross-built binary (`cargo xtask build --arch
+//! aarch64`, whose path `cargo xtask test` passes in `TACHYON_BPF_BIN_AARCH64`).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -63,12 +68,13 @@ elif mode == "sleeper":
 
 /// Counts the kernel's BPF programs (BPF_PROG_GET_NEXT_ID), as `bpf_program_count` does here.
 const BPF_COUNT: &str = r#"
-import ctypes, struct
+import ctypes, platform, struct
 libc = ctypes.CDLL(None, use_errno=True)
+NR_BPF = {"x86_64": 321, "aarch64": 280}[platform.machine()]
 n, pid = 0, 0
 while True:
     buf = ctypes.create_string_buffer(struct.pack("III", pid, 0, 0), 12)
-    if libc.syscall(321, 11, buf, 12) != 0:
+    if libc.syscall(NR_BPF, 11, buf, 12) != 0:
         break
     n += 1
     pid = struct.unpack("III", buf.raw)[1]
@@ -80,6 +86,9 @@ struct Guest {
     release: String,
     vmlinuz: PathBuf,
     initrd: PathBuf,
+    /// The guest's root: this machine's, or the arm64 tree.
+    root: PathBuf,
+    arm64: bool,
 }
 
 const KERNELS: [&str; 4] = ["5.10", "6.1", "6.12", "unstable"];
@@ -105,6 +114,8 @@ fn guests() -> Vec<Guest> {
                 release: release.trim().to_string(),
                 vmlinuz: d.join("vmlinuz"),
                 initrd: d.join("initrd"),
+                root: PathBuf::from("/"),
+                arm64: false,
             }
         })
         .collect()
@@ -119,7 +130,13 @@ fn boot(guest: &Guest, results: &Path, timeout: Duration) -> String {
     // toggled when the profiler's probes go away at its exit) can still run the old
     // translation on the other vCPU and take an int3 it no longer expects (6.12 oopsed so in
     // do_exit once in CI). One thread keeps that coherent, as real hardware does.
-    let mut child = Command::new("qemu-system-x86_64")
+    let (qemu, machine, tty) = if guest.arm64 {
+        ("qemu-system-aarch64", ["-M", "virt"], "ttyAMA0")
+    } else {
+        ("qemu-system-x86_64", ["-M", "pc"], "ttyS0")
+    };
+    let mut child = Command::new(qemu)
+        .args(machine)
         .args(["-accel", "tcg,thread=single", "-cpu", "max", "-smp", "2", "-m", "3G"])
         .args(["-nodefaults", "-display", "none", "-monitor", "none", "-no-reboot"])
         .arg("-serial")
@@ -128,11 +145,12 @@ fn boot(guest: &Guest, results: &Path, timeout: Duration) -> String {
         .arg(&guest.vmlinuz)
         .arg("-initrd")
         .arg(&guest.initrd)
-        .args(["-append", "console=ttyS0 panic=-1 quiet"])
-        .args([
-            "-virtfs",
-            "local,path=/,mount_tag=hostroot,security_model=passthrough,readonly=on,multidevs=remap",
-        ])
+        .args(["-append", &format!("console={tty} panic=-1 quiet")])
+        .arg("-virtfs")
+        .arg(format!(
+            "local,path={},mount_tag=hostroot,security_model=passthrough,readonly=on,multidevs=remap",
+            guest.root.display()
+        ))
         .arg("-virtfs")
         .arg(format!(
             "local,path={},mount_tag=results,security_model=passthrough,multidevs=remap",
@@ -140,7 +158,7 @@ fn boot(guest: &Guest, results: &Path, timeout: Duration) -> String {
         ))
         .stdin(Stdio::null())
         .spawn()
-        .expect("qemu-system-x86_64 (installed by `cargo xtask setup`)");
+        .unwrap_or_else(|e| panic!("{qemu} (installed by `cargo xtask setup`): {e}"));
     let t0 = Instant::now();
     loop {
         if let Some(status) = child.try_wait().unwrap() {
@@ -405,4 +423,61 @@ fn fleet_kernels_load_sample_and_merge() {
         assert_eq!(seen, KERNELS);
     }
     assert!(errors.is_empty(), "{}", errors.join("\n\n"));
+}
+
+/// The cross-built aarch64 binary, under emulation: the same runs and checks as on the x86_64
+/// kernels, on Debian 12's arm64 kernel with Debian 12's arm64 python3 (3.11).
+#[test]
+fn arm64_guest_profiles_python() {
+    require_root();
+    let bin = std::env::var_os("TACHYON_BPF_BIN_AARCH64")
+        .map(PathBuf::from)
+        .filter(|p| p.exists())
+        .expect("TACHYON_BPF_BIN_AARCH64 names no binary: run the tests with `cargo xtask test`");
+    let d = tools_dir().join("arm64");
+    let release = std::fs::read_to_string(d.join("release")).unwrap_or_else(|_| {
+        panic!(
+            "the arm64 guest is missing under {}: run the tests with `cargo xtask test`",
+            d.display()
+        )
+    });
+    let g = Guest {
+        label: "arm64 6.1".into(),
+        release: release.trim().to_string(),
+        vmlinuz: d.join("vmlinuz"),
+        initrd: d.join("initrd"),
+        root: d.join("root"),
+        arm64: true,
+    };
+    let dir = scratch("kernel-arm64");
+    std::fs::write(dir.join("work.py"), WORK).unwrap();
+    std::fs::write(dir.join("bpf_count.py"), BPF_COUNT).unwrap();
+    std::fs::copy(&bin, dir.join("tachyon-bpf")).unwrap();
+    // Paths as the guest sees them: its root is the arm64 tree, the results share is /tmp/results.
+    let script = guest_script(
+        Path::new("/tmp/results/tachyon-bpf"),
+        Path::new("/usr/bin/python3"),
+    );
+    std::fs::write(dir.join("guest.sh"), script).unwrap();
+    let t0 = Instant::now();
+    let console = boot(&g, &dir, Duration::from_secs(900));
+    let errors = check_guest(&g, &dir, "modern");
+    eprintln!(
+        "kernel {} ({}): modern in {:.0} s, {}",
+        g.label,
+        g.release,
+        t0.elapsed().as_secs_f64(),
+        if errors.is_empty() { "ok" } else { "FAILED" }
+    );
+    for run in ["all", "pid", "cmd"] {
+        let err = std::fs::read_to_string(dir.join(format!("{run}.err"))).unwrap_or_default();
+        for l in err.lines().filter(|l| !l.starts_with("  ")).take(12) {
+            eprintln!("arm64 {run}: {l}");
+        }
+    }
+    assert!(
+        errors.is_empty(),
+        "{}\n\nconsole:\n{console}",
+        errors.join("\n\n")
+    );
 }

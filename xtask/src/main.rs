@@ -1,4 +1,4 @@
-//! Developer tasks: `cargo xtask setup | build-ebpf | build | run -- ARGS | test | kernels | bench`.
+//! Developer tasks: `cargo xtask setup | build-ebpf | build [--arch aarch64] | run -- ARGS | test | kernels [--arch aarch64] | bench`.
 //!
 //! Every task first runs `setup`, which is idempotent and fast when nothing is missing: Debian's
 //! BPF-capable Rust toolchain, bpf-linker, and the Firefox Profiler CLI (with Node 24) that the
@@ -12,6 +12,7 @@ use anyhow::{bail, Context, Result};
 include!("ebpf_build.rs");
 
 mod bench;
+mod cross;
 mod kernels;
 mod pypi;
 mod pythons;
@@ -19,10 +20,11 @@ mod soak;
 
 // golang-go: `go tool pprof`, the consumer the pprof tests read profiles back with.
 // patchelf: Debian's python3.14/3.15 run from `.tools` with their own C library (pythons.rs).
-// qemu-system-x86, kmod (depmod): the kernel matrix (kernels.rs).
+// qemu-system-x86, kmod (depmod): the kernel matrix (kernels.rs); qemu-system-arm: its arm64
+// guest.
 // libc6-dbg: the C library's separate debug file, which names its internal functions in
 // stacks (a test checks that they are named).
-const APT_PACKAGES: [&str; 9] = [
+const APT_PACKAGES: [&str; 10] = [
     "rustc-web",
     "cargo-web",
     "rust-web-src",
@@ -30,6 +32,7 @@ const APT_PACKAGES: [&str; 9] = [
     "golang-go",
     "patchelf",
     "qemu-system-x86",
+    "qemu-system-arm",
     "kmod",
     "libc6-dbg",
 ];
@@ -129,11 +132,12 @@ fn setup_tools() -> Result<PathBuf> {
     let venv = pypi::setup(&tools)?;
     pypi::uvloop(&tools, &venv)?;
     kernels::setup(&tools)?;
+    kernels::setup_arm64(&tools)?;
     Ok(tools)
 }
 
-fn build_ebpf() -> Result<()> {
-    run(&mut ebpf_build_command(&workspace()))
+fn build_ebpf(arch: &str) -> Result<()> {
+    run(&mut ebpf_build_command(&workspace(), arch))
 }
 
 fn build_release() -> Result<PathBuf> {
@@ -226,12 +230,18 @@ fn main() -> Result<()> {
         }
         "build-ebpf" => {
             setup_toolchain()?;
-            build_ebpf()?;
-            eprintln!("xtask: {}", workspace().join(BPF_OBJECT).display());
+            let arch = cross::arch_arg(rest)?;
+            build_ebpf(&arch)?;
+            eprintln!("xtask: {}", workspace().join(bpf_object(&arch)).display());
         }
         "build" => {
             setup_toolchain()?;
-            let bin = build_release()?;
+            let arch = cross::arch_arg(rest)?;
+            let bin = if arch == std::env::consts::ARCH {
+                build_release()?
+            } else {
+                cross::build(&arch)?
+            };
             eprintln!("xtask: {}", bin.display());
         }
         "run" => {
@@ -245,6 +255,7 @@ fn main() -> Result<()> {
             setup_toolchain()?;
             let tools = setup_tools()?;
             let bin = build_release()?;
+            let bin_arm64 = cross::build("aarch64")?;
             // Unit tests of every crate, then the end-to-end tests one at a time: they profile
             // real processes on every CPU, and concurrent runs would disturb each other's counts.
             run(Command::new("cargo").current_dir(workspace()).args([
@@ -256,6 +267,7 @@ fn main() -> Result<()> {
             run(Command::new("cargo")
                 .current_dir(workspace())
                 .env("TACHYON_BPF_BIN", &bin)
+                .env("TACHYON_BPF_BIN_AARCH64", &bin_arm64)
                 .env("TACHYON_TOOLS", &tools)
                 // Deep call trees (300-frame recursion) are walked recursively.
                 .env("RUST_MIN_STACK", "67108864")
@@ -268,17 +280,23 @@ fn main() -> Result<()> {
             }
         }
         "kernels" => {
-            // The kernel matrix alone (it is also part of `test`).
+            // The kernel matrix alone (it is also part of `test`): the x86_64 kernels, or with
+            // `--arch aarch64` the arm64 guest.
             setup_toolchain()?;
             let tools = setup_tools()?;
-            let bin = build_release()?;
-            run(Command::new("cargo")
-                .current_dir(workspace())
-                .env("TACHYON_BPF_BIN", &bin)
-                .env("TACHYON_TOOLS", &tools)
+            let arch = cross::arch_arg(rest)?;
+            let mut cmd = Command::new("cargo");
+            cmd.current_dir(workspace()).env("TACHYON_TOOLS", &tools);
+            let filter = if arch == std::env::consts::ARCH {
+                cmd.env("TACHYON_BPF_BIN", build_release()?);
+                "fleet_kernels"
+            } else {
+                cmd.env("TACHYON_BPF_BIN_AARCH64", cross::build(&arch)?);
+                "arm64_guest"
+            };
+            run(cmd
                 .args(["test", "-p", "tachyon-bpf-tests", "--test", "kernels", "--"])
-                .arg("--test-threads=1")
-                .args(rest))?;
+                .args(["--test-threads=1", "--nocapture", filter]))?;
         }
         "soak" => {
             setup_toolchain()?;
@@ -314,7 +332,7 @@ fn main() -> Result<()> {
         }
         _ => {
             eprintln!(
-                "usage: cargo xtask <setup | build-ebpf | build | run -- ARGS | test [FILTER] | kernels | bench [cpython | asyncio] | fuzz [SECONDS] | soak [SECONDS]>"
+                "usage: cargo xtask <setup | build-ebpf [--arch aarch64] | build [--arch aarch64] | run -- ARGS | test [FILTER] | kernels [--arch aarch64] | bench [cpython | asyncio] | fuzz [SECONDS] | soak [SECONDS]>"
             );
             std::process::exit(2);
         }

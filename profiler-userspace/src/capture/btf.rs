@@ -134,6 +134,13 @@ impl<'a> Btf<'a> {
             .find(|t| t.kind == kind && self.name(t.name_off) == name.as_bytes())
     }
 
+    /// The size in bytes of a struct.
+    pub fn struct_size(&self, strukt: &str) -> Result<u32, BtfError> {
+        self.find(KIND_STRUCT, strukt)
+            .map(|t| t.size_type)
+            .ok_or_else(|| BtfError::NoStruct(strukt.into()))
+    }
+
     /// Byte offsets of the named members of one struct.
     pub fn struct_offsets(
         &self,
@@ -225,6 +232,8 @@ pub struct KernelInfo {
     pub signal_live: u32,
     /// Offset of `thread.fsbase` in `task_struct`, or 0.
     pub task_fsbase: u32,
+    /// `sizeof(struct pt_regs)`: the user registers are that far below a kernel stack's top.
+    pub pt_regs_size: u32,
     /// Offsets of `se.sum_exec_runtime` and `se.prev_sum_exec_runtime` in `task_struct`.
     pub task_sum_exec: u32,
     pub task_prev_sum_exec: u32,
@@ -296,6 +305,7 @@ impl KernelInfo {
             task_signal: task["signal"],
             signal_live,
             task_fsbase,
+            pt_regs_size: btf.struct_size("pt_regs")?,
             task_sum_exec: se + sums["sum_exec_runtime"],
             task_prev_sum_exec: se + sums["prev_sum_exec_runtime"],
             has_bpf_loop,

@@ -250,12 +250,13 @@ impl Capture {
             task_stack_off: kernel.task_stack,
             task_signal_off: kernel.task_signal,
             signal_live_off: kernel.signal_live,
-            // x86_64: PAGE_SIZE << THREAD_SIZE_ORDER (2); distribution kernels build no KASAN.
+            // x86_64: PAGE_SIZE << THREAD_SIZE_ORDER (2); arm64: 16 KiB too (MIN_THREAD_SHIFT 14).
+            // Distribution kernels build no KASAN.
             thread_size: 16384,
+            pt_regs_size: kernel.pt_regs_size,
             task_fsbase_off: kernel.task_fsbase,
             task_sum_exec_off: kernel.task_sum_exec,
             task_prev_sum_exec_off: kernel.task_prev_sum_exec,
-            _pad: 0,
         };
         let mut arr: Array<_, Config> =
             Array::try_from(bpf.map_mut(names::MAP_CONFIG).expect("CONFIG map"))

@@ -94,6 +94,8 @@ pub struct RawSample {
     pub ip: u64,
     pub sp: u64,
     pub bp: u64,
+    /// aarch64's link register (0 on x86_64).
+    pub lr: u64,
     pub kstack: Vec<u64>,
     pub py_frames: Vec<PyFrame>,
     pub py_tstate: u64,
@@ -173,6 +175,7 @@ impl RawSample {
             ip: h.ip,
             sp: h.sp,
             bp: h.bp,
+            lr: h.lr,
             kstack: h.kstack[..klen]
                 .iter()
                 .copied()
@@ -226,6 +229,7 @@ mod tests {
             ip: 0x1000,
             sp: 0x7000,
             bp: 0,
+            lr: 0,
             py_tstate: 0,
             py_gil_holder: 0,
             py_gil_locked: 0,

@@ -746,7 +746,7 @@ pub fn to_json(p: &Profile, run: &RunInfo) -> Value {
         .iter()
         .map(|l| {
             json!({
-                "arch": "x86_64",
+                "arch": std::env::consts::ARCH,
                 "name": l.name.as_ref(),
                 "path": l.path.as_ref(),
                 "debugName": l.name.as_ref(),
@@ -818,15 +818,15 @@ pub fn to_json(p: &Profile, run: &RunInfo) -> Value {
         tachyon["kernel"] = json!({"release": k.release, "programs": k.programs});
     }
     let oscpu = match &run.kernel {
-        Some(k) => format!("Linux {} x86_64", k.release),
-        None => "Linux x86_64".into(),
+        Some(k) => format!("Linux {} {}", k.release, std::env::consts::ARCH),
+        None => format!("Linux {}", std::env::consts::ARCH),
     };
     json!({
         "meta": {
             "interval": run.interval_ms,
             "sampleUnits": {"time": "ms", "eventDelay": "ms", "threadCPUDelta": "µs"},
             "startTime": run.start_epoch_ms,
-            "abi": "x86_64-gcc3",
+            "abi": format!("{}-gcc3", std::env::consts::ARCH),
             "misc": format!("mode={} rate={}Hz", run.mode, run.rate_hz),
             "oscpu": oscpu,
             "platform": "Linux",

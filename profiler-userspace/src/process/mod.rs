@@ -13,10 +13,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use framehop::x86_64::{CacheX86_64, UnwinderX86_64};
 use framehop::Unwinder;
 
-use crate::stack::elf::{ElfCache, ElfFile, FileBytes};
+use crate::stack::elf::{ElfCache, ElfFile};
 use maps::Mapping;
 
 const REFRESH_MIN: Duration = Duration::from_millis(200);
@@ -39,8 +38,8 @@ pub struct Process {
     pub cmdline: Vec<String>,
     pub modules: Vec<Module>,
     pub mappings: Vec<Mapping>,
-    pub unwinder: UnwinderX86_64<FileBytes>,
-    pub cache: CacheX86_64,
+    pub unwinder: unwind::NativeUnwinder,
+    pub cache: unwind::Cache,
     /// Addresses whose CFI marks them as a thread's outermost frame (`unwind::Walker::walk`
     /// checks each end of an unwind once); emptied when the modules change.
     pub roots: rustc_hash::FxHashSet<u64>,
@@ -148,8 +147,8 @@ impl Process {
             cmdline: read_cmdline(pid),
             modules: Vec::new(),
             mappings: Vec::new(),
-            unwinder: UnwinderX86_64::new(),
-            cache: CacheX86_64::new(),
+            unwinder: unwind::NativeUnwinder::new(),
+            cache: unwind::Cache::new(),
             roots: Default::default(),
             stack_tops: Default::default(),
             scan_hints: Default::default(),

@@ -2,8 +2,7 @@
 //! the file's own rule (`stack::cfi`), then a checked scan of the stack for the next return
 //! address.
 
-use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
-use framehop::{FrameAddress, Unwinder};
+use framehop::FrameAddress;
 
 use profiler_common::SAMPLE_USTACK_SHORT;
 
@@ -11,7 +10,83 @@ use super::remote::Remote;
 use super::{module_at, Module, Process};
 use crate::capture::record::RawSample;
 use crate::stack::cfi::{Regs, Step};
-use crate::stack::elf::FileBytes;
+
+pub use isa::{Cache, NativeUnwinder};
+
+/// framehop's unwinder for the architecture built for, and one step of it in our `Regs`.
+#[cfg(not(target_arch = "aarch64"))]
+mod isa {
+    use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
+    use framehop::{FrameAddress, Unwinder};
+
+    use crate::stack::cfi::Regs;
+    use crate::stack::elf::FileBytes;
+
+    pub type NativeUnwinder = UnwinderX86_64<FileBytes>;
+    pub type Cache = CacheX86_64;
+
+    /// The caller's return address and registers, `Ok(None)` at the root.
+    pub fn step<F: FnMut(u64) -> Result<u64, ()>>(
+        unwinder: &NativeUnwinder,
+        cache: &mut Cache,
+        addr: FrameAddress,
+        r: Regs,
+        read: &mut F,
+    ) -> Result<Option<(u64, Regs)>, framehop::Error> {
+        let mut regs = UnwindRegsX86_64::new(r.ip, r.sp, r.bp);
+        Ok(unwinder
+            .unwind_frame(addr, &mut regs, cache, read)?
+            .map(|ra| {
+                (
+                    ra,
+                    Regs {
+                        ip: regs.ip(),
+                        sp: regs.sp(),
+                        bp: regs.bp(),
+                        lr: 0,
+                    },
+                )
+            }))
+    }
+}
+
+#[cfg(target_arch = "aarch64")]
+mod isa {
+    use framehop::aarch64::{CacheAarch64, UnwindRegsAarch64, UnwinderAarch64};
+    use framehop::{FrameAddress, Unwinder};
+
+    use crate::stack::cfi::Regs;
+    use crate::stack::elf::FileBytes;
+
+    pub type NativeUnwinder = UnwinderAarch64<FileBytes>;
+    pub type Cache = CacheAarch64;
+
+    /// framehop takes the link register for a leaf that has not saved it; only the sampled
+    /// frame knows it (`Regs::lr` is 0 above).
+    pub fn step<F: FnMut(u64) -> Result<u64, ()>>(
+        unwinder: &NativeUnwinder,
+        cache: &mut Cache,
+        addr: FrameAddress,
+        r: Regs,
+        read: &mut F,
+    ) -> Result<Option<(u64, Regs)>, framehop::Error> {
+        let mut regs = UnwindRegsAarch64::new(r.lr, r.sp, r.bp);
+        Ok(unwinder
+            .unwind_frame(addr, &mut regs, cache, read)?
+            .map(|ra| {
+                let ra = crate::stack::cfi::strip_pac(ra);
+                (
+                    ra,
+                    Regs {
+                        ip: ra,
+                        sp: regs.sp(),
+                        bp: regs.fp(),
+                        lr: 0,
+                    },
+                )
+            }))
+    }
+}
 
 /// Native frames deeper than this are cut (and the stack marked truncated).
 pub const MAX_NATIVE_FRAMES: usize = 1024;
@@ -134,8 +209,8 @@ struct Frame {
 }
 
 struct Walker<'a, 'r> {
-    unwinder: &'a UnwinderX86_64<FileBytes>,
-    cache: &'a mut CacheX86_64,
+    unwinder: &'a NativeUnwinder,
+    cache: &'a mut Cache,
     modules: &'a [Module],
     roots: &'a mut rustc_hash::FxHashSet<u64>,
     hints: &'a mut rustc_hash::FxHashMap<u64, u64>,
@@ -185,6 +260,7 @@ pub fn unwind_user(process: &mut Process, s: &RawSample) -> Unwound {
             ip: s.ip,
             sp: s.sp,
             bp: s.bp,
+            lr: s.lr,
         },
     }];
     let rooted = w.walk(&mut frames, true);
@@ -230,24 +306,13 @@ impl<'a> Walker<'a, '_> {
             // A function whose rule framehop would answer with a frame-pointer guess.
             let own = self.needs_own_rule(f);
             if !own {
-                let mut regs = UnwindRegsX86_64::new(f.regs.ip, f.regs.sp, f.regs.bp);
                 let mut read = |a: u64| (self.read)(a).ok_or(());
-                match self
-                    .unwinder
-                    .unwind_frame(f.addr, &mut regs, self.cache, &mut read)
-                {
-                    Ok(Some(ra)) => {
+                match isa::step(self.unwinder, self.cache, f.addr, f.regs, &mut read) {
+                    Ok(Some((ra, regs))) => {
                         let Some(addr) = FrameAddress::from_return_address(ra) else {
                             return false;
                         };
-                        frames.push(Frame {
-                            addr,
-                            regs: Regs {
-                                ip: regs.ip(),
-                                sp: regs.sp(),
-                                bp: regs.bp(),
-                            },
-                        });
+                        frames.push(Frame { addr, regs });
                         continue;
                     }
                     // framehop also ends where a guessed return address or frame pointer is
@@ -363,6 +428,7 @@ impl<'a> Walker<'a, '_> {
                     ip: word,
                     sp: slot + 8,
                     bp,
+                    lr: 0,
                 },
             }];
             if self.walk(&mut trial, false) {

@@ -1099,7 +1099,7 @@ pub type NameCache = std::collections::HashMap<(u64, u64), String>;
 
 /// A user-space address an object can have.
 fn plausible(a: u64) -> bool {
-    a & 7 == 0 && a >= 0x10000 && a >> 47 == 0
+    super::plausible_object(a)
 }
 
 /// The members of a set (a table of at most `max_table` entries read; the dummy entries of

@@ -1386,8 +1386,7 @@ impl PythonRegistry {
         // and 3.12 make a new `_PyCFrame` current before they set its frame): a code pointer no
         // object can have ends the chain there, and nothing after it is believed.
         let torn = s.py_frames.iter().position(|f| {
-            !p.layout.is_shim(f.flags as u8, f.code, p.none_addr)
-                && (f.code & 7 != 0 || f.code < 0x10000 || f.code >> 47 != 0)
+            !p.layout.is_shim(f.flags as u8, f.code, p.none_addr) && !plausible_object(f.code)
         });
         if torn.is_some() {
             out.count(PyEvent::ReadFailed);
@@ -1591,6 +1590,20 @@ impl PythonRegistry {
             .get(&pid)
             .map(|p| (p.label.as_str(), p.version.as_str()))
     }
+}
+
+/// Bits of a user-space address: x86_64's lower half is 47 bits; arm64's is 48 (its
+/// `mmap` base sits just below 2^48).
+const USER_ADDR_BITS: u32 = if cfg!(target_arch = "aarch64") {
+    48
+} else {
+    47
+};
+
+/// An address a Python object of the target can have: 8-aligned, above the first pages, in
+/// the user half.
+pub(crate) fn plausible_object(a: u64) -> bool {
+    a & 7 == 0 && a >= 0x10000 && a >> USER_ADDR_BITS == 0
 }
 
 #[cfg(test)]

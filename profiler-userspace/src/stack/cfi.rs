@@ -7,9 +7,14 @@
 
 use gimli::{
     BaseAddresses, CfaRule, EhFrame, EhFrameHdr, EndianSlice, Evaluation, EvaluationResult,
-    LittleEndian, Location, RegisterRule, UnwindContext, UnwindSection, Value, X86_64,
+    LittleEndian, Location, RegisterRule, UnwindContext, UnwindSection, Value,
 };
-use iced_x86::{Decoder, DecoderOptions, Mnemonic, OpKind};
+
+#[cfg(target_arch = "aarch64")]
+use aarch64 as isa;
+use isa::{FP, RA, SP};
+#[cfg(not(target_arch = "aarch64"))]
+use x86_64 as isa;
 
 use super::elf::ElfFile;
 
@@ -21,12 +26,119 @@ const MAX_EXPRESSION_STEPS: u32 = 64;
 const MAX_FDES: usize = 1 << 20;
 const MAX_INSTRUCTIONS: usize = 4096;
 
-/// The registers an x86_64 unwind step knows: the instruction, stack and frame pointers.
+/// The registers an unwind step knows: the instruction, stack and frame pointers, and on
+/// aarch64 the link register (0 where unknown: in every frame but the sampled one).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Regs {
     pub ip: u64,
     pub sp: u64,
     pub bp: u64,
+    pub lr: u64,
+}
+
+/// x86_64: DWARF's registers, and call instructions of 2 to 8 bytes. Both architectures'
+/// modules are built (and tested) everywhere; the one of the target is used.
+#[cfg_attr(target_arch = "aarch64", allow(dead_code))]
+mod x86_64 {
+    use gimli::X86_64;
+    use iced_x86::{Decoder, DecoderOptions, Mnemonic, OpKind};
+
+    pub const SP: gimli::Register = X86_64::RSP;
+    pub const FP: gimli::Register = X86_64::RBP;
+    /// The return address column.
+    pub const RA: gimli::Register = X86_64::RA;
+
+    /// The value of the return address column where no rule moved it: none (it is on the
+    /// stack from the call on).
+    pub fn ra_in_register(_regs: &super::Regs) -> Option<u64> {
+        None
+    }
+
+    /// `ElfFile::call_before` over the bytes of a text section loaded at `text_svma`.
+    pub fn call_before(text: &[u8], text_svma: u64, svma: u64) -> Option<Option<u64>> {
+        let end = usize::try_from(svma.checked_sub(text_svma)?).ok()?;
+        if end > text.len() {
+            return None;
+        }
+        // x86 call instructions are 2 (`call *%rax`) to 7 bytes long (with a prefix, 8).
+        (2..=8.min(end)).find_map(|len| {
+            let from = svma - len as u64;
+            let mut d = Decoder::with_ip(64, &text[end - len..end], from, DecoderOptions::NONE);
+            let insn = d.decode();
+            (!insn.is_invalid() && insn.len() == len && insn.mnemonic() == Mnemonic::Call).then(
+                || (insn.op0_kind() == OpKind::NearBranch64).then(|| insn.near_branch_target()),
+            )
+        })
+    }
+}
+
+/// aarch64: the return address is `x30` (the link register), and calls are 4-byte `bl`
+/// (direct) or `blr`/`blraa`... (indirect), so the test needs no decoder crate.
+#[cfg_attr(not(target_arch = "aarch64"), allow(dead_code))]
+mod aarch64 {
+    use gimli::AArch64;
+
+    pub const SP: gimli::Register = AArch64::SP;
+    pub const FP: gimli::Register = AArch64::X29;
+    pub const RA: gimli::Register = AArch64::X30;
+
+    /// A leaf function keeps its return address in `x30` until it saves it, if ever.
+    pub fn ra_in_register(regs: &super::Regs) -> Option<u64> {
+        (regs.lr != 0).then_some(regs.lr)
+    }
+
+    pub fn call_before(text: &[u8], text_svma: u64, svma: u64) -> Option<Option<u64>> {
+        let end = usize::try_from(svma.checked_sub(text_svma)?).ok()?;
+        if end < 4 || end > text.len() || end % 4 != 0 {
+            return None;
+        }
+        let insn = u32::from_le_bytes(text[end - 4..end].try_into().ok()?);
+        let at = svma - 4;
+        if insn & 0xfc00_0000 == 0x9400_0000 {
+            // BL imm26: a signed word offset from the instruction.
+            let off = (((insn & 0x03ff_ffff) << 6) as i32 >> 6) as i64 * 4;
+            return Some(Some(at.wrapping_add_signed(off)));
+        }
+        // BLR Xn; BLRAA/BLRAB Xn, Xm; BLRAAZ/BLRABZ Xn.
+        let indirect = insn & 0xffff_fc1f == 0xd63f_0000
+            || insn & 0xffff_f800 == 0xd73f_0800
+            || insn & 0xffff_f81f == 0xd63f_081f;
+        indirect.then_some(None)
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::call_before;
+
+        #[test]
+        fn a_return_address_follows_a_branch_with_link() {
+            let text: Vec<u8> = [
+                0x9400_0040u32, // 0x1000 bl 0x1100
+                0xaa0103e0,     // 0x1004 mov x0, x1
+                0xd63f0020,     // 0x1008 blr x1
+                0xd63f083f,     // 0x100c blraaz x1
+            ]
+            .iter()
+            .flat_map(|w| w.to_le_bytes())
+            .collect();
+            assert_eq!(call_before(&text, 0x1000, 0x1004), Some(Some(0x1100)));
+            assert_eq!(call_before(&text, 0x1000, 0x1008), None);
+            assert_eq!(call_before(&text, 0x1000, 0x100c), Some(None));
+            assert_eq!(call_before(&text, 0x1000, 0x1010), Some(None));
+            assert_eq!(call_before(&text, 0x1000, 0x1006), None);
+            assert_eq!(call_before(&text, 0x1000, 0x2000), None);
+        }
+    }
+}
+
+/// A user return address without the pointer-authentication code arm64 may sign it with (the
+/// bits above the 48-bit user address space). Nothing to strip on x86_64.
+pub fn strip_pac(addr: u64) -> u64 {
+    if cfg!(target_arch = "aarch64") {
+        addr & 0x0000_ffff_ffff_ffff
+    } else {
+        addr
+    }
 }
 
 /// What a file's CFI says of one frame.
@@ -44,7 +156,8 @@ pub enum Step {
 }
 
 /// The SVMA ranges of the functions whose CFA rule framehop cannot follow: a DWARF expression
-/// (the CFA read from memory after a realignment) or a register other than rsp and rbp.
+/// (the CFA read from memory after a realignment) or a register other than the stack and frame
+/// pointers.
 /// framehop answers those with a frame-pointer guess, which gets the return address right
 /// (a realigning function copies it above its frame pointer) and the caller's stack pointer
 /// wrong, so every frame above it is junk: they are unwound here instead. Sorted, from one
@@ -78,9 +191,7 @@ pub fn own_rule_ranges(eh_bytes: &[u8], eh_svma: u64, text_svma: Option<u64>) ->
                 I::DefCfaExpression { .. } => true,
                 I::DefCfa { register, .. }
                 | I::DefCfaSf { register, .. }
-                | I::DefCfaRegister { register } => {
-                    register != X86_64::RSP && register != X86_64::RBP
-                }
+                | I::DefCfaRegister { register } => register != SP && register != FP,
                 _ => false,
             };
             if own {
@@ -152,9 +263,9 @@ impl ElfFile {
         };
         let encoding = fde.cie().encoding();
         let get = |r: gimli::Register| match r {
-            X86_64::RSP => Some(regs.sp),
-            X86_64::RBP => Some(regs.bp),
-            X86_64::RA => Some(regs.ip),
+            SP => Some(regs.sp),
+            FP => Some(regs.bp),
+            RA => isa::ra_in_register(&regs).or(Some(regs.ip)),
             _ => None,
         };
         let eval = |expr: gimli::UnwindExpression<usize>,
@@ -172,13 +283,18 @@ impl ElfFile {
         let Some(cfa) = cfa else {
             return Step::Unknown;
         };
-        let ra = match row.register(X86_64::RA) {
-            None | Some(RegisterRule::Undefined) => return Step::Root,
+        let ra = match row.register(RA) {
+            Some(RegisterRule::Undefined) => return Step::Root,
+            // aarch64: a leaf's return address is still in the link register.
+            None | Some(RegisterRule::SameValue) if isa::ra_in_register(&regs).is_some() => {
+                isa::ra_in_register(&regs)
+            }
+            None => return Step::Root,
             Some(RegisterRule::Offset(o)) => cfa.checked_add_signed(o).and_then(&mut *read),
             Some(RegisterRule::Expression(e)) => eval(e, read).and_then(&mut *read),
             _ => None,
         };
-        let bp = match row.register(X86_64::RBP) {
+        let bp = match row.register(FP) {
             None | Some(RegisterRule::Undefined | RegisterRule::SameValue) => Some(regs.bp),
             Some(RegisterRule::Offset(o)) => cfa.checked_add_signed(o).and_then(&mut *read),
             Some(RegisterRule::ValOffset(o)) => cfa.checked_add_signed(o),
@@ -189,9 +305,12 @@ impl ElfFile {
         match (ra, bp) {
             // The caller's frame is above this one's: a CFA below the stack pointer is a rule
             // misread, and a zero return address ends nothing.
-            (Some(ip), Some(bp)) if ip != 0 && cfa > regs.sp => {
-                Step::Caller(Regs { ip, sp: cfa, bp })
-            }
+            (Some(ip), Some(bp)) if ip != 0 && cfa > regs.sp => Step::Caller(Regs {
+                ip: strip_pac(ip),
+                sp: cfa,
+                bp,
+                lr: 0,
+            }),
             _ => Step::Unknown,
         }
     }
@@ -201,24 +320,8 @@ impl ElfFile {
     /// it calls), `Some(None)` for an indirect one.
     pub fn call_before(&self, svma: u64) -> Option<Option<u64>> {
         let (text, at) = self.section_data(".text")?;
-        call_before(text, at, svma)
+        isa::call_before(text, at, svma)
     }
-}
-
-/// `ElfFile::call_before` over the bytes of a text section loaded at `text_svma`.
-fn call_before(text: &[u8], text_svma: u64, svma: u64) -> Option<Option<u64>> {
-    let end = usize::try_from(svma.checked_sub(text_svma)?).ok()?;
-    if end > text.len() {
-        return None;
-    }
-    // x86 call instructions are 2 (`call *%rax`) to 7 bytes long (with a prefix, 8).
-    (2..=8.min(end)).find_map(|len| {
-        let from = svma - len as u64;
-        let mut d = Decoder::with_ip(64, &text[end - len..end], from, DecoderOptions::NONE);
-        let insn = d.decode();
-        (!insn.is_invalid() && insn.len() == len && insn.mnemonic() == Mnemonic::Call)
-            .then(|| (insn.op0_kind() == OpKind::NearBranch64).then(|| insn.near_branch_target()))
-    })
 }
 
 /// Evaluates a DWARF expression whose registers come from `get` and whose memory reads come
@@ -253,6 +356,8 @@ fn evaluate(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use gimli::X86_64;
+    use x86_64::call_before;
 
     #[test]
     fn a_return_address_follows_a_call() {
