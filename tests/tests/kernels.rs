@@ -454,14 +454,57 @@ fn arm64_guest_profiles_python() {
     std::fs::write(dir.join("bpf_count.py"), BPF_COUNT).unwrap();
     std::fs::copy(&bin, dir.join("tachyon-bpf")).unwrap();
     // Paths as the guest sees them: its root is the arm64 tree, the results share is /tmp/results.
-    let script = guest_script(
+    let mut script = guest_script(
         Path::new("/tmp/results/tachyon-bpf"),
         Path::new("/usr/bin/python3"),
+    );
+    // Debian 13's python3.13 in a tree of its own (its own C library), entered by chroot as a
+    // container's process: the profiler reads its files through /proc/PID/root.
+    script.push_str(
+        "mount --bind $R /trixie/tmp
+/tmp/results/tachyon-bpf -v -o $R/py313.json -- chroot /trixie /usr/bin/python3.13 /tmp/work.py sleeper 0.4 > $R/py313.out 2> $R/py313.err; echo $? > $R/py313.rc
+",
     );
     std::fs::write(dir.join("guest.sh"), script).unwrap();
     let t0 = Instant::now();
     let console = boot(&g, &dir, Duration::from_secs(900));
-    let errors = check_guest(&g, &dir, "modern");
+    let mut errors = check_guest(&g, &dir, "modern");
+    let read = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap_or_default();
+    if read("py313.rc").trim() != "0" {
+        errors.push(format!("the python3.13 run failed: {}", read("py313.err")));
+    } else {
+        match Viewer::load(&dir.join("py313.json")) {
+            Ok(v) => {
+                let procs = v.processes().unwrap();
+                let label = procs
+                    .iter()
+                    .map(|p| p.name.clone())
+                    .find(|n| n.contains("work.py"));
+                if !label.as_ref().is_some_and(|l| l.contains("3.13")) {
+                    errors.push(format!(
+                        "python3.13: no work.py process labelled 3.13: {:?}",
+                        procs.iter().map(|p| &p.name).collect::<Vec<_>>()
+                    ));
+                }
+                let mut best = (0, 0);
+                for p in &procs {
+                    for t in &p.threads {
+                        let m = merged_share(&v.call_paths(&t.handle).unwrap(), "burn");
+                        if m.1 > best.1 {
+                            best = m;
+                        }
+                    }
+                }
+                if best.1 < 200 || (best.0 as f64) < 0.95 * best.1 as f64 {
+                    errors.push(format!(
+                        "python3.13: {}/{} ms of burn() fully merged (want at least 95% of 200+)",
+                        best.0, best.1
+                    ));
+                }
+            }
+            Err(e) => errors.push(format!("py313.json does not load: {e}")),
+        }
+    }
     eprintln!(
         "kernel {} ({}): modern in {:.0} s, {}",
         g.label,
@@ -469,7 +512,7 @@ fn arm64_guest_profiles_python() {
         t0.elapsed().as_secs_f64(),
         if errors.is_empty() { "ok" } else { "FAILED" }
     );
-    for run in ["all", "pid", "cmd"] {
+    for run in ["all", "pid", "cmd", "py313"] {
         let err = std::fs::read_to_string(dir.join(format!("{run}.err"))).unwrap_or_default();
         for l in err.lines().filter(|l| !l.starts_with("  ")).take(12) {
             eprintln!("arm64 {run}: {l}");

@@ -32,13 +32,18 @@ deb http://deb.debian.org/debian trixie main
 deb http://deb.debian.org/debian sid main
 ";
 
-/// The arm64 guest: Debian 12's kernel and interpreter (see `setup_arm64`).
-const ARM64_SOURCES: &str = "deb http://deb.debian.org/debian bookworm main\n";
+/// The arm64 guest's trees (see `setup_arm64`): (suite, directory under the root, packages,
+/// the package that must be among their dependencies). Debian 12's python3 (3.11) is the root;
+/// Debian 13's python3.13, with its own C library, is a tree of its own under `/trixie`, run
+/// there by `chroot` as a container's process is.
+const ARM64_TREES: [(&str, &str, &[&str], &str); 2] = [
+    ("bookworm", "", &["python3", "busybox-static"], "python3.11-minimal"),
+    ("trixie", "trixie", &["python3.13"], "python3.13-minimal"),
+];
 
-/// The arm64 root's packages: the interpreter's dependencies, less what it never runs (Perl,
-/// dpkg, tar: they are there for maintainer scripts, which are not run).
-const ARM64_ROOT: [&str; 1] = ["python3"];
-const ARM64_LEFT_OUT: [&str; 7] = [
+/// Dependencies left out of the trees: what only maintainer scripts and installers run (the
+/// scripts are not run).
+const ARM64_LEFT_OUT: [&str; 11] = [
     "perl",
     "dpkg",
     "tar",
@@ -46,11 +51,15 @@ const ARM64_LEFT_OUT: [&str; 7] = [
     "mailcap",
     "mime-support",
     "libperl",
+    "debconf",
+    "cdebconf",
+    "libdebian-installer",
+    "libnewt",
 ];
 
 /// busybox applets the guest script calls, linked in the arm64 root's `/bin`.
-const ARM64_APPLETS: [&str; 10] = [
-    "sh", "sleep", "uname", "cat", "kill", "ls", "mkdir", "env", "true", "grep",
+const ARM64_APPLETS: [&str; 12] = [
+    "sh", "sleep", "uname", "cat", "kill", "ls", "mkdir", "env", "true", "grep", "mount", "chroot",
 ];
 
 /// Modules the guest needs to reach its 9p shares; their dependencies come from `modules.dep`.
@@ -359,103 +368,111 @@ fn newc(files: &[(String, Vec<u8>, u32)]) -> Vec<u8> {
 
 /// `.tools/arm64/{vmlinuz,initrd,release}` (Debian 12's arm64 kernel and an initramfs of arm64
 /// busybox and the kernel's virtio/9p modules) and `.tools/arm64/root`, an arm64 Debian tree
-/// with python3 (3.11) unpacked from bookworm's packages, which the guest mounts as its root.
-/// Maintainer scripts are not run: the interpreter needs none, and `/bin/sh` and the few tools
-/// the guest script calls are busybox's. Idempotent; about 40 MB of downloads the first time.
+/// with python3 (3.11) unpacked from bookworm's packages, which the guest mounts as its root,
+/// and Debian 13's python3.13 under its `/trixie`. Maintainer scripts are not run: the
+/// interpreters need none, and `/bin/sh` and the few tools the guest script calls are
+/// busybox's. Idempotent; about 80 MB of downloads the first time.
 pub fn setup_arm64(tools: &Path) -> Result<()> {
     let dir = tools.join("arm64");
     if dir.join(".complete").exists() {
         return Ok(());
     }
-    eprintln!("xtask: fetching Debian 12's arm64 kernel and python3 into .tools/arm64");
-    let apt = tools.join("arm64-apt");
-    for d in ["lists/partial", "cache/archives/partial"] {
-        std::fs::create_dir_all(apt.join(d))?;
-    }
-    std::fs::write(apt.join("sources.list"), ARM64_SOURCES)?;
-    std::fs::write(apt.join("status"), "")?;
-    let mut opts = private_apt_opts(&apt);
-    opts.extend(
-        ["APT::Architecture=arm64", "APT::Architectures::=arm64"]
-            .iter()
-            .flat_map(|o| ["-o".to_string(), o.to_string()]),
-    );
-    run(Command::new("apt-get").args(&opts).args(["update", "-q"]))?;
-    // The packages' closure: `apt-cache depends --recurse` lists virtual packages as `<name>`.
-    let closure = output_of(
-        Command::new("apt-cache")
-            .args(&opts)
-            .args(["depends", "--recurse", "--no-recommends", "--no-suggests"])
-            .args([
-                "--no-conflicts",
-                "--no-breaks",
-                "--no-replaces",
-                "--no-enhances",
-            ])
-            .args(ARM64_ROOT),
-    );
-    let mut pkgs: Vec<String> = closure
-        .lines()
-        .filter(|l| !l.starts_with(' ') && !l.starts_with('<') && !l.is_empty())
-        .filter(|l| !ARM64_LEFT_OUT.iter().any(|x| l.starts_with(x)))
-        .map(str::to_string)
-        .collect();
-    pkgs.sort();
-    pkgs.dedup();
-    if !pkgs.iter().any(|p| p == "python3.11-minimal") {
-        bail!("no python3.11-minimal among bookworm's arm64 python3 dependencies: {pkgs:?}");
-    }
-    let image = depends(&opts, "linux-image-arm64")
-        .into_iter()
-        .find(|p| p.starts_with("linux-image-"))
-        .context("no linux-image-arm64 in Debian bookworm")?;
-    let debs = apt.join("debs");
-    let kdebs = apt.join("debs-kernel");
-    for d in [&debs, &kdebs] {
-        let _ = std::fs::remove_dir_all(d);
-        std::fs::create_dir_all(d)?;
-    }
-    run(Command::new("apt-get")
-        .current_dir(&debs)
-        .args(&opts)
-        .args(["download", "-q", "busybox-static"])
-        .args(&pkgs))?;
-    run(Command::new("apt-get")
-        .current_dir(&kdebs)
-        .args(&opts)
-        .args(["download", "-q", &image]))?;
+    eprintln!("xtask: fetching Debian's arm64 kernel, python3 and python3.13 into .tools/arm64");
     let _ = std::fs::remove_dir_all(&dir);
     let root = dir.join("root");
-    std::fs::create_dir_all(&root)?;
-    for deb in std::fs::read_dir(&debs)? {
-        run(Command::new("dpkg-deb")
-            .arg("-x")
-            .arg(deb?.path())
-            .arg(&root))?;
+    let mut image = None;
+    for (suite, sub, pkgs, must) in ARM64_TREES {
+        let apt = tools.join(format!("arm64-apt-{suite}"));
+        for d in ["lists/partial", "cache/archives/partial"] {
+            std::fs::create_dir_all(apt.join(d))?;
+        }
+        std::fs::write(
+            apt.join("sources.list"),
+            format!("deb http://deb.debian.org/debian {suite} main\n"),
+        )?;
+        std::fs::write(apt.join("status"), "")?;
+        let mut opts = private_apt_opts(&apt);
+        opts.extend(
+            ["APT::Architecture=arm64", "APT::Architectures::=arm64"]
+                .iter()
+                .flat_map(|o| ["-o".to_string(), o.to_string()]),
+        );
+        run(Command::new("apt-get").args(&opts).args(["update", "-q"]))?;
+        // The packages' closure: `apt-cache depends --recurse` lists virtual packages as
+        // `<name>`.
+        let closure = output_of(
+            Command::new("apt-cache")
+                .args(&opts)
+                .args(["depends", "--recurse", "--no-recommends", "--no-suggests"])
+                .args(["--no-conflicts", "--no-breaks", "--no-replaces", "--no-enhances"])
+                .args(pkgs),
+        );
+        let mut names: Vec<String> = closure
+            .lines()
+            .filter(|l| !l.starts_with(' ') && !l.starts_with('<') && !l.is_empty())
+            .filter(|l| !ARM64_LEFT_OUT.iter().any(|x| l.starts_with(x)))
+            .map(str::to_string)
+            .collect();
+        names.sort();
+        names.dedup();
+        if !names.iter().any(|p| p == must) {
+            bail!("no {must} among Debian {suite}'s arm64 dependencies of {pkgs:?}: {names:?}");
+        }
+        let debs = apt.join("debs");
+        let _ = std::fs::remove_dir_all(&debs);
+        std::fs::create_dir_all(&debs)?;
+        if sub.is_empty() {
+            let img = depends(&opts, "linux-image-arm64")
+                .into_iter()
+                .find(|p| p.starts_with("linux-image-"))
+                .with_context(|| format!("no linux-image-arm64 in Debian {suite}"))?;
+            let kdebs = apt.join("debs-kernel");
+            let _ = std::fs::remove_dir_all(&kdebs);
+            std::fs::create_dir_all(&kdebs)?;
+            run(Command::new("apt-get")
+                .current_dir(&kdebs)
+                .args(&opts)
+                .args(["download", "-q", &img]))?;
+            image = Some(kdebs);
+        }
+        run(Command::new("apt-get")
+            .current_dir(&debs)
+            .args(&opts)
+            .args(["download", "-q"])
+            .args(&names))?;
+        let tree = root.join(sub);
+        std::fs::create_dir_all(&tree)?;
+        for deb in std::fs::read_dir(&debs)? {
+            run(Command::new("dpkg-deb").arg("-x").arg(deb?.path()).arg(&tree))?;
+        }
+        std::fs::remove_dir_all(&debs)?;
+        // Merged /usr (Debian 13's packages ship under /usr only; base-files makes the links).
+        for d in ["bin", "lib", "sbin"] {
+            if !tree.join(d).exists() && tree.join("usr").join(d).exists() {
+                std::os::unix::fs::symlink(format!("usr/{d}"), tree.join(d))?;
+            }
+        }
+        for d in ["proc", "sys", "dev", "tmp", "run"] {
+            std::fs::create_dir_all(tree.join(d))?;
+        }
     }
-    // What the guest's /init and script need in the root: busybox's applets, mount points.
+    // What the guest's /init and script need in the root: busybox's applets.
     for applet in ARM64_APPLETS {
         let link = root.join("bin").join(applet);
         if !link.exists() {
             std::os::unix::fs::symlink("busybox", &link)?;
         }
     }
-    for d in ["proc", "sys", "dev", "tmp", "run"] {
-        std::fs::create_dir_all(root.join(d))?;
-    }
     let busybox = std::fs::read(root.join("bin/busybox")).context("arm64 busybox-static")?;
-    let unpacked = apt.join("unpacked-kernel");
+    let kdebs = image.context("no arm64 kernel fetched")?;
+    let unpacked = kdebs.with_file_name("unpacked-kernel");
     let _ = std::fs::remove_dir_all(&unpacked);
     for deb in std::fs::read_dir(&kdebs)? {
-        run(Command::new("dpkg-deb")
-            .arg("-x")
-            .arg(deb?.path())
-            .arg(&unpacked))?;
+        run(Command::new("dpkg-deb").arg("-x").arg(deb?.path()).arg(&unpacked))?;
     }
     build_guest(&unpacked, &dir, &busybox).context("the arm64 kernel")?;
     std::fs::remove_dir_all(&unpacked)?;
     std::fs::remove_dir_all(&kdebs)?;
-    std::fs::remove_dir_all(&debs)?;
     std::fs::write(dir.join(".complete"), "")?;
     Ok(())
 }

@@ -1508,6 +1508,14 @@ impl PythonRegistry {
     ) -> Vec<FrameRef> {
         let (frames, outcome) = merge::merge(native, activations, truncated, self.show_internal);
         if let Some(e) = outcome {
+            if e == PyEvent::MergeMismatch && log::log_enabled!(log::Level::Debug) {
+                let names: Vec<&str> = native.iter().map(|(_, n)| n.as_ref()).collect();
+                let sizes: Vec<usize> = activations.iter().map(Vec::len).collect();
+                log::debug!(
+                    "merge mismatch: activations of {sizes:?} frames, native (truncated {truncated}): {}",
+                    names.join(";")
+                );
+            }
             out.count(e);
         }
         frames

@@ -7,8 +7,9 @@
 //!
 //! The parts are found from the code: the entry part's direct jumps that leave it land in the
 //! other parts, and each part has its own unwind (FDE) entry, which gives its extent. Nothing in
-//! the ELF links the parts otherwise, and no crate does this, hence this module; decoding is
-//! iced-x86's and `.eh_frame` parsing gimli's.
+//! the ELF links the parts otherwise, and no crate does this, hence this module; x86 decoding is
+//! iced-x86's, arm64's branches (fixed 4-byte words) are decoded here, and `.eh_frame` parsing
+//! is gimli's.
 
 use std::sync::Arc;
 
@@ -30,7 +31,10 @@ pub fn split_parts(
     table: &SymbolTable,
     candidates: &[&str],
 ) -> Vec<(u64, u64, Arc<str>)> {
-    if file.architecture() != object::Architecture::X86_64 {
+    if !matches!(
+        file.architecture(),
+        object::Architecture::X86_64 | object::Architecture::Aarch64
+    ) {
         return Vec::new();
     }
     let mut wanted: Vec<(u64, Arc<str>)> = Vec::new();
@@ -68,6 +72,9 @@ fn outside_jumps(file: &object::File, start: u64, size: u64) -> Vec<u64> {
     let Some(code) = bytes_at(file, start, size) else {
         return Vec::new();
     };
+    if file.architecture() == object::Architecture::Aarch64 {
+        return outside_branches_aarch64(code, start);
+    }
     let mut out = Vec::new();
     let mut decoder = Decoder::with_ip(64, code, start, DecoderOptions::NONE);
     for insn in &mut decoder {
@@ -85,6 +92,41 @@ fn outside_jumps(file: &object::File, start: u64, size: u64) -> Vec<u64> {
                 if out.len() >= MAX_TARGETS {
                     break;
                 }
+            }
+        }
+    }
+    out
+}
+
+/// arm64's `outside_jumps`: `b`, `b.cond`, `cbz`/`cbnz` and `tbz`/`tbnz` (not `bl`, a call),
+/// whose targets are signed word offsets from the instruction.
+fn outside_branches_aarch64(code: &[u8], start: u64) -> Vec<u64> {
+    let size = code.len() as u64;
+    let mut out = Vec::new();
+    for (i, w) in code.chunks_exact(4).enumerate() {
+        let insn = u32::from_le_bytes([w[0], w[1], w[2], w[3]]);
+        // (offset field's low bit, its width in bits)
+        let field = if insn & 0xfc00_0000 == 0x1400_0000 {
+            Some((0, 26)) // B
+        } else if insn & 0xff00_0010 == 0x5400_0000 || insn & 0x7e00_0000 == 0x3400_0000 {
+            Some((5, 19)) // B.cond, CBZ/CBNZ
+        } else if insn & 0x7e00_0000 == 0x3600_0000 {
+            Some((5, 14)) // TBZ/TBNZ
+        } else {
+            None
+        };
+        let Some((lo, bits)) = field else {
+            continue;
+        };
+        let raw = (insn >> lo) & ((1u32 << bits) - 1);
+        // Sign-extend the word offset.
+        let words = ((raw << (32 - bits)) as i32 >> (32 - bits)) as i64;
+        let pc = start + 4 * i as u64;
+        let t = pc.wrapping_add_signed(words * 4);
+        if (t < start || t >= start + size) && !out.contains(&t) {
+            out.push(t);
+            if out.len() >= MAX_TARGETS {
+                break;
             }
         }
     }
@@ -145,6 +187,23 @@ fn fde_ranges_containing(
 mod tests {
     use super::*;
     use std::process::Command;
+
+    #[test]
+    fn arm64_branches_that_leave_a_function_are_found() {
+        let words: [u32; 6] = [
+            0x1400_0010, // 0x1000 b 0x1040 (outside)
+            0x5400_0040, // 0x1004 b.eq 0x100c (inside)
+            0x54ff_ff80, // 0x1008 b.eq 0x0ff8 (outside, backwards)
+            0xb400_0080, // 0x100c cbz x0, 0x101c (outside)
+            0x9400_0100, // 0x1010 bl 0x1410 (a call: not a jump)
+            0x3607_ffe0, // 0x1014 tbz w0, #0, 0x1010 (inside)
+        ];
+        let code: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+        assert_eq!(
+            outside_branches_aarch64(&code, 0x1000),
+            vec![0x1040, 0x0ff8, 0x101c]
+        );
+    }
 
     /// GCC moves the path to a cold function's calls into `fn.cold`; once stripped (dynamic
     /// symbols only), that part must still be named after its function.
