@@ -508,6 +508,31 @@ impl Collector {
                     evals = native.iter().filter(|(_, n)| is_eval_frame(n)).count();
                 }
                 unwound.truncated |= evals < activations.len();
+                if evals != activations.len() && log::log_enabled!(log::Level::Debug) {
+                    let addrs: Vec<String> = unwound
+                        .frames
+                        .iter()
+                        .map(|f| format!("{:#x}{}", f.addr, if f.is_return { "" } else { "!" }))
+                        .collect();
+                    log::debug!(
+                        "eval frames {evals}, activations {}: scanned from {:?}, late from {:?}, \
+                         ip {:#x} sp {:#x} bp {:#x} lr {:#x}, flags {:#x}, stack {} bytes \
+                         {:x?}: {}",
+                        activations.len(),
+                        unwound.scanned_from,
+                        unwound.late_from,
+                        s.ip,
+                        s.sp,
+                        s.bp,
+                        s.lr,
+                        s.flags,
+                        s.stack.len(),
+                        (0..6)
+                            .map(|i| s.read_stack(s.sp + 8 * i))
+                            .collect::<Vec<_>>(),
+                        addrs.join(" ")
+                    );
+                }
             }
         }
         if unwound.truncated {

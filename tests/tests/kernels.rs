@@ -512,6 +512,31 @@ fn arm64_guest_profiles_python() {
         t0.elapsed().as_secs_f64(),
         if errors.is_empty() { "ok" } else { "FAILED" }
     );
+    // Every Python record pairs its activations with eval-loop frames: Debian 13 signs return
+    // addresses (pointer authentication), and a function whose unwind rule says so must still
+    // be unwound by its rule, not guessed past.
+    for run in ["cmd", "py313"] {
+        let err = read(&format!("{run}.err"));
+        let counts = err
+            .lines()
+            .find(|l| l.contains("records of Python threads"))
+            .map(|l| {
+                let n = |word: &str| {
+                    l.split(',')
+                        .find(|p| p.contains(word))
+                        .and_then(|p| p.split_whitespace().find_map(|w| w.parse::<u64>().ok()))
+                };
+                (n("records"), n("merge mismatches"))
+            });
+        match counts {
+            Some((Some(records), Some(mismatches))) if mismatches * 100 <= records => {}
+            _ => errors.push(format!(
+                "{run}: merge mismatches over 1% of Python records: {:?}",
+                err.lines()
+                    .find(|l| l.contains("records of Python threads"))
+            )),
+        }
+    }
     for run in ["all", "pid", "cmd", "py313"] {
         let err = std::fs::read_to_string(dir.join(format!("{run}.err"))).unwrap_or_default();
         for l in err.lines().filter(|l| !l.starts_with("  ")).take(12) {

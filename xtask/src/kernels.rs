@@ -37,7 +37,12 @@ deb http://deb.debian.org/debian sid main
 /// Debian 13's python3.13, with its own C library, is a tree of its own under `/trixie`, run
 /// there by `chroot` as a container's process is.
 const ARM64_TREES: [(&str, &str, &[&str], &str); 2] = [
-    ("bookworm", "", &["python3", "busybox-static"], "python3.11-minimal"),
+    (
+        "bookworm",
+        "",
+        &["python3", "busybox-static"],
+        "python3.11-minimal",
+    ),
     ("trixie", "trixie", &["python3.13"], "python3.13-minimal"),
 ];
 
@@ -404,7 +409,12 @@ pub fn setup_arm64(tools: &Path) -> Result<()> {
             Command::new("apt-cache")
                 .args(&opts)
                 .args(["depends", "--recurse", "--no-recommends", "--no-suggests"])
-                .args(["--no-conflicts", "--no-breaks", "--no-replaces", "--no-enhances"])
+                .args([
+                    "--no-conflicts",
+                    "--no-breaks",
+                    "--no-replaces",
+                    "--no-enhances",
+                ])
                 .args(pkgs),
         );
         let mut names: Vec<String> = closure
@@ -443,7 +453,10 @@ pub fn setup_arm64(tools: &Path) -> Result<()> {
         let tree = root.join(sub);
         std::fs::create_dir_all(&tree)?;
         for deb in std::fs::read_dir(&debs)? {
-            run(Command::new("dpkg-deb").arg("-x").arg(deb?.path()).arg(&tree))?;
+            run(Command::new("dpkg-deb")
+                .arg("-x")
+                .arg(deb?.path())
+                .arg(&tree))?;
         }
         std::fs::remove_dir_all(&debs)?;
         // Merged /usr (Debian 13's packages ship under /usr only; base-files makes the links).
@@ -468,7 +481,10 @@ pub fn setup_arm64(tools: &Path) -> Result<()> {
     let unpacked = kdebs.with_file_name("unpacked-kernel");
     let _ = std::fs::remove_dir_all(&unpacked);
     for deb in std::fs::read_dir(&kdebs)? {
-        run(Command::new("dpkg-deb").arg("-x").arg(deb?.path()).arg(&unpacked))?;
+        run(Command::new("dpkg-deb")
+            .arg("-x")
+            .arg(deb?.path())
+            .arg(&unpacked))?;
     }
     build_guest(&unpacked, &dir, &busybox).context("the arm64 kernel")?;
     std::fs::remove_dir_all(&unpacked)?;

@@ -155,6 +155,16 @@ pub enum Step {
     Unknown,
 }
 
+/// `.eh_frame` as the target architecture's vendor extensions read it (arm64's
+/// `DW_CFA_AARCH64_negate_ra_state` is an error otherwise).
+pub fn eh_frame(bytes: &[u8]) -> EhFrame<Slice<'_>> {
+    let mut eh = EhFrame::new(bytes, LittleEndian);
+    if cfg!(target_arch = "aarch64") {
+        eh.set_vendor(gimli::Vendor::AArch64);
+    }
+    eh
+}
+
 /// The SVMA ranges of the functions whose CFA rule framehop cannot follow: a DWARF expression
 /// (the CFA read from memory after a realignment) or a register other than the stack and frame
 /// pointers.
@@ -164,7 +174,7 @@ pub enum Step {
 /// pass over `.eh_frame` (a few ms for the largest library) the first time a frame of the file
 /// is unwound.
 pub fn own_rule_ranges(eh_bytes: &[u8], eh_svma: u64, text_svma: Option<u64>) -> Vec<(u64, u64)> {
-    let eh = EhFrame::new(eh_bytes, LittleEndian);
+    let eh = eh_frame(eh_bytes);
     let mut bases = BaseAddresses::default().set_eh_frame(eh_svma);
     if let Some(text) = text_svma {
         bases = bases.set_text(text);
@@ -189,6 +199,10 @@ pub fn own_rule_ranges(eh_bytes: &[u8], eh_svma: u64, text_svma: Option<u64>) ->
             use gimli::CallFrameInstruction as I;
             let own = match insn {
                 I::DefCfaExpression { .. } => true,
+                // arm64's return-address signing (pointer authentication): framehop parses
+                // `.eh_frame` as generic DWARF, where this opcode is unknown, and gives up on
+                // the whole function.
+                I::NegateRaState => true,
                 I::DefCfa { register, .. }
                 | I::DefCfaSf { register, .. }
                 | I::DefCfaRegister { register } => register != SP && register != FP,
@@ -241,7 +255,7 @@ impl ElfFile {
         let Some((eh_bytes, eh_svma)) = self.section_data(".eh_frame") else {
             return Step::NoInfo;
         };
-        let eh = EhFrame::new(eh_bytes, LittleEndian);
+        let eh = eh_frame(eh_bytes);
         let mut bases = BaseAddresses::default().set_eh_frame(eh_svma);
         if let Some((_, text)) = self.section_data(".text") {
             bases = bases.set_text(text);
@@ -283,10 +297,14 @@ impl ElfFile {
         let Some(cfa) = cfa else {
             return Step::Unknown;
         };
+        // arm64: at a function's first instructions (and in a leaf) the return address is
+        // still in the link register and the CFA is the stack pointer itself.
+        let mut ra_in_lr = false;
         let ra = match row.register(RA) {
             Some(RegisterRule::Undefined) => return Step::Root,
             // aarch64: a leaf's return address is still in the link register.
             None | Some(RegisterRule::SameValue) if isa::ra_in_register(&regs).is_some() => {
+                ra_in_lr = true;
                 isa::ra_in_register(&regs)
             }
             None => return Step::Root,
@@ -305,12 +323,14 @@ impl ElfFile {
         match (ra, bp) {
             // The caller's frame is above this one's: a CFA below the stack pointer is a rule
             // misread, and a zero return address ends nothing.
-            (Some(ip), Some(bp)) if ip != 0 && cfa > regs.sp => Step::Caller(Regs {
-                ip: strip_pac(ip),
-                sp: cfa,
-                bp,
-                lr: 0,
-            }),
+            (Some(ip), Some(bp)) if ip != 0 && (cfa > regs.sp || ra_in_lr && cfa == regs.sp) => {
+                Step::Caller(Regs {
+                    ip: strip_pac(ip),
+                    sp: cfa,
+                    bp,
+                    lr: 0,
+                })
+            }
             _ => Step::Unknown,
         }
     }

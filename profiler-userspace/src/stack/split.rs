@@ -13,7 +13,7 @@
 
 use std::sync::Arc;
 
-use gimli::{BaseAddresses, CieOrFde, EhFrame, LittleEndian, UnwindSection};
+use gimli::{BaseAddresses, CieOrFde, EhFrame, UnwindSection};
 use iced_x86::{Decoder, DecoderOptions, FlowControl, OpKind};
 use object::{Object, ObjectSection};
 
@@ -155,7 +155,7 @@ fn fde_ranges_containing(
     let Ok(data) = section.data() else {
         return Vec::new();
     };
-    let eh = EhFrame::new(data, LittleEndian);
+    let eh = super::cfi::eh_frame(data);
     let mut bases = BaseAddresses::default().set_eh_frame(section.address());
     if let Some(text) = file.section_by_name(".text") {
         bases = bases.set_text(text.address());
