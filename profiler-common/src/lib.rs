@@ -273,8 +273,9 @@ pub struct Config {
     /// Size of the kernel's `struct pt_regs` (from its BTF): the user registers sit that far
     /// below the top of the kernel stack.
     pub pt_regs_size: u32,
-    /// Byte offset of `thread.fsbase` in `task_struct` (the thread pointer, which glibc's
-    /// `pthread_self` returns and CPython stores as a thread state's `thread_id`), or 0.
+    /// Byte offset in `task_struct` of the user thread pointer (x86_64's `thread.fsbase`, which
+    /// glibc's `pthread_self` returns and CPython stores as a thread state's `thread_id`;
+    /// arm64's `thread.uw.tp_value`, `PyProcConfig::thread_id_below_tp` above it), or 0.
     pub task_fsbase_off: u32,
     /// Byte offsets in `task_struct` of `se.sum_exec_runtime` (the thread's CPU time so far, in
     /// ns, brought up to date before `sched_switch` runs) and `se.prev_sum_exec_runtime` (its
@@ -375,7 +376,10 @@ pub struct PyProcConfig {
     /// C-stack shim, 3), or 0: that frame's `previous` is the previous `_PyCFrame`'s frame, which
     /// tells a chain of this instant from the garbage of that window.
     pub entry_mark: u32,
-    pub _pad: u32,
+    /// How far below the thread pointer the C library's thread descriptor (`pthread_self`,
+    /// CPython's `thread_id`) is: 0 on x86_64; on arm64 glibc's `sizeof(struct pthread)`, or
+    /// `NO_OFFSET` where it is unknown (no thread is looked up by its pointer then).
+    pub thread_id_below_tp: u32,
 }
 
 /// One interpreter frame as read at the sampled instant.

@@ -766,17 +766,18 @@ fn thread_state_scan(cfg: &Config, pc: &PyProcConfig, key: u64) -> Option<u64> {
     }
     // SAFETY: helper without preconditions.
     let task = unsafe { bpf_get_current_task() };
-    let fsbase = read_kernel::<u64>(task + cfg.task_fsbase_off as u64)?;
-    if fsbase == 0 {
+    let tp = read_kernel::<u64>(task + cfg.task_fsbase_off as u64)?;
+    if tp == 0 || pc.thread_id_below_tp == NO_OFFSET {
         return None;
     }
+    let thread_id = tp.wrapping_sub(pc.thread_id_below_tp as u64);
     let mut t = read_user::<u64>(interp + pc.interp_threads_head as u64)?;
     let mut found = 0u64;
     for _ in 0..MAX_TSTATE_SCAN {
         if t == 0 {
             break;
         }
-        if read_user::<u64>(t + pc.tstate_thread_id as u64)? == fsbase {
+        if read_user::<u64>(t + pc.tstate_thread_id as u64)? == thread_id {
             // Up to 3.11 a state made for a new thread carries its creator's id until the new
             // thread starts: two matches name no thread for sure.
             if found != 0 {

@@ -102,7 +102,7 @@ impl Started {
     fn hold_at_entry(&mut self) {
         let pid = nix::unistd::Pid::from_raw(self.pid as i32);
         // The stop that follows the exec of a traced process.
-        if !self.wait_for_trap(pid) || !cfg!(target_arch = "x86_64") {
+        if !self.wait_for_trap(pid) || !cfg!(any(target_arch = "x86_64", target_arch = "aarch64")) {
             return;
         }
         self.run_to_entry(pid);
@@ -114,7 +114,7 @@ impl Started {
         let held = entry_point(self.pid).and_then(|entry| {
             let addr = entry as ptrace::AddressType;
             let word = ptrace::read(pid, addr).ok()?;
-            let trap = (word & !0xff) | BREAKPOINT as libc::c_long;
+            let trap = (word & !BREAKPOINT_MASK) | BREAKPOINT;
             ptrace::write(pid, addr, trap).ok()?;
             let reached = ptrace::cont(pid, None).is_ok() && self.wait_for_trap(pid);
             // Gone before its entry point: nothing to restore.
@@ -268,7 +268,13 @@ fn back_to_entry(pid: nix::unistd::Pid, entry: u64) -> bool {
     })
 }
 
-#[cfg(not(target_arch = "x86_64"))]
+/// arm64: `brk` traps with the program counter still on it.
+#[cfg(target_arch = "aarch64")]
+fn back_to_entry(pid: nix::unistd::Pid, entry: u64) -> bool {
+    nix::sys::ptrace::getregs(pid).is_ok_and(|regs| regs.pc == entry)
+}
+
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
 fn back_to_entry(_pid: nix::unistd::Pid, _entry: u64) -> bool {
     false
 }
@@ -284,8 +290,16 @@ fn exit_code(st: nix::sys::wait::WaitStatus) -> Option<i32> {
     }
 }
 
-/// x86_64's one-byte breakpoint instruction (`int3`).
-const BREAKPOINT: u8 = 0xcc;
+/// The breakpoint instruction written over the entry point's first bytes (a word is written
+/// back whole): x86_64's one-byte `int3`, arm64's `brk #0`.
+#[cfg(not(target_arch = "aarch64"))]
+const BREAKPOINT: libc::c_long = 0xcc;
+#[cfg(not(target_arch = "aarch64"))]
+const BREAKPOINT_MASK: libc::c_long = 0xff;
+#[cfg(target_arch = "aarch64")]
+const BREAKPOINT: libc::c_long = 0xd420_0000;
+#[cfg(target_arch = "aarch64")]
+const BREAKPOINT_MASK: libc::c_long = 0xffff_ffff;
 
 /// The entry point of the program `pid` has just exec'd (`AT_ENTRY` of its auxiliary vector).
 /// `pid` is the profiler's own stopped child: the read is of its procfs file, bounded.

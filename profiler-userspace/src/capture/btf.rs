@@ -11,6 +11,7 @@ use std::collections::HashMap;
 const BTF_MAGIC: u16 = 0xeb9f;
 const KIND_PTR: u32 = 2;
 const KIND_STRUCT: u32 = 4;
+const KIND_UNION: u32 = 5;
 const KIND_ENUM: u32 = 6;
 const KIND_TYPEDEF: u32 = 8;
 const KIND_FUNC_PROTO: u32 = 13;
@@ -134,6 +135,40 @@ impl<'a> Btf<'a> {
             .find(|t| t.kind == kind && self.name(t.name_off) == name.as_bytes())
     }
 
+    /// The byte offset of a member reached through nested members, as `task_struct` then
+    /// `thread` then `uw` then `tp_value` (anonymous structs included), or `None`.
+    pub fn member_path_offset(&self, strukt: &str, path: &[&str]) -> Option<u32> {
+        let mut t = self.find(KIND_STRUCT, strukt)?;
+        let mut at = 0u32;
+        for (i, name) in path.iter().enumerate() {
+            let (member_type, bits) = (0..t.vlen).find_map(|m| {
+                let m = t.body + 12 * m;
+                (self.name(u32_at(self.data, m)?) == name.as_bytes())
+                    .then(|| Some((u32_at(self.data, m + 4)?, u32_at(self.data, m + 8)?)))?
+            })?;
+            at = at.checked_add(if t.kflag { bits & 0x00ff_ffff } else { bits } / 8)?;
+            if i + 1 < path.len() {
+                // Through typedefs and qualifiers (volatile, const, restrict) to the struct or
+                // union, a bounded number of steps.
+                let mut id = member_type;
+                let mut next = None;
+                for _ in 0..8 {
+                    let ty = self.ty(id)?;
+                    match ty.kind {
+                        KIND_STRUCT | KIND_UNION => {
+                            next = Some(ty);
+                            break;
+                        }
+                        KIND_TYPEDEF | 9 | 10 | 11 => id = ty.size_type,
+                        _ => return None,
+                    }
+                }
+                t = next?;
+            }
+        }
+        Some(at)
+    }
+
     /// The size in bytes of a struct.
     pub fn struct_size(&self, strukt: &str) -> Result<u32, BtfError> {
         self.find(KIND_STRUCT, strukt)
@@ -217,6 +252,12 @@ pub fn struct_offsets(
     Btf::parse(data)?.struct_offsets(strukt, members)
 }
 
+/// Where `task_struct` keeps the user thread pointer (`TPIDR_EL0` on arm64).
+#[cfg(not(target_arch = "aarch64"))]
+const THREAD_POINTER: &[&str] = &["thread", "fsbase"];
+#[cfg(target_arch = "aarch64")]
+const THREAD_POINTER: &[&str] = &["thread", "uw", "tp_value"];
+
 /// What the running kernel offers the BPF programs, read from its BTF once at start-up.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KernelInfo {
@@ -230,7 +271,8 @@ pub struct KernelInfo {
     pub task_stack: u32,
     pub task_signal: u32,
     pub signal_live: u32,
-    /// Offset of `thread.fsbase` in `task_struct`, or 0.
+    /// Offset in `task_struct` of the user thread pointer (x86_64's `thread.fsbase`, arm64's
+    /// `thread.uw.tp_value`), or 0.
     pub task_fsbase: u32,
     /// `sizeof(struct pt_regs)`: the user registers are that far below a kernel stack's top.
     pub pt_regs_size: u32,
@@ -274,12 +316,9 @@ impl KernelInfo {
             btf.struct_offsets("task_struct", &["pid", "tgid", "flags", "stack", "signal"])?;
         let task_state = btf.member_offset_any("task_struct", &["__state", "state"])?;
         let signal_live = btf.struct_offsets("signal_struct", &["live"])?["live"];
-        // x86_64's thread pointer; 0 (no lookup of new threads) where the layout differs.
+        // The thread pointer; 0 (no lookup of new threads) where the layout differs.
         let task_fsbase = btf
-            .struct_offsets("task_struct", &["thread"])
-            .and_then(|t| {
-                Ok(t["thread"] + btf.struct_offsets("thread_struct", &["fsbase"])?["fsbase"])
-            })
+            .member_path_offset("task_struct", THREAD_POINTER)
             .unwrap_or(0);
         let se = btf.struct_offsets("task_struct", &["se"])?["se"];
         let sums = btf.struct_offsets(
@@ -383,6 +422,31 @@ mod tests {
         ));
         assert!(struct_offsets(&b[..30], "s", &["a"]).is_err());
         assert!(struct_offsets(b"garbage", "s", &["a"]).is_err());
+    }
+
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn nested_members_are_followed_through_named_and_anonymous_structs() {
+        let data = std::fs::read("/sys/kernel/btf/vmlinux").unwrap();
+        let btf = Btf::parse(&data).unwrap();
+        let thread = btf.struct_offsets("task_struct", &["thread"]).unwrap()["thread"];
+        let fsbase = btf.struct_offsets("thread_struct", &["fsbase"]).unwrap()["fsbase"];
+        assert_eq!(
+            btf.member_path_offset("task_struct", &["thread", "fsbase"]),
+            Some(thread + fsbase)
+        );
+        // `se.sum_exec_runtime` as the scheduler accounting reads it.
+        let k = KernelInfo::probe().unwrap();
+        assert_eq!(
+            btf.member_path_offset("task_struct", &["se", "sum_exec_runtime"]),
+            Some(k.task_sum_exec)
+        );
+        // x86_64's `thread_struct` has no arm64 `uw`; a missing step is `None`.
+        assert_eq!(
+            btf.member_path_offset("task_struct", &["thread", "uw", "tp_value"]),
+            None
+        );
+        assert_eq!(btf.member_path_offset("no_such_struct", &["a"]), None);
     }
 
     #[test]

@@ -495,7 +495,11 @@ impl Layout {
                 (_, 11) => 1,
                 _ => 3,
             },
-            _pad: 0,
+            thread_id_below_tp: if cfg!(target_arch = "aarch64") {
+                NO_OFFSET
+            } else {
+                0
+            },
         }
     }
 

@@ -262,6 +262,27 @@ fn script_label(cmdline: &[String], fallback: &str) -> String {
     fallback.to_string()
 }
 
+/// arm64: how far below the thread pointer glibc keeps a thread's descriptor, which is what
+/// `pthread_self` returns (`TLS_DTV_AT_TP`: the descriptor sits just below the TCB the thread
+/// pointer addresses). glibc exports its size for debuggers as `_thread_db_sizeof_pthread`; it
+/// is read from the process's own C library, whatever its version. `None` without glibc.
+fn thread_descriptor_size(proc: &Process, remote: &Remote) -> Option<u32> {
+    proc.modules.iter().find_map(|m| {
+        let file_name = m.path.rsplit('/').next().unwrap_or("");
+        if !file_name.starts_with("libc.so") && !file_name.starts_with("libc-") {
+            return None;
+        }
+        let elf = m.elf.as_ref()?;
+        let at = *elf
+            .find_symbols(&["_thread_db_sizeof_pthread"])
+            .get("_thread_db_sizeof_pthread")?;
+        // A descriptor is some hundreds of bytes to a few KiB: anything else is not glibc's.
+        remote
+            .u32(at.wrapping_add(m.bias))
+            .filter(|&n| (256..=16384).contains(&n))
+    })
+}
+
 impl PyProcess {
     /// Finds the CPython runtime of `proc` (its mappings must be loaded).
     pub fn discover(proc: &Process) -> Result<PyProcess, NotPython> {
@@ -351,6 +372,10 @@ impl PyProcess {
                 .filter(|_| interp != 0)
                 .map(|o| interp + o));
             let mut config = layout.proc_config(gil, gc, addr("_Py_NoneStruct"), interp);
+            if cfg!(target_arch = "aarch64") {
+                config.thread_id_below_tp =
+                    thread_descriptor_size(proc, &remote).unwrap_or(profiler_common::NO_OFFSET);
+            }
             if !ready {
                 config.interp = 0;
                 config.interp_head = runtime + layout.interp_head;
