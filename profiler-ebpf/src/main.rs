@@ -52,7 +52,16 @@ use aya_ebpf::{
 };
 use profiler_common::*;
 
-use arch::UserRegs;
+/// The user registers a record carries.
+#[derive(Clone, Copy)]
+pub struct UserRegs {
+    pub ip: u64,
+    pub sp: u64,
+    /// The frame pointer: x86_64's `rbp`, arm64's `x29`.
+    pub bp: u64,
+    /// arm64's link register, `x30` (0 on x86_64).
+    pub lr: u64,
+}
 
 /// What differs between the architectures the object is built for (`--cfg bpf_target_arch`,
 /// chosen by the build): the layout of the saved user registers.
@@ -60,14 +69,7 @@ use arch::UserRegs;
 mod arch {
     pub use aya_ebpf::bindings::pt_regs as Regs;
 
-    /// The user registers a record carries.
-    #[derive(Clone, Copy)]
-    pub struct UserRegs {
-        pub ip: u64,
-        pub sp: u64,
-        pub bp: u64,
-        pub lr: u64,
-    }
+    use super::UserRegs;
 
     /// The registers, when they were saved in user mode (the code segment's privilege level).
     #[inline(always)]
@@ -97,15 +99,7 @@ mod arch {
 mod arch {
     pub use aya_ebpf::bindings::user_pt_regs as Regs;
 
-    #[derive(Clone, Copy)]
-    pub struct UserRegs {
-        pub ip: u64,
-        pub sp: u64,
-        /// The frame pointer, `x29`.
-        pub bp: u64,
-        /// The link register, `x30`.
-        pub lr: u64,
-    }
+    use super::UserRegs;
 
     /// `PSR_MODE_MASK` and the 32-bit bit: EL0 in AArch64 state is 0 under both.
     const MODE_MASK: u64 = 0x1f;

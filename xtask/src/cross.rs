@@ -11,7 +11,7 @@ use std::process::Command;
 
 use anyhow::{bail, Result};
 
-use super::{quiet_ok, run, workspace, BPF_CARGO, BPF_RUSTC};
+use super::{apt_install, run, workspace, BPF_CARGO, BPF_RUSTC};
 
 /// Architectures `--arch` takes besides the host's.
 pub const ARCHES: [&str; 1] = ["aarch64"];
@@ -35,23 +35,6 @@ pub fn arch_arg(args: &[String]) -> Result<String> {
     }
 }
 
-fn setup() -> Result<()> {
-    let missing: Vec<&str> = APT_PACKAGES
-        .iter()
-        .copied()
-        .filter(|p| !quiet_ok(Command::new("dpkg").args(["-s", p])))
-        .collect();
-    if !missing.is_empty() {
-        eprintln!("xtask: installing {}", missing.join(" "));
-        run(Command::new("apt-get").args(["update", "-q"]))?;
-        run(Command::new("apt-get")
-            .env("DEBIAN_FRONTEND", "noninteractive")
-            .args(["install", "-y", "-q", "--no-install-recommends"])
-            .args(&missing))?;
-    }
-    Ok(())
-}
-
 /// Builds `target/ARCH-unknown-linux-gnu/release/tachyon-bpf` and returns its path.
 pub fn build(arch: &str) -> Result<PathBuf> {
     run(&mut cargo(arch, &["build", "--release"])?)?;
@@ -65,7 +48,7 @@ pub fn build(arch: &str) -> Result<PathBuf> {
 
 /// `cargo SUBCOMMAND` of the user space for `arch` with Debian's toolchain.
 fn cargo(arch: &str, subcommand: &[&str]) -> Result<Command> {
-    setup()?;
+    apt_install(&APT_PACKAGES)?;
     let triple = format!("{arch}-unknown-linux-gnu");
     let upper = triple.to_uppercase().replace('-', "_");
     let lower = triple.replace('-', "_");

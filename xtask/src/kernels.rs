@@ -96,6 +96,17 @@ echo "tachyon-guest: done"
 $B poweroff -f
 "#;
 
+/// Unpacks every package in `debs` into `dest` (no maintainer scripts).
+fn unpack(debs: &Path, dest: &Path) -> Result<()> {
+    for deb in std::fs::read_dir(debs)? {
+        run(Command::new("dpkg-deb")
+            .arg("-x")
+            .arg(deb?.path())
+            .arg(dest))?;
+    }
+    Ok(())
+}
+
 /// `Depends` of a package in a suite, as package names.
 fn depends(opts: &[String], pkg: &str) -> Vec<String> {
     let text = output_of(Command::new("apt-cache").args(opts).args(["show", pkg]));
@@ -143,12 +154,7 @@ pub fn setup(tools: &Path) -> Result<()> {
         .args(["download", "-q", "busybox-static/bookworm"]))?;
     let busybox_dir = apt.join("busybox");
     let _ = std::fs::remove_dir_all(&busybox_dir);
-    for deb in std::fs::read_dir(&debs)? {
-        run(Command::new("dpkg-deb")
-            .arg("-x")
-            .arg(deb?.path())
-            .arg(&busybox_dir))?;
-    }
+    unpack(&debs, &busybox_dir)?;
     let busybox = std::fs::read(busybox_dir.join("bin/busybox")).context("busybox-static")?;
     for (label, suite) in KERNELS {
         // The suite's `linux-image-amd64` names the current image package; newer kernels split
@@ -173,12 +179,7 @@ pub fn setup(tools: &Path) -> Result<()> {
             .args(&pkgs))?;
         let unpacked = apt.join(format!("unpacked-{label}"));
         let _ = std::fs::remove_dir_all(&unpacked);
-        for deb in std::fs::read_dir(&kdebs)? {
-            run(Command::new("dpkg-deb")
-                .arg("-x")
-                .arg(deb?.path())
-                .arg(&unpacked))?;
-        }
+        unpack(&kdebs, &unpacked)?;
         let dir = root.join(label);
         std::fs::create_dir_all(&dir)?;
         build_guest(&unpacked, &dir, &busybox).with_context(|| format!("kernel {label}"))?;
@@ -452,12 +453,7 @@ pub fn setup_arm64(tools: &Path) -> Result<()> {
             .args(&names))?;
         let tree = root.join(sub);
         std::fs::create_dir_all(&tree)?;
-        for deb in std::fs::read_dir(&debs)? {
-            run(Command::new("dpkg-deb")
-                .arg("-x")
-                .arg(deb?.path())
-                .arg(&tree))?;
-        }
+        unpack(&debs, &tree)?;
         std::fs::remove_dir_all(&debs)?;
         // Merged /usr (Debian 13's packages ship under /usr only; base-files makes the links).
         for d in ["bin", "lib", "sbin"] {
@@ -480,12 +476,7 @@ pub fn setup_arm64(tools: &Path) -> Result<()> {
     let kdebs = image.context("no arm64 kernel fetched")?;
     let unpacked = kdebs.with_file_name("unpacked-kernel");
     let _ = std::fs::remove_dir_all(&unpacked);
-    for deb in std::fs::read_dir(&kdebs)? {
-        run(Command::new("dpkg-deb")
-            .arg("-x")
-            .arg(deb?.path())
-            .arg(&unpacked))?;
-    }
+    unpack(&kdebs, &unpacked)?;
     build_guest(&unpacked, &dir, &busybox).context("the arm64 kernel")?;
     std::fs::remove_dir_all(&unpacked)?;
     std::fs::remove_dir_all(&kdebs)?;

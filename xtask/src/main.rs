@@ -79,8 +79,9 @@ fn output_of(cmd: &mut Command) -> String {
         .unwrap_or_default()
 }
 
-fn setup_toolchain() -> Result<()> {
-    let missing: Vec<&str> = APT_PACKAGES
+/// Installs those of Debian's `packages` that are missing (the system's apt).
+fn apt_install(packages: &[&str]) -> Result<()> {
+    let missing: Vec<&str> = packages
         .iter()
         .copied()
         .filter(|p| !quiet_ok(Command::new("dpkg").args(["-s", p])))
@@ -93,6 +94,11 @@ fn setup_toolchain() -> Result<()> {
             .args(["install", "-y", "-q", "--no-install-recommends"])
             .args(&missing))?;
     }
+    Ok(())
+}
+
+fn setup_toolchain() -> Result<()> {
+    apt_install(&APT_PACKAGES)?;
     let vv = output_of(Command::new(BPF_RUSTC).arg("-vV"));
     if !vv.contains("LLVM version: 22.") {
         bail!("{BPF_RUSTC} is not the LLVM 22 rustc-web the BPF build needs:\n{vv}");

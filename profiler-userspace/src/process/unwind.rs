@@ -13,11 +13,11 @@ use crate::stack::cfi::{Regs, Step};
 
 pub use isa::{Cache, NativeUnwinder};
 
-/// framehop's unwinder for the architecture built for, and one step of it in our `Regs`.
+/// framehop's unwinder for the architecture built for, and our `Regs` in and out of its
+/// register set.
 #[cfg(not(target_arch = "aarch64"))]
 mod isa {
     use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
-    use framehop::{FrameAddress, Unwinder};
 
     use crate::stack::cfi::Regs;
     use crate::stack::elf::FileBytes;
@@ -25,35 +25,25 @@ mod isa {
     pub type NativeUnwinder = UnwinderX86_64<FileBytes>;
     pub type Cache = CacheX86_64;
 
-    /// The caller's return address and registers, `Ok(None)` at the root.
-    pub fn step<F: FnMut(u64) -> Result<u64, ()>>(
-        unwinder: &NativeUnwinder,
-        cache: &mut Cache,
-        addr: FrameAddress,
-        r: Regs,
-        read: &mut F,
-    ) -> Result<Option<(u64, Regs)>, framehop::Error> {
-        let mut regs = UnwindRegsX86_64::new(r.ip, r.sp, r.bp);
-        Ok(unwinder
-            .unwind_frame(addr, &mut regs, cache, read)?
-            .map(|ra| {
-                (
-                    ra,
-                    Regs {
-                        ip: regs.ip(),
-                        sp: regs.sp(),
-                        bp: regs.bp(),
-                        lr: 0,
-                    },
-                )
-            }))
+    pub fn regs_in(r: Regs) -> UnwindRegsX86_64 {
+        UnwindRegsX86_64::new(r.ip, r.sp, r.bp)
+    }
+
+    pub fn regs_out(ra: u64, r: &UnwindRegsX86_64) -> Regs {
+        Regs {
+            ip: ra,
+            sp: r.sp(),
+            bp: r.bp(),
+            lr: 0,
+        }
     }
 }
 
+/// arm64: framehop takes the link register for a leaf that has not saved it; only the sampled
+/// frame knows it (`Regs::lr` is 0 above).
 #[cfg(target_arch = "aarch64")]
 mod isa {
     use framehop::aarch64::{CacheAarch64, UnwindRegsAarch64, UnwinderAarch64};
-    use framehop::{FrameAddress, Unwinder};
 
     use crate::stack::cfi::Regs;
     use crate::stack::elf::FileBytes;
@@ -61,31 +51,37 @@ mod isa {
     pub type NativeUnwinder = UnwinderAarch64<FileBytes>;
     pub type Cache = CacheAarch64;
 
-    /// framehop takes the link register for a leaf that has not saved it; only the sampled
-    /// frame knows it (`Regs::lr` is 0 above).
-    pub fn step<F: FnMut(u64) -> Result<u64, ()>>(
-        unwinder: &NativeUnwinder,
-        cache: &mut Cache,
-        addr: FrameAddress,
-        r: Regs,
-        read: &mut F,
-    ) -> Result<Option<(u64, Regs)>, framehop::Error> {
-        let mut regs = UnwindRegsAarch64::new(r.lr, r.sp, r.bp);
-        Ok(unwinder
-            .unwind_frame(addr, &mut regs, cache, read)?
-            .map(|ra| {
-                let ra = crate::stack::cfi::strip_pac(ra);
-                (
-                    ra,
-                    Regs {
-                        ip: ra,
-                        sp: regs.sp(),
-                        bp: regs.fp(),
-                        lr: 0,
-                    },
-                )
-            }))
+    pub fn regs_in(r: Regs) -> UnwindRegsAarch64 {
+        UnwindRegsAarch64::new(r.lr, r.sp, r.bp)
     }
+
+    pub fn regs_out(ra: u64, r: &UnwindRegsAarch64) -> Regs {
+        Regs {
+            ip: ra,
+            sp: r.sp(),
+            bp: r.fp(),
+            lr: 0,
+        }
+    }
+}
+
+/// One framehop step: the caller's return address (without pointer-authentication bits) and
+/// registers, `Ok(None)` at the root.
+fn step<F: FnMut(u64) -> Result<u64, ()>>(
+    unwinder: &NativeUnwinder,
+    cache: &mut Cache,
+    addr: FrameAddress,
+    r: Regs,
+    read: &mut F,
+) -> Result<Option<(u64, Regs)>, framehop::Error> {
+    use framehop::Unwinder;
+    let mut regs = isa::regs_in(r);
+    Ok(unwinder
+        .unwind_frame(addr, &mut regs, cache, read)?
+        .map(|ra| {
+            let ra = crate::stack::cfi::strip_pac(ra);
+            (ra, isa::regs_out(ra, &regs))
+        }))
 }
 
 /// Native frames deeper than this are cut (and the stack marked truncated).
@@ -307,7 +303,7 @@ impl<'a> Walker<'a, '_> {
             let own = self.needs_own_rule(f);
             if !own {
                 let mut read = |a: u64| (self.read)(a).ok_or(());
-                match isa::step(self.unwinder, self.cache, f.addr, f.regs, &mut read) {
+                match step(self.unwinder, self.cache, f.addr, f.regs, &mut read) {
                     Ok(Some((ra, regs))) => {
                         let Some(addr) = FrameAddress::from_return_address(ra) else {
                             return false;
