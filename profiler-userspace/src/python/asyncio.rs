@@ -563,8 +563,14 @@ impl AsyncLayout {
                 ..
             } => {
                 // The type is checked when the chain is read; a key that stays is the same
-                // object's (a new task at the address has another coroutine).
-                word(callback0)? ^ word(callbacks)?.rotate_left(32)
+                // object's (a new task at the address has another coroutine). A callback
+                // appended to the list keeps the list where it was: its length is read too.
+                let list = word(callbacks)?;
+                let len = match list {
+                    0 => 0,
+                    l => r.u64(l.wrapping_add(VAR_SIZE)).unwrap_or(0),
+                };
+                word(callback0)? ^ list.rotate_left(32) ^ len.rotate_left(48)
             }
         };
         Some([word(self.task_coro)?, word(self.task_name)?, links])
@@ -1669,7 +1675,13 @@ mod tests {
             let before = w.l.task_key(&me(), looping).unwrap();
             let wake = w.wakeup(t);
             w.add_callback(looping, wake, false);
-            assert_ne!(w.l.task_key(&me(), looping).unwrap(), before);
+            let with_list = w.l.task_key(&me(), looping).unwrap();
+            assert_ne!(with_list, before);
+            // A second awaiter appended to the same list: the list does not move, the key
+            // changes all the same.
+            let list = w.index(w.a.words[w.index(looping)][40 / 8]);
+            w.a.set(list, VAR_SIZE, 2);
+            assert_ne!(w.l.task_key(&me(), looping).unwrap(), with_list);
         }
 
         #[test]
