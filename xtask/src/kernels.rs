@@ -46,6 +46,10 @@ const ARM64_TREES: [(&str, &str, &[&str], &str); 2] = [
     ("trixie", "trixie", &["python3.13"], "python3.13-minimal"),
 ];
 
+/// The arm64 guest's kernels, `.tools/arm64/LABEL`: Debian 12's (the modern program set) and
+/// Debian 11's 5.10 (the compat set; Amazon Linux 2 on Graviton runs 5.10 too).
+pub const ARM64_KERNELS: [(&str, &str); 2] = [("6.1", "bookworm"), ("5.10", "bullseye")];
+
 /// Dependencies left out of the trees: what only maintainer scripts and installers run (the
 /// scripts are not run).
 const ARM64_LEFT_OUT: [&str; 11] = [
@@ -372,38 +376,28 @@ fn newc(files: &[(String, Vec<u8>, u32)]) -> Vec<u8> {
     out
 }
 
-/// `.tools/arm64/{vmlinuz,initrd,release}` (Debian 12's arm64 kernel and an initramfs of arm64
-/// busybox and the kernel's virtio/9p modules) and `.tools/arm64/root`, an arm64 Debian tree
-/// with python3 (3.11) unpacked from bookworm's packages, which the guest mounts as its root,
-/// and Debian 13's python3.13 under its `/trixie`. Maintainer scripts are not run: the
-/// interpreters need none, and `/bin/sh` and the few tools the guest script calls are
-/// busybox's. Idempotent; about 80 MB of downloads the first time.
+/// `.tools/arm64/LABEL/{vmlinuz,initrd,release}` for each of `ARM64_KERNELS` (Debian's arm64
+/// kernel and an initramfs of arm64 busybox and the kernel's virtio/9p modules), and
+/// `.tools/arm64/root`, an arm64 Debian tree with python3 (3.11) unpacked from bookworm's
+/// packages, which the guest mounts as its root, with Debian 13's python3.13 under its
+/// `/trixie`. Maintainer scripts are not run: the interpreters need none, and `/bin/sh` and
+/// the few tools the guest script calls are busybox's. Idempotent; about 150 MB of downloads
+/// the first time.
 pub fn setup_arm64(tools: &Path) -> Result<()> {
     let dir = tools.join("arm64");
-    if dir.join(".complete").exists() {
+    let ready = ARM64_KERNELS
+        .iter()
+        .all(|(label, _)| dir.join(label).join("release").exists());
+    if dir.join(".complete").exists() && ready {
         return Ok(());
     }
-    eprintln!("xtask: fetching Debian's arm64 kernel, python3 and python3.13 into .tools/arm64");
+    eprintln!(
+        "xtask: fetching Debian's arm64 kernels (5.10, 6.1), python3 and python3.13 into .tools/arm64"
+    );
     let _ = std::fs::remove_dir_all(&dir);
     let root = dir.join("root");
-    let mut image = None;
     for (suite, sub, pkgs, must) in ARM64_TREES {
-        let apt = tools.join(format!("arm64-apt-{suite}"));
-        for d in ["lists/partial", "cache/archives/partial"] {
-            std::fs::create_dir_all(apt.join(d))?;
-        }
-        std::fs::write(
-            apt.join("sources.list"),
-            format!("deb http://deb.debian.org/debian {suite} main\n"),
-        )?;
-        std::fs::write(apt.join("status"), "")?;
-        let mut opts = private_apt_opts(&apt);
-        opts.extend(
-            ["APT::Architecture=arm64", "APT::Architectures::=arm64"]
-                .iter()
-                .flat_map(|o| ["-o".to_string(), o.to_string()]),
-        );
-        run(Command::new("apt-get").args(&opts).args(["update", "-q"]))?;
+        let (apt, opts) = arm64_apt(tools, suite)?;
         // The packages' closure: `apt-cache depends --recurse` lists virtual packages as
         // `<name>`.
         let closure = output_of(
@@ -432,20 +426,6 @@ pub fn setup_arm64(tools: &Path) -> Result<()> {
         let debs = apt.join("debs");
         let _ = std::fs::remove_dir_all(&debs);
         std::fs::create_dir_all(&debs)?;
-        if sub.is_empty() {
-            let img = depends(&opts, "linux-image-arm64")
-                .into_iter()
-                .find(|p| p.starts_with("linux-image-"))
-                .with_context(|| format!("no linux-image-arm64 in Debian {suite}"))?;
-            let kdebs = apt.join("debs-kernel");
-            let _ = std::fs::remove_dir_all(&kdebs);
-            std::fs::create_dir_all(&kdebs)?;
-            run(Command::new("apt-get")
-                .current_dir(&kdebs)
-                .args(&opts)
-                .args(["download", "-q", &img]))?;
-            image = Some(kdebs);
-        }
         run(Command::new("apt-get")
             .current_dir(&debs)
             .args(&opts)
@@ -473,13 +453,52 @@ pub fn setup_arm64(tools: &Path) -> Result<()> {
         }
     }
     let busybox = std::fs::read(root.join("bin/busybox")).context("arm64 busybox-static")?;
-    let kdebs = image.context("no arm64 kernel fetched")?;
-    let unpacked = kdebs.with_file_name("unpacked-kernel");
-    let _ = std::fs::remove_dir_all(&unpacked);
-    unpack(&kdebs, &unpacked)?;
-    build_guest(&unpacked, &dir, &busybox).context("the arm64 kernel")?;
-    std::fs::remove_dir_all(&unpacked)?;
-    std::fs::remove_dir_all(&kdebs)?;
+    for (label, suite) in ARM64_KERNELS {
+        let (apt, opts) = arm64_apt(tools, suite)?;
+        let image = depends(&opts, "linux-image-arm64")
+            .into_iter()
+            .find(|p| p.starts_with("linux-image-"))
+            .with_context(|| format!("no linux-image-arm64 in Debian {suite}"))?;
+        let kdebs = apt.join("debs-kernel");
+        let unpacked = apt.join("unpacked-kernel");
+        for d in [&kdebs, &unpacked] {
+            let _ = std::fs::remove_dir_all(d);
+        }
+        std::fs::create_dir_all(&kdebs)?;
+        run(Command::new("apt-get")
+            .current_dir(&kdebs)
+            .args(&opts)
+            .args(["download", "-q", &image]))?;
+        unpack(&kdebs, &unpacked)?;
+        let kdir = dir.join(label);
+        std::fs::create_dir_all(&kdir)?;
+        build_guest(&unpacked, &kdir, &busybox)
+            .with_context(|| format!("the arm64 kernel {label}"))?;
+        std::fs::remove_dir_all(&unpacked)?;
+        std::fs::remove_dir_all(&kdebs)?;
+    }
     std::fs::write(dir.join(".complete"), "")?;
     Ok(())
+}
+
+/// A private arm64 package list of Debian `suite` under `.tools/arm64-apt-SUITE`, brought up to
+/// date: its directory and the apt options that use it.
+fn arm64_apt(tools: &Path, suite: &str) -> Result<(std::path::PathBuf, Vec<String>)> {
+    let apt = tools.join(format!("arm64-apt-{suite}"));
+    for d in ["lists/partial", "cache/archives/partial"] {
+        std::fs::create_dir_all(apt.join(d))?;
+    }
+    std::fs::write(
+        apt.join("sources.list"),
+        format!("deb http://deb.debian.org/debian {suite} main\n"),
+    )?;
+    std::fs::write(apt.join("status"), "")?;
+    let mut opts = private_apt_opts(&apt);
+    opts.extend(
+        ["APT::Architecture=arm64", "APT::Architectures::=arm64"]
+            .iter()
+            .flat_map(|o| ["-o".to_string(), o.to_string()]),
+    );
+    run(Command::new("apt-get").args(&opts).args(["update", "-q"]))?;
+    Ok((apt, opts))
 }
