@@ -288,7 +288,9 @@ impl Collector {
             .as_ref();
         name.starts_with("__x64_sys_execve")
             || name.starts_with("__ia32_sys_execve")
+            || name.starts_with("__arm64_sys_execve")
             || name == "begin_new_exec"
+            || name == "bprm_execve"
     }
 
     /// Whether a kernel frame is in BPF program or tracepoint-dispatch code (by its symbol, from

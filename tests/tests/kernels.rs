@@ -180,14 +180,16 @@ fn boot(guest: &Guest, results: &Path, timeout: Duration) -> String {
 }
 
 /// The guest's script: three runs of the real binary and the BPF program counts around them.
-fn guest_script(bin: &Path, py: &Path) -> String {
+/// The two interpreters run `secs` at most (they are killed after the second run): longer than
+/// both runs with their start-ups, which verification makes long under emulation.
+fn guest_script(bin: &Path, py: &Path, secs: u32) -> String {
     let (bin, py) = (bin.display(), py.display());
     format!(
         r#"R=/tmp/results
 uname -r > $R/uname
 python3 $R/bpf_count.py > $R/bpf_before
-{py} $R/work.py busy 120 & W1=$!
-{py} $R/work.py sleepy 120 & W2=$!
+{py} $R/work.py busy {secs} & W1=$!
+{py} $R/work.py sleepy {secs} & W2=$!
 sleep 2
 {bin} -v --all-pythons -d 4 -o $R/all.json 2> $R/all.err; echo $? > $R/all.rc
 {bin} -v -p $W2 -m wall -d 3 -o $R/pid.json 2> $R/pid.err; echo $? > $R/pid.rc
@@ -401,7 +403,7 @@ fn fleet_kernels_load_sample_and_merge() {
         let dir = scratch(&format!("kernel-{}", g.label));
         std::fs::write(dir.join("work.py"), WORK).unwrap();
         std::fs::write(dir.join("bpf_count.py"), BPF_COUNT).unwrap();
-        std::fs::write(dir.join("guest.sh"), guest_script(&bin, &py)).unwrap();
+        std::fs::write(dir.join("guest.sh"), guest_script(&bin, &py, 120)).unwrap();
         let t0 = Instant::now();
         let console = boot(&g, &dir, Duration::from_secs(420));
         let errs = check_guest(&g, &dir, &expected);
@@ -464,9 +466,11 @@ fn arm64_guest(bin: &Path, label: &str, set: &str) -> Vec<String> {
     std::fs::write(dir.join("bpf_count.py"), BPF_COUNT).unwrap();
     std::fs::copy(bin, dir.join("tachyon-bpf")).unwrap();
     // Paths as the guest sees them: its root is the arm64 tree, the results share is /tmp/results.
+    // arm64's compat set takes about 40 s to verify under emulation, per run.
     let mut script = guest_script(
         Path::new("/tmp/results/tachyon-bpf"),
         Path::new("/usr/bin/python3"),
+        600,
     );
     // Debian 13's python3.13 in a tree of its own (its own C library), entered by chroot as a
     // container's process: the profiler reads its files through /proc/PID/root.
