@@ -459,6 +459,13 @@ impl<'a> Walker<'a, '_> {
         let Some(elf) = &m.elf else {
             return false;
         };
+        // A function's first instruction is no return address, even after a call that ends
+        // the function before it (a call that never returns): such words are function
+        // pointers, as the program's entry point in a new process's auxiliary vector, which
+        // made a sample taken as a process started read `_start;0x7f...`.
+        if self.function_start(word) == Some(word) {
+            return false;
+        }
         match elf.call_before(word.wrapping_sub(m.bias)) {
             None => false,
             Some(None) => true,
