@@ -278,8 +278,10 @@ fn top_opens_on_python_functions_split_into_cpu_off_cpu_and_gil() {
     }
     let row = |f: &str| rows.iter().find(|r| r.5 == f).unwrap();
     // The truth, from the scheduler: a computer runs (or waits for a CPU), a sleeper is
-    // blocked, and each contender is blocked exactly while it waits for the GIL the other
-    // holds; runnable time is off CPU.
+    // blocked, and each contender is blocked while it waits for the GIL the other holds.
+    // Runnable time is off CPU, except a contender's in the GIL hand-off (woken by the
+    // holder's drop, not yet on a CPU): that is waiting for the GIL too, so a contender's
+    // GIL share lies between its blocked share and its blocked plus runnable share.
     let close = |a: f64, b: f64| (a - b).abs() <= 10.0;
     let (_, _, cpu, off, gil, _) = row("compute_bound (compute.py:2)").clone();
     let (run, runnable, blocked) = truth[0];
@@ -296,7 +298,10 @@ fn top_opens_on_python_functions_split_into_cpu_off_cpu_and_gil() {
     let (_, _, cpu, off, gil, _) = row("gil_contender (contend.py:2)").clone();
     let (run, runnable, blocked) = truth[2];
     assert!(
-        close(cpu, run) && close(off, runnable) && close(gil, blocked),
+        close(cpu, run)
+            && close(off + gil, runnable + blocked)
+            && gil >= blocked - 10.0
+            && gil <= blocked + runnable + 10.0,
         "contending: {cpu} {off} {gil} (truth: {run:.0} {runnable:.0} {blocked:.0}): {shown}"
     );
     // Enter on the selected row names the native code it runs.
