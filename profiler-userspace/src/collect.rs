@@ -383,6 +383,12 @@ impl Collector {
     }
 
     pub fn handle(&mut self, s: RawSample) {
+        self.handle_in(s, false);
+    }
+
+    /// `blocked`: a sample of a thread read from outside while it stayed blocked (`dump`),
+    /// kept as a sample of its own and off CPU.
+    fn handle_in(&mut self, s: RawSample, blocked: bool) {
         let t_ms = self.time_ms(s.time_ns);
         // How long the sample waited in the ring buffer before being read.
         let lag_ms = monotonic_ns().saturating_sub(s.time_ns) as f64 / 1e6;
@@ -608,6 +614,9 @@ impl Collector {
             let t = self.profile.thread_mut(pid, "", s.tid, &s.comm, t_ms);
             t.sched.note_capture(s.time_ns, stack, st);
         } else {
+            if !blocked {
+                st |= state::ON_CPU;
+            }
             self.profile
                 .add_sample(pid, "", s.tid, &s.comm, t_ms, stack, st);
         }
@@ -839,18 +848,9 @@ impl Collector {
                 crate::dump::blocked_sample(&self.python, &self.kernel, pid, tid, now)
             {
                 // Kept as a sample of its own, not as an off-CPU capture waiting for the
-                // scheduler's accounting to charge it; then marked off CPU.
+                // scheduler's accounting to charge it.
                 s.off_cpu = false;
-                self.handle(s);
-                if let Some(last) = self
-                    .profile
-                    .processes
-                    .get_mut(&pid)
-                    .and_then(|p| p.threads.get_mut(&tid))
-                    .and_then(|t| t.samples.last_mut())
-                {
-                    last.state &= !state::ON_CPU;
-                }
+                self.handle_in(s, true);
                 done.insert(tid);
             }
         }

@@ -234,6 +234,15 @@ fn merged_share(paths: &CallPaths, func: &str) -> (u64, u64) {
     (merged, with)
 }
 
+/// `merged_share` of `func` in the thread of `procs` with the most samples of it.
+fn best_merged(v: &Viewer, procs: &[ProcessInfo], func: &str) -> (u64, u64) {
+    procs
+        .iter()
+        .flat_map(|p| &p.threads)
+        .map(|t| merged_share(&v.call_paths(&t.handle).unwrap(), func))
+        .fold((0, 0), |best, m| if m.1 > best.1 { m } else { best })
+}
+
 fn check_guest(g: &Guest, dir: &Path, expected_set: &str) -> Vec<String> {
     let mut errors = Vec::new();
     let read = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap_or_default();
@@ -290,16 +299,7 @@ fn check_guest(g: &Guest, dir: &Path, expected_set: &str) -> Vec<String> {
                 procs.iter().map(|p| &p.name).collect::<Vec<_>>()
             ));
         }
-        let mut best = (0, 0);
-        for p in &procs {
-            for t in &p.threads {
-                let c = v.call_paths(&t.handle).unwrap();
-                let m = merged_share(&c, "busy");
-                if m.1 > best.1 {
-                    best = m;
-                }
-            }
-        }
+        let best = best_merged(&v, &procs, "busy");
         if best.1 < 200 || (best.0 as f64) < 0.95 * best.1 as f64 {
             fail(format!(
                 "--all-pythons: {}/{} ms of busy() fully merged (want at least 95% of 200+)",
@@ -501,15 +501,7 @@ fn arm64_guest(bin: &Path, label: &str, set: &str) -> Vec<String> {
                         procs.iter().map(|p| &p.name).collect::<Vec<_>>()
                     ));
                 }
-                let mut best = (0, 0);
-                for p in &procs {
-                    for t in &p.threads {
-                        let m = merged_share(&v.call_paths(&t.handle).unwrap(), "burn");
-                        if m.1 > best.1 {
-                            best = m;
-                        }
-                    }
-                }
+                let best = best_merged(&v, &procs, "burn");
                 if best.1 < 200 || (best.0 as f64) < 0.95 * best.1 as f64 {
                     fail(format!(
                         "python3.13: {}/{} ms of burn() fully merged (want at least 95% of 200+)",

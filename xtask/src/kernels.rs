@@ -111,6 +111,21 @@ fn unpack(debs: &Path, dest: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Downloads `pkgs` with the private apt options `opts` into a fresh `work` directory,
+/// unpacks them into `dest`, and removes `work`.
+fn fetch_unpack(opts: &[String], pkgs: &[String], work: &Path, dest: &Path) -> Result<()> {
+    let _ = std::fs::remove_dir_all(work);
+    std::fs::create_dir_all(work)?;
+    run(Command::new("apt-get")
+        .current_dir(work)
+        .args(opts)
+        .args(["download", "-q"])
+        .args(pkgs))?;
+    unpack(work, dest)?;
+    std::fs::remove_dir_all(work)?;
+    Ok(())
+}
+
 /// `Depends` of a package in a suite, as package names.
 fn depends(opts: &[String], pkg: &str) -> Vec<String> {
     let text = output_of(Command::new("apt-cache").args(opts).args(["show", pkg]));
@@ -149,16 +164,14 @@ pub fn setup(tools: &Path) -> Result<()> {
     std::fs::write(apt.join("status"), "")?;
     let opts = private_apt_opts(&apt);
     run(Command::new("apt-get").args(&opts).args(["update", "-q"]))?;
-    let debs = apt.join("debs");
-    let _ = std::fs::remove_dir_all(&debs);
-    std::fs::create_dir_all(&debs)?;
-    run(Command::new("apt-get")
-        .current_dir(&debs)
-        .args(&opts)
-        .args(["download", "-q", "busybox-static/bookworm"]))?;
     let busybox_dir = apt.join("busybox");
     let _ = std::fs::remove_dir_all(&busybox_dir);
-    unpack(&debs, &busybox_dir)?;
+    fetch_unpack(
+        &opts,
+        &["busybox-static/bookworm".to_string()],
+        &apt.join("debs"),
+        &busybox_dir,
+    )?;
     let busybox = std::fs::read(busybox_dir.join("bin/busybox")).context("busybox-static")?;
     for (label, suite) in KERNELS {
         // The suite's `linux-image-amd64` names the current image package; newer kernels split
@@ -173,22 +186,13 @@ pub fn setup(tools: &Path) -> Result<()> {
                 pkgs.push(format!("{d}/{suite}"));
             }
         }
-        let kdebs = apt.join(format!("debs-{label}"));
-        let _ = std::fs::remove_dir_all(&kdebs);
-        std::fs::create_dir_all(&kdebs)?;
-        run(Command::new("apt-get")
-            .current_dir(&kdebs)
-            .args(&opts)
-            .args(["download", "-q"])
-            .args(&pkgs))?;
         let unpacked = apt.join(format!("unpacked-{label}"));
         let _ = std::fs::remove_dir_all(&unpacked);
-        unpack(&kdebs, &unpacked)?;
+        fetch_unpack(&opts, &pkgs, &apt.join(format!("debs-{label}")), &unpacked)?;
         let dir = root.join(label);
         std::fs::create_dir_all(&dir)?;
         build_guest(&unpacked, &dir, &busybox).with_context(|| format!("kernel {label}"))?;
         std::fs::remove_dir_all(&unpacked)?;
-        std::fs::remove_dir_all(&kdebs)?;
     }
     std::fs::write(root.join(".complete"), "")?;
     Ok(())
@@ -423,18 +427,9 @@ pub fn setup_arm64(tools: &Path) -> Result<()> {
         if !names.iter().any(|p| p == must) {
             bail!("no {must} among Debian {suite}'s arm64 dependencies of {pkgs:?}: {names:?}");
         }
-        let debs = apt.join("debs");
-        let _ = std::fs::remove_dir_all(&debs);
-        std::fs::create_dir_all(&debs)?;
-        run(Command::new("apt-get")
-            .current_dir(&debs)
-            .args(&opts)
-            .args(["download", "-q"])
-            .args(&names))?;
         let tree = root.join(sub);
         std::fs::create_dir_all(&tree)?;
-        unpack(&debs, &tree)?;
-        std::fs::remove_dir_all(&debs)?;
+        fetch_unpack(&opts, &names, &apt.join("debs"), &tree)?;
         // Merged /usr (Debian 13's packages ship under /usr only; base-files makes the links).
         for d in ["bin", "lib", "sbin"] {
             if !tree.join(d).exists() && tree.join("usr").join(d).exists() {
@@ -459,23 +454,14 @@ pub fn setup_arm64(tools: &Path) -> Result<()> {
             .into_iter()
             .find(|p| p.starts_with("linux-image-"))
             .with_context(|| format!("no linux-image-arm64 in Debian {suite}"))?;
-        let kdebs = apt.join("debs-kernel");
         let unpacked = apt.join("unpacked-kernel");
-        for d in [&kdebs, &unpacked] {
-            let _ = std::fs::remove_dir_all(d);
-        }
-        std::fs::create_dir_all(&kdebs)?;
-        run(Command::new("apt-get")
-            .current_dir(&kdebs)
-            .args(&opts)
-            .args(["download", "-q", &image]))?;
-        unpack(&kdebs, &unpacked)?;
+        let _ = std::fs::remove_dir_all(&unpacked);
+        fetch_unpack(&opts, &[image], &apt.join("debs-kernel"), &unpacked)?;
         let kdir = dir.join(label);
         std::fs::create_dir_all(&kdir)?;
         build_guest(&unpacked, &kdir, &busybox)
             .with_context(|| format!("the arm64 kernel {label}"))?;
         std::fs::remove_dir_all(&unpacked)?;
-        std::fs::remove_dir_all(&kdebs)?;
     }
     std::fs::write(dir.join(".complete"), "")?;
     Ok(())

@@ -599,7 +599,8 @@ impl Profile {
         t
     }
 
-    /// An on-CPU sample taken by the sampling timer.
+    /// A sample in state `st`: on CPU (the sampling timer's, `st` with `ON_CPU`), or of a
+    /// blocked thread read from outside (`dump`), without it.
     #[allow(clippy::too_many_arguments)]
     pub fn add_sample(
         &mut self,
@@ -615,9 +616,9 @@ impl Profile {
         let s = Sample {
             time_ms,
             stack,
-            state: st | state::ON_CPU,
+            state: st,
             weight_ms: self.interval_ms,
-            in_mode: self.mode.keeps(st | state::ON_CPU),
+            in_mode: self.mode.keeps(st),
             cpu_delta_us: 0.0,
         };
         let t = self.thread_mut(pid, proc_name, tid, thread_name, time_ms);
@@ -915,8 +916,20 @@ mod tests {
         assert_eq!(next.frames[frames[0]].line, Some(4));
     }
 
+    #[test]
+    fn a_blocked_thread_read_from_outside_is_off_cpu_in_the_mode_filter_too() {
+        let mut p = Profile::new(Mode::Cpu, 1.0);
+        p.add_sample(7, "python3", 8, "worker", 1.0, None, state::PYTHON);
+        p.add_sample(7, "python3", 7, "python3", 1.0, None, state::ON_CPU);
+        let proc_ = &p.processes[&7];
+        let blocked = &proc_.threads[&8].samples[0];
+        assert_eq!(blocked.state & state::ON_CPU, 0);
+        assert!(!blocked.in_mode, "cpu mode keeps no blocked thread's sample");
+        assert!(proc_.threads[&7].samples[0].in_mode);
+    }
+
     fn on_cpu(p: &mut Profile, pid: u32, name: &str, t: f64) {
-        p.add_sample(pid, name, pid, name, t, None, 0);
+        p.add_sample(pid, name, pid, name, t, None, state::ON_CPU);
     }
 
     #[test]
