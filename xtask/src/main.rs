@@ -326,6 +326,17 @@ fn main() -> Result<()> {
                 let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
                 let (md, _) = bench::cpython_sampler(&bin, &tools, &dir, &(cpus - 1).to_string())?;
                 println!("{}", md.join("\n"));
+            } else if rest.first().map(String::as_str) == Some("pingpong") {
+                // Section 6 alone: printed, not written to bench/results.md.
+                let dir = workspace().join("target/bench");
+                std::fs::create_dir_all(&dir)?;
+                let py = bench::interpreters(&tools)?
+                    .into_iter()
+                    .find(|(l, _)| l == "3.12.1")
+                    .map(|(_, p)| p)
+                    .context("3.12.1")?;
+                let (md, _) = bench::pingpong(&bin, &py, &bench::setup_py_spy(&tools)?, &dir)?;
+                println!("{}", md.join("\n"));
             } else if rest.first().map(String::as_str) == Some("asyncio") {
                 // Section 10 alone: printed, not written to bench/results.md.
                 let dir = workspace().join("target/bench");

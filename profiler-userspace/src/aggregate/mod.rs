@@ -924,7 +924,10 @@ mod tests {
         let proc_ = &p.processes[&7];
         let blocked = &proc_.threads[&8].samples[0];
         assert_eq!(blocked.state & state::ON_CPU, 0);
-        assert!(!blocked.in_mode, "cpu mode keeps no blocked thread's sample");
+        assert!(
+            !blocked.in_mode,
+            "cpu mode keeps no blocked thread's sample"
+        );
         assert!(proc_.threads[&7].samples[0].in_mode);
     }
 
