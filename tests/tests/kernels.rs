@@ -234,13 +234,17 @@ fn merged_share(paths: &CallPaths, func: &str) -> (u64, u64) {
     (merged, with)
 }
 
-/// `merged_share` of `func` in the thread of `procs` with the most samples of it.
-fn best_merged(v: &Viewer, procs: &[ProcessInfo], func: &str) -> (u64, u64) {
-    procs
+/// Why the thread of `procs` with the most samples of `func` falls short: fewer than 200 ms of
+/// `func`, or under 95% of them fully merged (`merged_share`); `None` when it does not.
+fn short_of_merged(v: &Viewer, procs: &[ProcessInfo], func: &str, run: &str) -> Option<String> {
+    let (merged, with) = procs
         .iter()
         .flat_map(|p| &p.threads)
         .map(|t| merged_share(&v.call_paths(&t.handle).unwrap(), func))
-        .fold((0, 0), |best, m| if m.1 > best.1 { m } else { best })
+        .fold((0, 0), |best, m| if m.1 > best.1 { m } else { best });
+    (with < 200 || (merged as f64) < 0.95 * with as f64).then(|| {
+        format!("{run}: {merged}/{with} ms of {func}() fully merged (want at least 95% of 200+)")
+    })
 }
 
 fn check_guest(g: &Guest, dir: &Path, expected_set: &str) -> Vec<String> {
@@ -299,12 +303,8 @@ fn check_guest(g: &Guest, dir: &Path, expected_set: &str) -> Vec<String> {
                 procs.iter().map(|p| &p.name).collect::<Vec<_>>()
             ));
         }
-        let best = best_merged(&v, &procs, "busy");
-        if best.1 < 200 || (best.0 as f64) < 0.95 * best.1 as f64 {
-            fail(format!(
-                "--all-pythons: {}/{} ms of busy() fully merged (want at least 95% of 200+)",
-                best.0, best.1
-            ));
+        if let Some(e) = short_of_merged(&v, &procs, "busy", "--all-pythons") {
+            fail(e);
         }
     } else {
         fail(format!("all.json does not load: {}", read("all.err")));
@@ -501,12 +501,8 @@ fn arm64_guest(bin: &Path, label: &str, set: &str) -> Vec<String> {
                         procs.iter().map(|p| &p.name).collect::<Vec<_>>()
                     ));
                 }
-                let best = best_merged(&v, &procs, "burn");
-                if best.1 < 200 || (best.0 as f64) < 0.95 * best.1 as f64 {
-                    fail(format!(
-                        "python3.13: {}/{} ms of burn() fully merged (want at least 95% of 200+)",
-                        best.0, best.1
-                    ));
+                if let Some(e) = short_of_merged(&v, &procs, "burn", "python3.13") {
+                    fail(e);
                 }
             }
             Err(e) => fail(format!("py313.json does not load: {e}")),

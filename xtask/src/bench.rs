@@ -326,6 +326,15 @@ fn merged(profile: &Path, process: &str) -> Result<(u64, u64)> {
 }
 
 /// Every interpreter of the accuracy table: (label, path).
+/// The interpreter of the workloads: pyenv's 3.12.1.
+pub fn workload_python(tools: &Path) -> Result<PathBuf> {
+    interpreters(tools)?
+        .into_iter()
+        .find(|(l, _)| l == "3.12.1")
+        .map(|(_, p)| p)
+        .context("3.12.1")
+}
+
 pub fn interpreters(tools: &Path) -> Result<Vec<(String, PathBuf)>> {
     let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
     let mut out = Vec::new();
@@ -367,11 +376,7 @@ pub fn bench(tachyon: &Path, tools: &Path) -> Result<()> {
     let busy = dir.join("bench_busy.py");
     std::fs::write(&busy, BUSY)?;
     let pythons = interpreters(tools)?;
-    let py = pythons
-        .iter()
-        .find(|(l, _)| l == "3.12.1")
-        .map(|(_, p)| p.clone())
-        .context("3.12.1")?;
+    let py = workload_python(tools)?;
     let mut md = Vec::new();
     let mut raw = serde_json::Map::new();
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());

@@ -319,37 +319,26 @@ fn main() -> Result<()> {
             setup_toolchain()?;
             let tools = setup_tools()?;
             let bin = build_release()?;
-            if rest.first().map(String::as_str) == Some("cpython") {
-                // Section 9 alone: printed, not written to bench/results.md.
-                let dir = workspace().join("target/bench");
-                std::fs::create_dir_all(&dir)?;
-                let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-                let (md, _) = bench::cpython_sampler(&bin, &tools, &dir, &(cpus - 1).to_string())?;
-                println!("{}", md.join("\n"));
-            } else if rest.first().map(String::as_str) == Some("pingpong") {
-                // Section 6 alone: printed, not written to bench/results.md.
-                let dir = workspace().join("target/bench");
-                std::fs::create_dir_all(&dir)?;
-                let py = bench::interpreters(&tools)?
-                    .into_iter()
-                    .find(|(l, _)| l == "3.12.1")
-                    .map(|(_, p)| p)
-                    .context("3.12.1")?;
-                let (md, _) = bench::pingpong(&bin, &py, &bench::setup_py_spy(&tools)?, &dir)?;
-                println!("{}", md.join("\n"));
-            } else if rest.first().map(String::as_str) == Some("asyncio") {
-                // Section 10 alone: printed, not written to bench/results.md.
-                let dir = workspace().join("target/bench");
-                std::fs::create_dir_all(&dir)?;
-                let (md, _) = bench::asyncio_tasks(&bin, &tools, &dir)?;
-                println!("{}", md.join("\n"));
-            } else {
-                bench::bench(&bin, &tools)?;
-            }
+            let dir = workspace().join("target/bench");
+            std::fs::create_dir_all(&dir)?;
+            // One section alone (6, 9 or 10) is printed, not written to bench/results.md.
+            let md = match rest.first().map(String::as_str) {
+                Some("pingpong") => {
+                    let py = bench::workload_python(&tools)?;
+                    bench::pingpong(&bin, &py, &bench::setup_py_spy(&tools)?, &dir)?.0
+                }
+                Some("cpython") => {
+                    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+                    bench::cpython_sampler(&bin, &tools, &dir, &(cpus - 1).to_string())?.0
+                }
+                Some("asyncio") => bench::asyncio_tasks(&bin, &tools, &dir)?.0,
+                _ => return bench::bench(&bin, &tools),
+            };
+            println!("{}", md.join("\n"));
         }
         _ => {
             eprintln!(
-                "usage: cargo xtask <setup | build-ebpf [--arch aarch64] | build [--arch aarch64] | run -- ARGS | test [FILTER] | kernels [--arch aarch64] | bench [cpython | asyncio] | fuzz [SECONDS] | soak [SECONDS]>"
+                "usage: cargo xtask <setup | build-ebpf [--arch aarch64] | build [--arch aarch64] | run -- ARGS | test [FILTER] | kernels [--arch aarch64] | bench [pingpong | cpython | asyncio] | fuzz [SECONDS] | soak [SECONDS]>"
             );
             std::process::exit(2);
         }

@@ -14,6 +14,9 @@ const KIND_STRUCT: u32 = 4;
 const KIND_UNION: u32 = 5;
 const KIND_ENUM: u32 = 6;
 const KIND_TYPEDEF: u32 = 8;
+const KIND_VOLATILE: u32 = 9;
+const KIND_CONST: u32 = 10;
+const KIND_RESTRICT: u32 = 11;
 const KIND_FUNC_PROTO: u32 = 13;
 
 #[derive(Debug, thiserror::Error)]
@@ -128,6 +131,19 @@ impl<'a> Btf<'a> {
         })
     }
 
+    /// Member `i` of struct or union `t`: its name, type id and byte offset (`None` when the
+    /// data ends first).
+    fn member(&self, t: &Type, i: usize) -> Option<(&'a [u8], u32, u32)> {
+        let m = t.body + 12 * i;
+        let bits = u32_at(self.data, m + 8)?;
+        let bits = if t.kflag { bits & 0x00ff_ffff } else { bits };
+        Some((
+            self.name(u32_at(self.data, m)?),
+            u32_at(self.data, m + 4)?,
+            bits / 8,
+        ))
+    }
+
     /// The first type of `kind` named `name`.
     fn find(&self, kind: u32, name: &str) -> Option<Type> {
         (1..=self.types.len() as u32)
@@ -141,12 +157,11 @@ impl<'a> Btf<'a> {
         let mut t = self.find(KIND_STRUCT, strukt)?;
         let mut at = 0u32;
         for (i, name) in path.iter().enumerate() {
-            let (member_type, bits) = (0..t.vlen).find_map(|m| {
-                let m = t.body + 12 * m;
-                (self.name(u32_at(self.data, m)?) == name.as_bytes())
-                    .then(|| Some((u32_at(self.data, m + 4)?, u32_at(self.data, m + 8)?)))?
-            })?;
-            at = at.checked_add(if t.kflag { bits & 0x00ff_ffff } else { bits } / 8)?;
+            let (member_type, offset) = (0..t.vlen)
+                .filter_map(|m| self.member(&t, m))
+                .find(|m| m.0 == name.as_bytes())
+                .map(|(_, ty, off)| (ty, off))?;
+            at = at.checked_add(offset)?;
             if i + 1 < path.len() {
                 // Through typedefs and qualifiers (volatile, const, restrict) to the struct or
                 // union, a bounded number of steps.
@@ -159,7 +174,9 @@ impl<'a> Btf<'a> {
                             next = Some(ty);
                             break;
                         }
-                        KIND_TYPEDEF | 9 | 10 | 11 => id = ty.size_type,
+                        KIND_TYPEDEF | KIND_VOLATILE | KIND_CONST | KIND_RESTRICT => {
+                            id = ty.size_type
+                        }
                         _ => return None,
                     }
                 }
@@ -187,14 +204,12 @@ impl<'a> Btf<'a> {
             .ok_or_else(|| BtfError::NoStruct(strukt.into()))?;
         let mut out = HashMap::new();
         for i in 0..t.vlen {
-            let m = t.body + 12 * i;
-            let (Some(mname), Some(moff)) = (u32_at(self.data, m), u32_at(self.data, m + 8)) else {
-                return Err(BtfError::Format("truncated struct"));
-            };
-            let bits = if t.kflag { moff & 0x00ff_ffff } else { moff };
-            let mname = String::from_utf8_lossy(self.name(mname)).into_owned();
+            let (mname, _, offset) = self
+                .member(&t, i)
+                .ok_or(BtfError::Format("truncated struct"))?;
+            let mname = String::from_utf8_lossy(mname).into_owned();
             if members.contains(&mname.as_str()) {
-                out.insert(mname, bits / 8);
+                out.insert(mname, offset);
             }
         }
         for m in members {

@@ -276,10 +276,13 @@ impl ElfFile {
             return Step::Unknown;
         };
         let encoding = fde.cie().encoding();
+        // arm64: at a function's first instructions (and in a leaf) the return address is
+        // still in the link register.
+        let in_lr = isa::ra_in_register(&regs);
         let get = |r: gimli::Register| match r {
             SP => Some(regs.sp),
             FP => Some(regs.bp),
-            RA => isa::ra_in_register(&regs).or(Some(regs.ip)),
+            RA => in_lr.or(Some(regs.ip)),
             _ => None,
         };
         let eval = |expr: gimli::UnwindExpression<usize>,
@@ -297,15 +300,13 @@ impl ElfFile {
         let Some(cfa) = cfa else {
             return Step::Unknown;
         };
-        // arm64: at a function's first instructions (and in a leaf) the return address is
-        // still in the link register and the CFA is the stack pointer itself.
+        // A return address still in the link register: the CFA may be the stack pointer itself.
         let mut ra_in_lr = false;
         let ra = match row.register(RA) {
             Some(RegisterRule::Undefined) => return Step::Root,
-            // aarch64: a leaf's return address is still in the link register.
-            None | Some(RegisterRule::SameValue) if isa::ra_in_register(&regs).is_some() => {
+            None | Some(RegisterRule::SameValue) if in_lr.is_some() => {
                 ra_in_lr = true;
-                isa::ra_in_register(&regs)
+                in_lr
             }
             None => return Step::Root,
             Some(RegisterRule::Offset(o)) => cfa.checked_add_signed(o).and_then(&mut *read),
