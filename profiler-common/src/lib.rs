@@ -68,6 +68,12 @@ pub const SAMPLE_PY_EXCEPTION: u32 = 1 << 7;
 /// A frame's `previous` pointed back at the frame itself: the walk stopped there (a corrupt or
 /// hostile interpreter; longer cycles end at [`MAX_PY_FRAMES`] as truncated).
 pub const SAMPLE_PY_CYCLE: u32 = 1 << 8;
+/// The process's executable mappings changed since its previous record (or this is its first):
+/// it loaded or unloaded code (an import `dlopen`ed an extension). User space reads its mappings
+/// again as it reads the record, while the process most likely still lives: a library whose code
+/// first runs as the process ends (an extension module's traverse function, called by the last
+/// collection) is otherwise first seen in a record read after the process is gone.
+pub const SAMPLE_MAPS_CHANGED: u32 = 1 << 10;
 
 /// Frame layout families (see `PyProcConfig::layout`).
 pub const PY_LAYOUT_FRAMEOBJECT: u32 = 1; // 3.8-3.10: PyFrameObject chain, f_lasti
@@ -89,7 +95,8 @@ pub mod names {
     pub const MAP_SCHED_NEW: &str = "SCHED_NEW";
     pub const MAP_SAMPLES: &str = "SAMPLES";
     pub const MAP_STACK_TOPS: &str = "STACK_TOPS";
-    pub const MAPS: [&str; 12] = [
+    pub const MAP_EXEC_VM: &str = "EXEC_VM";
+    pub const MAPS: [&str; 13] = [
         MAP_CONFIG,
         MAP_TARGETS,
         MAP_PY_PROCS,
@@ -102,6 +109,7 @@ pub mod names {
         MAP_SCHED_NEW,
         MAP_SAMPLES,
         MAP_STACK_TOPS,
+        MAP_EXEC_VM,
     ];
 
     /// The sampler: modern kernels (bpf_loop, bpf_task_pt_regs), and compat (5.10 on).
@@ -283,6 +291,11 @@ pub struct Config {
     /// only: the CPU time since its previous switch-out says when it came back.
     pub task_sum_exec_off: u32,
     pub task_prev_sum_exec_off: u32,
+    /// Byte offsets of `mm` in `task_struct` and of `exec_vm` (pages mapped executable) in
+    /// `mm_struct`; 0: not watched. A record whose process's `exec_vm` changed since its previous
+    /// record carries `SAMPLE_MAPS_CHANGED`.
+    pub task_mm_off: u32,
+    pub mm_exec_vm_off: u32,
 }
 
 /// Where a Python process keeps what the frame walk needs. Offsets are byte offsets into the
@@ -595,7 +608,7 @@ pub const fn thread_key(pid: u32, tid: u32) -> u64 {
     ((pid as u64) << 32) | tid as u64
 }
 
-const _: () = assert!(core::mem::size_of::<Config>() == 88);
+const _: () = assert!(core::mem::size_of::<Config>() == 96);
 const _: () = assert!(core::mem::size_of::<PyProcConfig>() == 176);
 const _: () = assert!(EventRecord::SIZE == 56);
 const _: () = assert!(SchedRecord::SIZE == 136);

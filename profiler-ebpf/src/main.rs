@@ -173,6 +173,10 @@ static SCHED_NEW: PerCpuArray<ThreadSched> = PerCpuArray::with_max_entries(1, 0)
 /// space adds them.
 #[map]
 static STACK_TOPS: LruHashMap<u64, u64> = LruHashMap::with_max_entries(16384, 0);
+/// Each profiled process's pages mapped executable (`mm->exec_vm`) at its latest record: a
+/// change marks the record `SAMPLE_MAPS_CHANGED`.
+#[map]
+static EXEC_VM: LruHashMap<u32, u64> = LruHashMap::with_max_entries(16384, 0);
 /// Sample records. Userspace sets the size at load time.
 #[map]
 static SAMPLES: RingBuf = RingBuf::with_byte_size(1 << 24, 0);
@@ -574,11 +578,41 @@ pub fn tachyon_exit(_ctx: BtfTracePointContext) -> u32 {
     // A thread state the BPF side found itself (`thread_state`) is not user space's to remove.
     let _ = PY_THREADS.remove(thread_key(pid, tid));
     let _ = STACK_TOPS.remove(key);
+    if group_dead != 0 {
+        let _ = EXEC_VM.remove(pid);
+    }
     if group_dead != 0 && cfg.all == 0 {
         // The pid may be reused by an unrelated program.
         let _ = TARGETS.remove(pid);
     }
     0
+}
+
+/// Whether the current process's executable mappings changed since its previous record (or it
+/// has none): `mm->exec_vm` counts the pages mapped executable, so a library loaded or unloaded
+/// changes it, and anonymous memory (the allocators' arenas) does not.
+#[inline(never)]
+fn maps_changed(cfg: &Config, pid: u32) -> bool {
+    if cfg.mm_exec_vm_off == 0 {
+        return false;
+    }
+    // SAFETY: helper without preconditions.
+    let task = unsafe { bpf_get_current_task() };
+    let Some(mm) = read_kernel::<u64>(task + cfg.task_mm_off as u64) else {
+        return false;
+    };
+    if mm == 0 {
+        return false;
+    }
+    let Some(exec_vm) = read_kernel::<u64>(mm + cfg.mm_exec_vm_off as u64) else {
+        return false;
+    };
+    // SAFETY: plain lookup, the value copied out at once.
+    if unsafe { EXEC_VM.get(pid) }.is_some_and(|&v| v == exec_vm) {
+        return false;
+    }
+    let _ = EXEC_VM.insert(pid, exec_vm, 0);
+    true
 }
 
 #[inline(always)]
@@ -920,6 +954,10 @@ fn capture<const MODERN: bool>(
         } else {
             count(STAT_KSTACK_FAIL);
         }
+    }
+
+    if maps_changed(cfg, pid) {
+        hdr.flags |= SAMPLE_MAPS_CHANGED;
     }
 
     // Python: the frame chain and the GIL/GC words of the same instant. Flags and the walk's

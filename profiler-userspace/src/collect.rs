@@ -428,6 +428,17 @@ impl Collector {
                 differs
             });
         let replaced = replaced || foreign;
+        // The process loaded code since its previous record: read its mappings now, while it
+        // most likely lives (see `SAMPLE_MAPS_CHANGED`). Records are read in time order, so the
+        // libraries one import loads cost one read.
+        if s.flags & profiler_common::SAMPLE_MAPS_CHANGED != 0
+            && !replaced
+            && proc.maps_read_ns() != 0
+            && proc.maps_read_ns() < s.time_ns
+        {
+            proc.reload_maps(elves);
+            self.profile.counters.maps_read_on_load += 1;
+        }
         if s.ip != 0 && !replaced {
             proc.ensure_maps(s.ip, s.time_ns, elves);
         }

@@ -591,3 +591,70 @@ fn callers_beyond_a_frame_larger_than_the_copy_are_unwound() {
          ({truncated} truncated):\n{text}"
     );
 }
+
+/// A library loaded long before its code first runs, which then runs only for the last few ms of
+/// the process: an extension module's traverse function called by the final collection (a CI
+/// failure: `module_traverse;0x7efd...`), here bz2 compressing just before `os._exit`. Its
+/// samples are read after the process is gone, too late to read its mappings then; they are
+/// read when the sampler sees the process's executable pages change (`SAMPLE_MAPS_CHANGED`).
+/// Before, every round had about 20 samples with a bare address.
+const LATE_USE: &str = r#"
+import bz2, os, time
+data = os.urandom(1 << 16)
+time.sleep(0.3)
+t0 = time.perf_counter()
+while time.perf_counter() - t0 < 0.005:
+    bz2.compress(data, 1)
+os._exit(0)
+"#;
+
+#[test]
+fn a_library_loaded_early_and_first_run_as_the_process_ends_is_named() {
+    require_root();
+    let dir = scratch("native_late_use");
+    let script = dir.join("late_use.py");
+    std::fs::write(&script, LATE_USE).unwrap();
+    let py = python("3.11.7");
+    let out = dir.join("late_use.json");
+    for round in 0..3 {
+        // `-I -S`: no site, so nothing but the import loads libbz2.
+        let o = profile_command(
+            &out,
+            &["-m", "cpu", "-r", "5000"],
+            &[py.to_str().unwrap(), "-I", "-S", script.to_str().unwrap()],
+        );
+        assert!(o.status.success(), "{}", stderr_of(&o));
+        let v = Viewer::load(&out).unwrap();
+        let procs = v.processes().unwrap();
+        let p = procs
+            .iter()
+            .find(|p| p.name.contains("late_use.py"))
+            .unwrap_or_else(|| {
+                let names: Vec<_> = procs.iter().map(|p| &p.name).collect();
+                panic!("round {round}: the Python process among {names:?}")
+            });
+        let paths = v.call_paths(&p.threads[0].handle).unwrap();
+        let in_bz2 = paths.count(|n| {
+            n.iter()
+                .any(|f| f.starts_with("BZ2_") || f.starts_with("libbz2.so"))
+        });
+        // In ms: a sample at 5 kHz weighs 0.2.
+        assert!(
+            in_bz2 >= 2,
+            "round {round}: {in_bz2} ms in libbz2 of {}",
+            paths.total
+        );
+        let bare: Vec<_> = paths
+            .paths
+            .iter()
+            .filter(|p| p.names.iter().any(|f| f.starts_with("0x")))
+            .map(|p| p.names.join(";"))
+            .collect();
+        assert!(
+            bare.is_empty(),
+            "round {round}: {} stacks with a bare address, as {:?}",
+            bare.len(),
+            bare.first()
+        );
+    }
+}

@@ -294,6 +294,10 @@ pub struct KernelInfo {
     /// Offsets of `se.sum_exec_runtime` and `se.prev_sum_exec_runtime` in `task_struct`.
     pub task_sum_exec: u32,
     pub task_prev_sum_exec: u32,
+    /// Offsets of `mm` in `task_struct` and of `exec_vm` in `mm_struct` (inside its anonymous
+    /// struct), or 0 for both when the kernel's layout differs (library loads then go unwatched).
+    pub task_mm: u32,
+    pub mm_exec_vm: u32,
     /// BPF helpers the kernel knows.
     pub has_bpf_loop: bool,
     pub has_task_pt_regs: bool,
@@ -340,6 +344,13 @@ impl KernelInfo {
             "sched_entity",
             &["sum_exec_runtime", "prev_sum_exec_runtime"],
         )?;
+        let exec_vm = btf
+            .member_path_offset("task_struct", &["mm"])
+            .zip(
+                btf.member_path_offset("mm_struct", &["", "exec_vm"])
+                    .or_else(|| btf.member_path_offset("mm_struct", &["exec_vm"])),
+            )
+            .unwrap_or((0, 0));
         let switch = btf
             .tracepoint_args("sched_switch")
             .ok_or(BtfError::NoTracepoint("sched_switch"))?;
@@ -362,6 +373,8 @@ impl KernelInfo {
             pt_regs_size: btf.struct_size("pt_regs")?,
             task_sum_exec: se + sums["sum_exec_runtime"],
             task_prev_sum_exec: se + sums["prev_sum_exec_runtime"],
+            task_mm: exec_vm.0,
+            mm_exec_vm: exec_vm.1,
             has_bpf_loop,
             has_task_pt_regs,
             has_current_task_btf,

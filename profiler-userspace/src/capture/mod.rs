@@ -257,6 +257,8 @@ impl Capture {
             task_fsbase_off: kernel.task_fsbase,
             task_sum_exec_off: kernel.task_sum_exec,
             task_prev_sum_exec_off: kernel.task_prev_sum_exec,
+            task_mm_off: kernel.task_mm,
+            mm_exec_vm_off: kernel.mm_exec_vm,
         };
         let mut arr: Array<_, Config> =
             Array::try_from(bpf.map_mut(names::MAP_CONFIG).expect("CONFIG map"))

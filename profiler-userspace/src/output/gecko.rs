@@ -780,6 +780,7 @@ pub fn to_json(p: &Profile, run: &RunInfo) -> Value {
         "asyncTaskMismatch": c.py_async_mismatch,
         "asyncChainsCut": c.py_async_cut,
         "asyncSuspendedSamples": c.py_async_suspended,
+        "mapsReadOnLibraryLoad": c.maps_read_on_load,
         // `all` adds suspended tasks' time on pseudo-threads: a wall-time view whatever the mode.
         "asyncAware": run.async_aware.as_deref().map(|w| json!({
             "setting": w,

@@ -227,7 +227,8 @@ counter_fields!(
     py_async_samples,
     py_async_mismatch,
     py_async_cut,
-    py_async_suspended
+    py_async_suspended,
+    maps_read_on_load
 );
 
 fn v2_process(p: &ProcessData, retired: bool) -> V2Process {
