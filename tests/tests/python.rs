@@ -1075,3 +1075,75 @@ fn opcodes_name_the_instruction_each_sample_runs() {
         .count();
     assert!(named >= 5, "jsonl: {named} frames with an opcode");
 }
+
+const NAMESPACED: &str = r#"
+import sys, threading, time
+def ns_work(stop):
+    while time.time() < stop:
+        sum(i * i for i in range(200))
+stop = time.time() + float(sys.argv[1])
+ts = [threading.Thread(target=ns_work, args=(stop,), name=f"ns-worker-{i}") for i in range(3)]
+for t in ts: t.start()
+for t in ts: t.join()
+"#;
+
+/// A Python in a pid namespace of its own (a container): its thread states hold tids of that
+/// namespace, which the profiler maps to the host's through each thread's `NSpid` (read once
+/// per thread, not on every refresh of the thread map). Threads are named and their Python
+/// frames merged.
+#[test]
+fn a_python_in_its_own_pid_namespace_has_named_threads_and_python_frames() {
+    require_root();
+    let dir = scratch("py_pidns");
+    let script = dir.join("namespaced.py");
+    std::fs::write(&script, NAMESPACED).unwrap();
+    let py = python("3.12.1");
+    let mut kid = KillOnDrop(
+        Command::new("unshare")
+            .args(["--pid", "--fork", "--mount-proc", "--kill-child"])
+            .arg(&py)
+            .arg(&script)
+            .arg("6")
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    let out = dir.join("pidns.json");
+    let o = run_profiler(
+        &["--all-pythons", "-d", "3", "-o", out.to_str().unwrap()],
+        Duration::from_secs(60),
+    );
+    let _ = kid.0.kill();
+    let _ = kid.0.wait();
+    assert!(o.status.success(), "{}", stderr_of(&o));
+    let v = Viewer::load(&out).unwrap();
+    let procs = v.processes().unwrap();
+    let p = procs
+        .iter()
+        .find(|p| p.name.contains("namespaced.py"))
+        .unwrap_or_else(|| {
+            let names: Vec<_> = procs.iter().map(|p| &p.name).collect();
+            panic!("the namespaced Python among {names:?}")
+        });
+    // The process is pid 1 in its namespace; the profile names it by its host pid.
+    assert_ne!(p.pid, "1", "host pid: {}", p.pid);
+    for i in 0..3 {
+        let name = format!("ns-worker-{i}");
+        let t = p
+            .threads
+            .iter()
+            .find(|t| t.name == name)
+            .unwrap_or_else(|| {
+                let names: Vec<_> = p.threads.iter().map(|t| &t.name).collect();
+                panic!("a thread named {name} among {names:?}")
+            });
+        let paths = v.call_paths(&t.handle).unwrap();
+        let in_work = paths.count(|n| n.iter().any(|f| f == "ns_work"));
+        assert!(
+            paths.total > 100 && in_work as f64 >= 0.9 * paths.total as f64,
+            "{name}: {in_work} of {} ms in ns_work",
+            paths.total
+        );
+    }
+}

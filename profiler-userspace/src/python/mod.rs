@@ -229,7 +229,17 @@ pub struct PyProcess {
     name_tries: HashMap<u32, u8>,
     /// Offset of the kernel tid in the C library's thread struct (found once, <= 3.10).
     pthread_tid_offset: Option<u64>,
+    /// Its threads' tids in its own pid namespace (`task_ids`).
+    ns_tids: NsTids,
     pub label: String,
+}
+
+/// What is known of a process's pid namespace: whether it is the one `/proc` shows (then a
+/// thread's tid is the same in both), and otherwise each listed thread's tid in its own.
+#[derive(Default)]
+struct NsTids {
+    same: Option<bool>,
+    known: HashMap<u32, u32>,
 }
 
 fn parse_minor_from_path(path: &str) -> Option<u32> {
@@ -414,6 +424,7 @@ impl PyProcess {
                 funcs: FxHashMap::default(),
                 frames: FxHashMap::default(),
                 pthread_tid_offset: None,
+                ns_tids: NsTids::default(),
                 name_tries: HashMap::new(),
             });
         }
@@ -673,7 +684,7 @@ impl PyProcess {
 
     /// The thread -> thread-state map as it is now: host tids as keys.
     pub fn current_threads(&mut self) -> HashMap<u32, u64> {
-        let tasks = task_ids(self.pid);
+        let tasks = task_ids(self.pid, &mut self.ns_tids);
         let ns_to_host: HashMap<u32, u32> = tasks.iter().map(|&(host, ns)| (ns, host)).collect();
         let states = self.thread_states();
         let mut candidates: HashMap<u32, Vec<u64>> = HashMap::new();
@@ -909,21 +920,53 @@ fn gil_words(
 }
 
 /// (host tid, tid in the process's own pid namespace) of every thread.
-fn task_ids(pid: u32) -> Vec<(u32, u32)> {
+fn task_ids(pid: u32, ns: &mut NsTids) -> Vec<(u32, u32)> {
     let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
         return Vec::new();
     };
-    dir.filter_map(|e| {
-        let host: u32 = e.ok()?.file_name().to_str()?.parse().ok()?;
-        let status = std::fs::read_to_string(format!("/proc/{pid}/task/{host}/status")).ok();
-        let ns = status
-            .as_deref()
-            .and_then(|s| s.lines().find_map(|l| l.strip_prefix("NSpid:")))
-            .and_then(|v| v.split_whitespace().last()?.parse().ok())
-            .unwrap_or(host);
-        Some((host, ns))
-    })
-    .collect()
+    let hosts: Vec<u32> = dir
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    // `NSpid` lists a task's ids from `/proc`'s pid namespace down to its own: one entry means
+    // they are the same namespace, for every thread of the process. Read once per process; the
+    // threads' status files (the costly part of a thread-map refresh, made every 100 ms) are
+    // then read only for processes in other namespaces (containers), once per thread.
+    let nspid = |tid: u32| -> Option<Vec<u32>> {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/status")).ok()?;
+        let line = status.lines().find_map(|l| l.strip_prefix("NSpid:"))?;
+        Some(
+            line.split_whitespace()
+                .filter_map(|v| v.parse().ok())
+                .collect(),
+        )
+    };
+    if ns.same.is_none() {
+        ns.same = nspid(pid)
+            .filter(|ids| !ids.is_empty())
+            .map(|ids| ids.len() == 1);
+    }
+    if ns.same == Some(true) {
+        return hosts.into_iter().map(|h| (h, h)).collect();
+    }
+    // A tid that left the listing is forgotten: if it comes back, it is another thread.
+    let listed: std::collections::HashSet<u32> = hosts.iter().copied().collect();
+    ns.known.retain(|h, _| listed.contains(h));
+    hosts
+        .into_iter()
+        .map(|h| {
+            if let Some(&n) = ns.known.get(&h) {
+                return (h, n);
+            }
+            match nspid(h).and_then(|ids| ids.last().copied()) {
+                Some(n) => {
+                    ns.known.insert(h, n);
+                    (h, n)
+                }
+                // Exiting: its status is gone; not kept.
+                None => (h, h),
+            }
+        })
+        .collect()
 }
 
 /// Functions the compiler may split into parts in stripped builds (GCC's hot/cold partitioning
