@@ -396,6 +396,17 @@ impl Drop for Viewer {
     }
 }
 
+/// The process whose name contains `part` (a script's name); panics listing the names otherwise.
+pub fn process_named<'a>(procs: &'a [ProcessInfo], part: &str) -> &'a ProcessInfo {
+    procs
+        .iter()
+        .find(|p| p.name.contains(part))
+        .unwrap_or_else(|| {
+            let names: Vec<_> = procs.iter().map(|p| &p.name).collect();
+            panic!("no process named after {part}: {names:?}")
+        })
+}
+
 pub struct ProcessInfo {
     pub pid: String,
     pub name: String,

@@ -626,13 +626,7 @@ fn a_library_loaded_early_and_first_run_as_the_process_ends_is_named() {
         assert!(o.status.success(), "{}", stderr_of(&o));
         let v = Viewer::load(&out).unwrap();
         let procs = v.processes().unwrap();
-        let p = procs
-            .iter()
-            .find(|p| p.name.contains("late_use.py"))
-            .unwrap_or_else(|| {
-                let names: Vec<_> = procs.iter().map(|p| &p.name).collect();
-                panic!("round {round}: the Python process among {names:?}")
-            });
+        let p = process_named(&procs, "late_use.py");
         let paths = v.call_paths(&p.threads[0].handle).unwrap();
         let in_bz2 = paths.count(|n| {
             n.iter()

@@ -130,15 +130,7 @@ fn recursion_share(profile: &Path, func: &str, depth: usize) -> f64 {
 }
 
 fn main_thread<'a>(procs: &'a [ProcessInfo], script: &str) -> &'a ThreadInfo {
-    let p = procs
-        .iter()
-        .find(|p| p.name.contains(script))
-        .unwrap_or_else(|| {
-            panic!(
-                "no process named after {script}: {:?}",
-                procs.iter().map(|p| &p.name).collect::<Vec<_>>()
-            )
-        });
+    let p = process_named(procs, script);
     p.threads
         .iter()
         .find(|t| t.tid.to_string() == p.pid)
@@ -1119,13 +1111,7 @@ fn a_python_in_its_own_pid_namespace_has_named_threads_and_python_frames() {
     assert!(o.status.success(), "{}", stderr_of(&o));
     let v = Viewer::load(&out).unwrap();
     let procs = v.processes().unwrap();
-    let p = procs
-        .iter()
-        .find(|p| p.name.contains("namespaced.py"))
-        .unwrap_or_else(|| {
-            let names: Vec<_> = procs.iter().map(|p| &p.name).collect();
-            panic!("the namespaced Python among {names:?}")
-        });
+    let p = process_named(&procs, "namespaced.py");
     // The process is pid 1 in its namespace; the profile names it by its host pid.
     assert_ne!(p.pid, "1", "host pid: {}", p.pid);
     for i in 0..3 {
