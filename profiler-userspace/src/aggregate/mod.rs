@@ -334,7 +334,8 @@ pub struct Counters {
     pub py_async_cut: u64,
     /// `--async-aware all`: samples of suspended tasks.
     pub py_async_suspended: u64,
-    /// Reads of a process's mappings made because it loaded a library (`RECORD_MMAP`).
+    /// Reads of a process's mappings made because its executable pages changed (a library
+    /// loaded: `SAMPLE_MAPS_CHANGED`).
     pub maps_read_on_load: u64,
     /// The longest and the latest wait of a sample in the ring buffer before it was read (ms):
     /// how far the reader fell behind.
