@@ -31,6 +31,8 @@ pub struct Collector {
     pub procs: FxHashMap<u32, Process>,
     pub elves: ElfCache,
     kernel: KernelSymbols,
+    /// Where `kernel` came from (`-v` says).
+    pub kernel_source: crate::ksyms_cache::Source,
     kernel_lib: LibId,
     native_frames: FxHashMap<(Arc<str>, u64, Category), FrameId>,
     /// Names Python gave threads, by (pid, tid), given to the profile's threads as they end.
@@ -188,11 +190,13 @@ impl Collector {
     pub fn new(start_ns: u64, python: PythonRegistry, mode: Mode, interval_ms: f64) -> Collector {
         let mut profile = Profile::new(mode, interval_ms);
         let kernel_lib = profile.lib(&Arc::from(KERNEL_LIB));
+        let (kernel, kernel_source) = crate::ksyms_cache::load();
         Collector {
             profile,
             procs: FxHashMap::default(),
             elves: ElfCache::new(crate::python::SPLIT_FUNCTIONS),
-            kernel: KernelSymbols::load(),
+            kernel,
+            kernel_source,
             kernel_lib,
             native_frames: FxHashMap::default(),
             thread_names: FxHashMap::default(),
@@ -240,6 +244,13 @@ impl Collector {
     fn kernel_frame(&mut self, addr: u64) -> FrameId {
         if let Some(&f) = self.kernel_frames.get(&addr) {
             return f;
+        }
+        if !self.kernel.knows(addr) {
+            // Kernel code made since boot, which the boot's cache does not hold: the whole
+            // table, once.
+            self.kernel = KernelSymbols::load();
+            self.kernel_source =
+                crate::ksyms_cache::Source::Kallsyms("an address outside the cache");
         }
         let (name, sym) = match self.kernel.lookup(addr) {
             Some((start, name)) => (name, Some(start)),
@@ -398,10 +409,12 @@ impl Collector {
         let pid = s.pid;
         // Kernel frames, root first. The innermost ones of an off-CPU capture are the
         // profiler's own BPF program and the tracepoint that ran it; the thread's stack ends at
-        // the scheduler.
+        // the scheduler. (The program and its trampoline are code the kernel made since boot,
+        // which a table from the boot's cache does not name: known as such, not looked up.)
         let mut kstack: &[u64] = &s.kstack;
         while let Some((&k, rest)) = kstack.split_first() {
-            if !self.is_tracing_frame(k) {
+            let made_since_boot = s.off_cpu && !self.kernel.knows(k);
+            if !made_since_boot && !self.is_tracing_frame(k) {
                 break;
             }
             kstack = rest;

@@ -6,6 +6,7 @@ pub mod aggregate;
 pub mod capture;
 pub mod collect;
 pub mod dump;
+pub mod ksyms_cache;
 pub mod output;
 pub mod process;
 pub mod python;

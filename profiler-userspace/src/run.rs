@@ -163,6 +163,9 @@ pub async fn run(cli: RunArgs, command: Command) -> Result<i32, AppError> {
     registry.async_aware = cli.async_aware.is_some();
     registry.async_all = cli.async_aware.as_deref() == Some("all");
     let collector = Collector::new(start_ns, registry, cli.mode, interval_ms);
+    if cli.verbose {
+        eprintln!("tachyon-bpf: kernel symbols {}", collector.kernel_source);
+    }
     let ring = capture.take_ring();
     let mut session = Session::new(
         capture,

@@ -14,9 +14,19 @@ const ALLOWED: &[(&str, &[&str])] = &[
     // Resolved frames go back through `python::ProfileSink`, never into the profile directly.
     ("python", &["process", "stack", "capture"]),
     ("output", &["aggregate"]),
+    // The boot's copy of the kernel's symbols: a `stack` table, written as `output` writes.
+    ("ksyms_cache", &["stack", "output"]),
     (
         "collect",
-        &["capture", "process", "stack", "python", "aggregate", "dump"],
+        &[
+            "capture",
+            "process",
+            "stack",
+            "python",
+            "aggregate",
+            "dump",
+            "ksyms_cache",
+        ],
     ),
     ("top", &["aggregate", "output"]),
     (

@@ -616,3 +616,105 @@ fn a_continuous_run_that_can_write_nothing_fails() {
     assert_eq!(o.status.code(), Some(6), "{err}");
     assert!(err.contains("none of the"), "{err}");
 }
+
+/// A run with its kernel symbols kept in `cache` (`TACHYON_BPF_CACHE_DIR`): its stderr (`-v`)
+/// and collapsed profile of `sleep 0.2`.
+fn run_with_symbol_cache(cache: &Path, out: &Path) -> (String, String) {
+    let mut child = Command::new(profiler_bin())
+        .env("TACHYON_BPF_CACHE_DIR", cache)
+        .args(["-v", "-d", "0.3", "-f", "collapsed", "-o"])
+        .arg(out)
+        .args(["--", "sleep", "0.2"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_timeout(&mut child, Duration::from_secs(60));
+    let o = child.wait_with_output().unwrap();
+    let err = stderr_of(&o);
+    assert!(o.status.success(), "{err}");
+    (err, std::fs::read_to_string(out).unwrap())
+}
+
+/// The kernel's symbols are kept for the boot in a file of root's, in a directory of root's.
+/// Another user can forge such a table (the boot id and `/proc/modules` are readable to all):
+/// one in a directory of theirs, or a file of theirs in root's directory, or a file that others
+/// can write, is never believed; the kernel's own names are shown.
+#[test]
+fn a_forged_kernel_symbol_cache_is_never_believed() {
+    require_root();
+    let a = Attacker::new("ksyms");
+    let d = scratch("sec_ksyms");
+    std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let out = d.join("sleep.folded");
+    // A real table, kept by a first run and used by the second.
+    let own = d.join("root-cache");
+    let (err, _) = run_with_symbol_cache(&own, &out);
+    assert!(
+        err.contains("kernel symbols from /proc/kallsyms (cached"),
+        "{err}"
+    );
+    let (err, folded) = run_with_symbol_cache(&own, &out);
+    assert!(
+        err.contains("kernel symbols from the boot's cache"),
+        "{err}"
+    );
+    assert!(folded.contains("do_nanosleep_[k]"), "{folded}");
+    assert_eq!(
+        std::fs::metadata(&own).unwrap().mode() & 0o777,
+        0o700,
+        "the cache directory is private"
+    );
+    // The forgery: the same table with the scheduler's sleep renamed (same length).
+    let real = std::fs::read(own.join("kallsyms")).unwrap();
+    let mut forged = real.clone();
+    let mut at = 0;
+    while let Some(i) = forged[at..].windows(12).position(|w| w == b"do_nanosleep") {
+        forged[at + i..at + i + 12].copy_from_slice(b"EVIL_nanoslp");
+        at += i + 12;
+    }
+    assert_eq!(forged.len(), real.len());
+    assert_ne!(forged, real);
+    let believed = |cache: &Path, why: &str| {
+        let (err, folded) = run_with_symbol_cache(cache, &out);
+        assert!(!folded.contains("EVIL"), "{why}: the forged table was used");
+        assert!(folded.contains("do_nanosleep_[k]"), "{why}: {folded}");
+        assert!(!err.contains("from the boot's cache"), "{why}: {err}");
+        err
+    };
+    // In the attacker's own directory, written by the attacker.
+    let theirs = a.dir("sec_ksyms_attacker").join("cache");
+    let st = a
+        .sh(&format!(
+            "umask 077 && mkdir {0} && cat > {0}/kallsyms",
+            theirs.display()
+        ))
+        .stdin(Stdio::piped())
+        .spawn()
+        .and_then(|mut c| {
+            use std::io::Write;
+            c.stdin.take().unwrap().write_all(&forged)?;
+            c.wait()
+        })
+        .unwrap();
+    assert!(st.success());
+    assert_eq!(std::fs::metadata(&theirs).unwrap().uid(), a.uid);
+    let err = believed(&theirs, "the attacker's directory");
+    assert!(err.contains("not root's alone"), "{err}");
+    assert_eq!(
+        std::fs::read(theirs.join("kallsyms")).unwrap(),
+        forged,
+        "left alone"
+    );
+    // The attacker's file in root's directory; then root's file that anyone can write.
+    std::fs::write(own.join("kallsyms"), &forged).unwrap();
+    std::os::unix::fs::chown(own.join("kallsyms"), Some(a.uid), Some(a.gid)).unwrap();
+    believed(&own, "the attacker's file");
+    std::fs::write(own.join("kallsyms"), &forged).unwrap();
+    std::fs::set_permissions(own.join("kallsyms"), std::fs::Permissions::from_mode(0o666)).unwrap();
+    believed(&own, "a file anyone can write");
+    // A link to the forged table in root's directory.
+    std::fs::remove_file(own.join("kallsyms")).unwrap();
+    std::os::unix::fs::symlink(theirs.join("kallsyms"), own.join("kallsyms")).unwrap();
+    believed(&own, "a link");
+}

@@ -159,25 +159,41 @@ fn plt_symbols(file: &object::File) -> Vec<(u64, u64, Arc<str>)> {
     out
 }
 
-/// The kernel's symbols from `/proc/kallsyms` (text symbols only). Module symbols carry their
-/// module name.
+/// The kernel's text symbols, from `/proc/kallsyms` or from a copy of the part of it that stays
+/// put for a boot (see `KernelSymbols::stable`).
+///
+/// One buffer of names and two arrays rather than a string per symbol: a kernel has 100k-200k of
+/// them, and a table that loads from a copy should cost a copy, not 200k allocations.
+#[derive(Default)]
 pub struct KernelSymbols {
-    syms: Vec<(u64, Arc<str>)>,
+    /// Start addresses, sorted.
+    addrs: Vec<u64>,
+    /// Where each name ends in `names` (the next one starts there).
+    ends: Vec<u32>,
+    names: String,
+    /// `None`: the whole table, as read from `/proc/kallsyms`. `Some`: only the kernel's and its
+    /// modules' text is known (these ranges); code the kernel made since it booted (BPF
+    /// programs, ftrace trampolines) is not, and an address there has the table read again.
+    known: Option<Vec<(u64, u64)>>,
 }
 
+/// The magic that starts `KernelSymbols::to_bytes`'s format (its version in it).
+const KSYMS_MAGIC: &[u8] = b"tachyon-bpf kernel symbols 1\n";
+
+/// Bounds of a table read from bytes, far above any kernel's.
+const MAX_KSYMS: usize = 4_000_000;
+const MAX_KSYM_NAMES: usize = 256 << 20;
+const MAX_KSYM_RANGES: usize = 100_000;
+
 impl KernelSymbols {
+    /// The whole table, from `/proc/kallsyms` (empty when it cannot be read).
     pub fn load() -> KernelSymbols {
         let text = std::fs::read_to_string("/proc/kallsyms").unwrap_or_default();
         KernelSymbols::parse(&text)
     }
 
-    /// The address of the function `name` (the first of that name).
-    pub fn address_of(&self, name: &str) -> Option<u64> {
-        self.syms.iter().find(|s| &*s.1 == name).map(|s| s.0)
-    }
-
     pub fn parse(text: &str) -> KernelSymbols {
-        let mut syms = Vec::new();
+        let mut syms: Vec<(u64, &str)> = Vec::new();
         for line in text.lines() {
             let mut it = line.split_whitespace();
             let (Some(addr), Some(kind), Some(name)) = (it.next(), it.next(), it.next()) else {
@@ -192,15 +208,209 @@ impl KernelSymbols {
             if addr == 0 {
                 continue;
             }
-            syms.push((addr, Arc::from(name)));
+            syms.push((addr, name));
         }
+        // Stable: of several names at one address, the first listed stays first.
         syms.sort_by_key(|s| s.0);
-        KernelSymbols { syms }
+        KernelSymbols::from_sorted(syms.into_iter(), None)
     }
 
+    fn from_sorted<'a>(
+        syms: impl Iterator<Item = (u64, &'a str)>,
+        known: Option<Vec<(u64, u64)>>,
+    ) -> KernelSymbols {
+        let mut k = KernelSymbols {
+            known,
+            ..KernelSymbols::default()
+        };
+        for (addr, name) in syms {
+            if k.names.len() + name.len() > MAX_KSYM_NAMES {
+                break;
+            }
+            k.addrs.push(addr);
+            k.names.push_str(name);
+            k.ends.push(k.names.len() as u32);
+        }
+        k
+    }
+
+    pub fn len(&self) -> usize {
+        self.addrs.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.addrs.is_empty()
+    }
+
+    fn name(&self, i: usize) -> &str {
+        let start = match i {
+            0 => 0,
+            _ => self.ends[i - 1] as usize,
+        };
+        &self.names[start..self.ends[i] as usize]
+    }
+
+    /// The address of the function `name` (the first of that name).
+    pub fn address_of(&self, name: &str) -> Option<u64> {
+        (0..self.addrs.len())
+            .find(|&i| self.name(i) == name)
+            .map(|i| self.addrs[i])
+    }
+
+    /// The symbol at or before `addr`: its start and name.
     pub fn lookup(&self, addr: u64) -> Option<(u64, Arc<str>)> {
-        let i = self.syms.partition_point(|s| s.0 <= addr).checked_sub(1)?;
-        Some((self.syms[i].0, self.syms[i].1.clone()))
+        let i = self.addrs.partition_point(|&a| a <= addr).checked_sub(1)?;
+        Some((self.addrs[i], Arc::from(self.name(i))))
+    }
+
+    /// Whether `lookup` names `addr` as the whole table would: always for the whole table; for
+    /// the stable part, inside the kernel's or a module's text.
+    pub fn knows(&self, addr: u64) -> bool {
+        match &self.known {
+            None => true,
+            Some(ranges) => ranges.iter().any(|&(s, e)| (s..e).contains(&addr)),
+        }
+    }
+
+    /// The part of the table that stays put while the kernel runs with the same modules at the
+    /// same addresses: the kernel's text (`_stext`..`_etext`, `_sinittext`..`_einittext`) and
+    /// each module's (`modules`: the text of `/proc/modules`, whose lines end with the module's
+    /// address, after its size). `None` when the table is not the whole one or has no kernel
+    /// text bounds.
+    pub fn stable(&self, modules: &str) -> Option<KernelSymbols> {
+        if self.known.is_some() {
+            return None;
+        }
+        let mut ranges = Vec::new();
+        for (s, e) in [("_stext", "_etext"), ("_sinittext", "_einittext")] {
+            if let (Some(s), Some(e)) = (self.address_of(s), self.address_of(e)) {
+                if s < e {
+                    ranges.push((s, e));
+                }
+            }
+        }
+        if ranges.is_empty() {
+            return None;
+        }
+        // `name size refcount deps state address [taint]`
+        for line in modules.lines().take(MAX_KSYM_RANGES) {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let (Some(size), Some(addr)) = (f.get(1), f.get(5)) else {
+                continue;
+            };
+            let (Ok(size), Some(Ok(addr))) = (
+                size.parse::<u64>(),
+                addr.strip_prefix("0x").map(|a| u64::from_str_radix(a, 16)),
+            ) else {
+                continue;
+            };
+            if addr != 0 && size != 0 {
+                ranges.push((addr, addr.saturating_add(size)));
+            }
+        }
+        ranges.sort_unstable();
+        let inside = |a: u64| ranges.iter().any(|&(s, e)| (s..e).contains(&a));
+        let syms = (0..self.addrs.len())
+            .filter(|&i| inside(self.addrs[i]))
+            .map(|i| (self.addrs[i], self.name(i)));
+        let k = KernelSymbols::from_sorted(syms, None);
+        Some(KernelSymbols {
+            known: Some(ranges),
+            ..k
+        })
+    }
+
+    /// The table as bytes, after `key` (what the table is valid for), for `from_bytes`.
+    pub fn to_bytes(&self, key: &[u8]) -> Vec<u8> {
+        let ranges = self.known.as_deref().unwrap_or(&[]);
+        let mut out = Vec::with_capacity(
+            64 + key.len() + ranges.len() * 16 + self.addrs.len() * 12 + self.names.len(),
+        );
+        out.extend_from_slice(KSYMS_MAGIC);
+        let u32le = |out: &mut Vec<u8>, v: usize| out.extend_from_slice(&(v as u32).to_le_bytes());
+        u32le(&mut out, key.len());
+        out.extend_from_slice(key);
+        u32le(&mut out, ranges.len());
+        for &(s, e) in ranges {
+            out.extend_from_slice(&s.to_le_bytes());
+            out.extend_from_slice(&e.to_le_bytes());
+        }
+        u32le(&mut out, self.addrs.len());
+        for a in &self.addrs {
+            out.extend_from_slice(&a.to_le_bytes());
+        }
+        for e in &self.ends {
+            out.extend_from_slice(&e.to_le_bytes());
+        }
+        u32le(&mut out, self.names.len());
+        out.extend_from_slice(self.names.as_bytes());
+        out
+    }
+
+    /// A table written by `to_bytes` with this `key` (`None`: another key, or bytes that are
+    /// not such a table: every length and order is checked).
+    pub fn from_bytes(bytes: &[u8], key: &[u8]) -> Option<KernelSymbols> {
+        let mut r = Reader(bytes);
+        if r.take(KSYMS_MAGIC.len())? != KSYMS_MAGIC {
+            return None;
+        }
+        let klen = r.u32()? as usize;
+        if r.take(klen)? != key {
+            return None;
+        }
+        let nranges = r.u32()? as usize;
+        if nranges > MAX_KSYM_RANGES {
+            return None;
+        }
+        let mut ranges = Vec::with_capacity(nranges);
+        for _ in 0..nranges {
+            ranges.push((r.u64()?, r.u64()?));
+        }
+        let n = r.u32()? as usize;
+        if n > MAX_KSYMS || n.checked_mul(12)? > r.0.len() {
+            return None;
+        }
+        let addrs: Vec<u64> = (0..n).map(|_| r.u64()).collect::<Option<_>>()?;
+        let ends: Vec<u32> = (0..n).map(|_| r.u32()).collect::<Option<_>>()?;
+        let names_len = r.u32()? as usize;
+        let names = std::str::from_utf8(r.take(names_len)?).ok()?;
+        let sorted = addrs.windows(2).all(|w| w[0] <= w[1]);
+        let bounded = ends.windows(2).all(|w| w[0] <= w[1])
+            && ends
+                .last()
+                .map_or(names_len == 0, |&e| e as usize == names_len)
+            && ends.iter().all(|&e| names.is_char_boundary(e as usize));
+        if !r.0.is_empty() || !sorted || !bounded || ranges.is_empty() {
+            return None;
+        }
+        Some(KernelSymbols {
+            addrs,
+            ends,
+            names: names.to_string(),
+            known: Some(ranges),
+        })
+    }
+}
+
+/// Little-endian fields from the front of a byte slice.
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        if n > self.0.len() {
+            return None;
+        }
+        let (a, b) = self.0.split_at(n);
+        self.0 = b;
+        Some(a)
+    }
+
+    fn u32(&mut self) -> Option<u32> {
+        Some(u32::from_le_bytes(self.take(4)?.try_into().ok()?))
+    }
+
+    fn u64(&mut self) -> Option<u64> {
+        Some(u64::from_le_bytes(self.take(8)?.try_into().ok()?))
     }
 }
 
@@ -288,6 +498,70 @@ mod tests {
         );
         assert_eq!(demangle("_ZN3foo3barEv"), "foo::bar");
         assert_eq!(demangle("PyObject_Call"), "PyObject_Call");
+    }
+
+    const KALLSYMS: &str = "ffffffff81000000 T _stext\n\
+        ffffffff81000100 t do_syscall_64\n\
+        ffffffff81000200 T _etext\n\
+        ffffffff82000000 D data\n\
+        ffffffffc0001000 t ext4_lookup\t[ext4]\n\
+        ffffffffc0009000 t bpf_prog_6deef7357e7b4530_tachyon_switch\t[bpf]\n\
+        ffffffffc000a000 t ftrace_trampoline\t[__builtin__ftrace]\n";
+    const MODULES: &str = "ext4 4096 1 - Live 0xffffffffc0001000\n";
+
+    /// The stable part keeps the kernel's and its modules' text, and knows nothing else: an
+    /// address in a BPF program is not named after the symbol before it.
+    #[test]
+    fn the_stable_part_knows_only_kernel_and_module_text() {
+        let whole = KernelSymbols::parse(KALLSYMS);
+        assert!(whole.knows(0xffffffffc0009010));
+        assert_eq!(
+            whole.lookup(0xffffffffc0009010).unwrap().1.as_ref(),
+            "bpf_prog_6deef7357e7b4530_tachyon_switch"
+        );
+        let stable = whole.stable(MODULES).unwrap();
+        assert_eq!(stable.len(), 3); // `_etext` ends the text: not in it
+        for (addr, name) in [
+            (0xffffffff81000150, "do_syscall_64"),
+            (0xffffffffc0001010, "ext4_lookup"),
+        ] {
+            assert!(stable.knows(addr), "{addr:#x}");
+            assert_eq!(stable.lookup(addr).unwrap().1.as_ref(), name);
+        }
+        for addr in [0xffffffffc0009010, 0xffffffffc000a004, 0xffffffff82000000] {
+            assert!(!stable.knows(addr), "{addr:#x}");
+        }
+        // Only a whole table has a stable part, and a table needs the kernel's text bounds.
+        assert!(stable.stable(MODULES).is_none());
+        assert!(KernelSymbols::parse("ffffffff81000100 t f\n")
+            .stable("")
+            .is_none());
+    }
+
+    /// The bytes of a table give it back for the same key only, and any damage is refused.
+    #[test]
+    fn a_table_in_bytes_reads_back_for_its_key_only() {
+        let stable = KernelSymbols::parse(KALLSYMS).stable(MODULES).unwrap();
+        let bytes = stable.to_bytes(b"boot-1");
+        let back = KernelSymbols::from_bytes(&bytes, b"boot-1").unwrap();
+        assert_eq!(back.addrs, stable.addrs);
+        assert_eq!(back.names, stable.names);
+        assert_eq!(back.known, stable.known);
+        assert!(KernelSymbols::from_bytes(&bytes, b"boot-2").is_none());
+        for n in 0..bytes.len() {
+            assert!(
+                KernelSymbols::from_bytes(&bytes[..n], b"boot-1").is_none(),
+                "{n}"
+            );
+        }
+        let mut longer = bytes.clone();
+        longer.push(0);
+        assert!(KernelSymbols::from_bytes(&longer, b"boot-1").is_none());
+        // Name ends out of order or past the names.
+        let ends_at = bytes.len() - 4 - stable.names.len() - 4 * stable.len();
+        let mut bad = bytes.clone();
+        bad[ends_at..ends_at + 4].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(KernelSymbols::from_bytes(&bad, b"boot-1").is_none());
     }
 
     #[test]
