@@ -212,6 +212,12 @@ impl Collector {
         }
     }
 
+    /// Names kernel code made since boot that the caller knows of (the profiler's own BPF
+    /// programs), where the kernel's table does not.
+    pub fn add_kernel_code(&mut self, code: Vec<(u64, u64, String)>) {
+        self.kernel.add_code(code);
+    }
+
     pub fn time_ms(&self, ns: u64) -> f64 {
         (ns as i64 - self.start_ns as i64) as f64 / 1e6
     }

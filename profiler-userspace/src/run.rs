@@ -162,7 +162,8 @@ pub async fn run(cli: RunArgs, command: Command) -> Result<i32, AppError> {
     registry.opcodes = cli.opcodes;
     registry.async_aware = cli.async_aware.is_some();
     registry.async_all = cli.async_aware.as_deref() == Some("all");
-    let collector = Collector::new(start_ns, registry, cli.mode, interval_ms);
+    let mut collector = Collector::new(start_ns, registry, cli.mode, interval_ms);
+    collector.add_kernel_code(capture.program_code());
     if cli.verbose {
         eprintln!("tachyon-bpf: kernel symbols {}", collector.kernel_source);
     }

@@ -9,6 +9,8 @@ pub mod btf;
 pub mod record;
 pub mod ring;
 
+use std::os::fd::{AsFd, AsRawFd};
+
 use aya::maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf};
 use aya::programs::perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent};
 use aya::programs::{BtfTracePoint, PerfEvent, ProgramError};
@@ -332,6 +334,22 @@ impl Capture {
             .collect()
     }
 
+    /// Where the kernel put each loaded program's code (its own and its subprograms'): start,
+    /// length and a name as the kernel's symbols say (`bpf_prog_<tag>_<name>`). Samples that
+    /// interrupt a program of the profiler's, in a profiled thread's context, show it; the
+    /// kernel lists it only in the whole `/proc/kallsyms`. Empty where the kernel hides its
+    /// addresses (without CAP_SYSLOG).
+    pub fn program_code(&self) -> Vec<(u64, u64, String)> {
+        let mut out = Vec::new();
+        for (_, prog) in self.bpf.programs() {
+            let Ok(fd) = prog.fd() else {
+                continue;
+            };
+            out.extend(jited_code(fd.as_fd().as_raw_fd()));
+        }
+        out
+    }
+
     /// Starts the lifetime programs (before the target starts, so its threads are seen born).
     pub fn attach_lifetimes(&mut self) -> Result<(), CaptureError> {
         for (name, tp) in LIFETIMES {
@@ -557,6 +575,70 @@ fn refusal(
             permission: false,
         },
     }
+}
+
+/// `BPF_OBJ_GET_INFO_BY_FD` on program `fd`, asking for its code's addresses and lengths.
+/// Hand-written: aya reads a program's information without them.
+fn jited_code(fd: std::os::fd::RawFd) -> Vec<(u64, u64, String)> {
+    use aya_obj::generated::{bpf_cmd, bpf_prog_info};
+    /// The `info` member of `union bpf_attr` (the kernel zero-fills the rest).
+    #[repr(C)]
+    struct InfoAttr {
+        bpf_fd: u32,
+        info_len: u32,
+        info: u64,
+    }
+    let get = |info: &mut bpf_prog_info| -> bool {
+        let mut attr = InfoAttr {
+            bpf_fd: fd as u32,
+            info_len: std::mem::size_of::<bpf_prog_info>() as u32,
+            info: info as *mut bpf_prog_info as u64,
+        };
+        // SAFETY: the attribute and the info buffer (and the arrays it points to, sized by
+        // its counts) live across the call.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                bpf_cmd::BPF_OBJ_GET_INFO_BY_FD as libc::c_int,
+                &mut attr as *mut InfoAttr,
+                std::mem::size_of::<InfoAttr>(),
+            )
+        };
+        r == 0
+    };
+    // SAFETY: an all-zero bpf_prog_info is a valid value (integers and arrays).
+    let mut info: bpf_prog_info = unsafe { std::mem::zeroed() };
+    if !get(&mut info) {
+        return Vec::new();
+    }
+    let n = (info.nr_jited_ksyms as usize).min(256);
+    if n == 0 || info.nr_jited_func_lens as usize != info.nr_jited_ksyms as usize {
+        return Vec::new();
+    }
+    let (tag, name) = (info.tag, info.name);
+    let mut ksyms = vec![0u64; n];
+    let mut lens = vec![0u32; n];
+    // SAFETY: as above.
+    let mut info: bpf_prog_info = unsafe { std::mem::zeroed() };
+    info.nr_jited_ksyms = n as u32;
+    info.jited_ksyms = ksyms.as_mut_ptr() as u64;
+    info.nr_jited_func_lens = n as u32;
+    info.jited_func_lens = lens.as_mut_ptr() as u64;
+    if !get(&mut info) {
+        return Vec::new();
+    }
+    let name: String = name
+        .iter()
+        .take_while(|&&c| c != 0)
+        .map(|&c| c as u8 as char)
+        .collect();
+    let tag: String = tag.iter().map(|b| format!("{b:02x}")).collect();
+    ksyms
+        .into_iter()
+        .zip(lens)
+        .filter(|&(a, l)| a != 0 && l != 0)
+        .map(|(a, l)| (a, l as u64, format!("bpf_prog_{tag}_{name}")))
+        .collect()
 }
 
 #[cfg(test)]

@@ -175,6 +175,8 @@ pub struct KernelSymbols {
     /// modules' text is known (these ranges); code the kernel made since it booted (BPF
     /// programs, ftrace trampolines) is not, and an address there has the table read again.
     known: Option<Vec<(u64, u64)>>,
+    /// Code the caller knows of besides (`add_code`): start, end, name.
+    extra: Vec<(u64, u64, Arc<str>)>,
 }
 
 /// The magic that starts `KernelSymbols::to_bytes`'s format (its version in it).
@@ -257,8 +259,22 @@ impl KernelSymbols {
             .map(|i| self.addrs[i])
     }
 
+    /// Names code the table does not know (`knows` is false there): the profiler's own BPF
+    /// programs, for a table from the boot's cache.
+    pub fn add_code(&mut self, code: impl IntoIterator<Item = (u64, u64, String)>) {
+        for (start, len, name) in code {
+            if !self.knows(start) {
+                self.extra
+                    .push((start, start.saturating_add(len), Arc::from(name)));
+            }
+        }
+    }
+
     /// The symbol at or before `addr`: its start and name.
     pub fn lookup(&self, addr: u64) -> Option<(u64, Arc<str>)> {
+        if let Some((s, _, n)) = self.extra.iter().find(|e| (e.0..e.1).contains(&addr)) {
+            return Some((*s, n.clone()));
+        }
         let i = self.addrs.partition_point(|&a| a <= addr).checked_sub(1)?;
         Some((self.addrs[i], Arc::from(self.name(i))))
     }
@@ -268,7 +284,10 @@ impl KernelSymbols {
     pub fn knows(&self, addr: u64) -> bool {
         match &self.known {
             None => true,
-            Some(ranges) => ranges.iter().any(|&(s, e)| (s..e).contains(&addr)),
+            Some(ranges) => {
+                ranges.iter().any(|&(s, e)| (s..e).contains(&addr))
+                    || self.extra.iter().any(|e| (e.0..e.1).contains(&addr))
+            }
         }
     }
 
@@ -388,6 +407,7 @@ impl KernelSymbols {
             ends,
             names: names.to_string(),
             known: Some(ranges),
+            extra: Vec::new(),
         })
     }
 }
@@ -531,6 +551,19 @@ mod tests {
         for addr in [0xffffffffc0009010, 0xffffffffc000a004, 0xffffffff82000000] {
             assert!(!stable.knows(addr), "{addr:#x}");
         }
+        // Code named besides: known and named as given, where the table knew nothing.
+        let mut stable = stable;
+        stable.add_code([(
+            0xffffffffc0009000,
+            0x100,
+            "bpf_prog_ab_tachyon_switch".into(),
+        )]);
+        assert!(stable.knows(0xffffffffc0009010));
+        assert_eq!(
+            stable.lookup(0xffffffffc0009010).unwrap().1.as_ref(),
+            "bpf_prog_ab_tachyon_switch"
+        );
+        assert!(!stable.knows(0xffffffffc0009100));
         // Only a whole table has a stable part, and a table needs the kernel's text bounds.
         assert!(stable.stable(MODULES).is_none());
         assert!(KernelSymbols::parse("ffffffff81000100 t f\n")
