@@ -177,10 +177,17 @@ pub struct KernelSymbols {
     known: Option<Vec<(u64, u64)>>,
     /// Code the caller knows of besides (`add_code`): start, end, name.
     extra: Vec<(u64, u64, Arc<str>)>,
+    /// The first and last of the kernel's own text symbols (those of no module), in a whole
+    /// table.
+    core: Option<(u64, u64)>,
 }
 
+/// How far past its last text symbol the kernel's own text is taken to go: inside the kernel's
+/// image, far from where modules and BPF programs are put on x86_64 and arm64.
+const CORE_TEXT_SLACK: u64 = 2 << 20;
+
 /// The magic that starts `KernelSymbols::to_bytes`'s format (its version in it).
-const KSYMS_MAGIC: &[u8] = b"tachyon-bpf kernel symbols 1\n";
+const KSYMS_MAGIC: &[u8] = b"tachyon-bpf kernel symbols 2\n";
 
 /// Bounds of a table read from bytes, far above any kernel's.
 const MAX_KSYMS: usize = 4_000_000;
@@ -196,6 +203,7 @@ impl KernelSymbols {
 
     pub fn parse(text: &str) -> KernelSymbols {
         let mut syms: Vec<(u64, &str)> = Vec::new();
+        let mut core: Option<(u64, u64)> = None;
         for line in text.lines() {
             let mut it = line.split_whitespace();
             let (Some(addr), Some(kind), Some(name)) = (it.next(), it.next(), it.next()) else {
@@ -210,11 +218,18 @@ impl KernelSymbols {
             if addr == 0 {
                 continue;
             }
+            // No `[module]` after the name: the kernel's own.
+            if it.next().is_none() {
+                core = Some(core.map_or((addr, addr), |(lo, hi)| (lo.min(addr), hi.max(addr))));
+            }
             syms.push((addr, name));
         }
         // Stable: of several names at one address, the first listed stays first.
         syms.sort_by_key(|s| s.0);
-        KernelSymbols::from_sorted(syms.into_iter(), None)
+        KernelSymbols {
+            core,
+            ..KernelSymbols::from_sorted(syms.into_iter(), None)
+        }
     }
 
     fn from_sorted<'a>(
@@ -292,25 +307,17 @@ impl KernelSymbols {
     }
 
     /// The part of the table that stays put while the kernel runs with the same modules at the
-    /// same addresses: the kernel's text (`_stext`..`_etext`, `_sinittext`..`_einittext`) and
-    /// each module's (`modules`: the text of `/proc/modules`, whose lines end with the module's
-    /// address, after its size). `None` when the table is not the whole one or has no kernel
-    /// text bounds.
+    /// same addresses: the kernel's own text (from its first text symbol of no module to a
+    /// little past its last: section names such as `_etext` are typed differently across
+    /// architectures and versions) and each module's (`modules`: the text of `/proc/modules`,
+    /// whose lines end with the module's address, after its size). `None` when the table is
+    /// not a whole one read from the kernel.
     pub fn stable(&self, modules: &str) -> Option<KernelSymbols> {
         if self.known.is_some() {
             return None;
         }
-        let mut ranges = Vec::new();
-        for (s, e) in [("_stext", "_etext"), ("_sinittext", "_einittext")] {
-            if let (Some(s), Some(e)) = (self.address_of(s), self.address_of(e)) {
-                if s < e {
-                    ranges.push((s, e));
-                }
-            }
-        }
-        if ranges.is_empty() {
-            return None;
-        }
+        let (lo, hi) = self.core?;
+        let mut ranges = vec![(lo, hi.saturating_add(CORE_TEXT_SLACK))];
         // `name size refcount deps state address [taint]`
         for line in modules.lines().take(MAX_KSYM_RANGES) {
             let f: Vec<&str> = line.split_whitespace().collect();
@@ -335,6 +342,7 @@ impl KernelSymbols {
         let k = KernelSymbols::from_sorted(syms, None);
         Some(KernelSymbols {
             known: Some(ranges),
+            core: None,
             ..k
         })
     }
@@ -408,6 +416,7 @@ impl KernelSymbols {
             names: names.to_string(),
             known: Some(ranges),
             extra: Vec::new(),
+            core: None,
         })
     }
 }
@@ -522,7 +531,8 @@ mod tests {
 
     const KALLSYMS: &str = "ffffffff81000000 T _stext\n\
         ffffffff81000100 t do_syscall_64\n\
-        ffffffff81000200 T _etext\n\
+        ffffffff81000200 D _etext\n\
+        ffffffff81000300 t __schedule\n\
         ffffffff82000000 D data\n\
         ffffffffc0001000 t ext4_lookup\t[ext4]\n\
         ffffffffc0009000 t bpf_prog_6deef7357e7b4530_tachyon_switch\t[bpf]\n\
@@ -540,15 +550,17 @@ mod tests {
             "bpf_prog_6deef7357e7b4530_tachyon_switch"
         );
         let stable = whole.stable(MODULES).unwrap();
-        assert_eq!(stable.len(), 3); // `_etext` ends the text: not in it
+        assert_eq!(stable.len(), 4);
         for (addr, name) in [
             (0xffffffff81000150, "do_syscall_64"),
+            // Past `_etext`, which is not a text symbol here (arm64 5.10 types it so).
+            (0xffffffff81000310, "__schedule"),
             (0xffffffffc0001010, "ext4_lookup"),
         ] {
             assert!(stable.knows(addr), "{addr:#x}");
             assert_eq!(stable.lookup(addr).unwrap().1.as_ref(), name);
         }
-        for addr in [0xffffffffc0009010, 0xffffffffc000a004, 0xffffffff82000000] {
+        for addr in [0xffffffffc0009010, 0xffffffffc000a004, 0xffffffff84000000] {
             assert!(!stable.knows(addr), "{addr:#x}");
         }
         // Code named besides: known and named as given, where the table knew nothing.
@@ -564,9 +576,9 @@ mod tests {
             "bpf_prog_ab_tachyon_switch"
         );
         assert!(!stable.knows(0xffffffffc0009100));
-        // Only a whole table has a stable part, and a table needs the kernel's text bounds.
+        // Only a whole table has a stable part, and only one with text of the kernel's own.
         assert!(stable.stable(MODULES).is_none());
-        assert!(KernelSymbols::parse("ffffffff81000100 t f\n")
+        assert!(KernelSymbols::parse("ffffffffc0001000 t f\t[m]\n")
             .stable("")
             .is_none());
     }
