@@ -31,8 +31,10 @@ pub struct Collector {
     pub procs: FxHashMap<u32, Process>,
     pub elves: ElfCache,
     kernel: KernelSymbols,
-    /// Where `kernel` came from (`-v` says).
+    /// Where `kernel` came from at start (`-v` says).
     pub kernel_source: crate::ksyms_cache::Source,
+    /// The address that had the whole kernel table read again mid-run, if one did (`-v` says).
+    pub kernel_reread_at: Option<u64>,
     kernel_lib: LibId,
     native_frames: FxHashMap<(Arc<str>, u64, Category), FrameId>,
     /// Names Python gave threads, by (pid, tid), given to the profile's threads as they end.
@@ -197,6 +199,7 @@ impl Collector {
             elves: ElfCache::new(crate::python::SPLIT_FUNCTIONS),
             kernel,
             kernel_source,
+            kernel_reread_at: None,
             kernel_lib,
             native_frames: FxHashMap::default(),
             thread_names: FxHashMap::default(),
@@ -252,11 +255,10 @@ impl Collector {
             return f;
         }
         if !self.kernel.knows(addr) {
-            // Kernel code made since boot, which the boot's cache does not hold: the whole
-            // table, once.
+            // Kernel code made since boot that the boot's copy does not hold (someone else's
+            // BPF program, a trampoline): the whole table, once.
             self.kernel = KernelSymbols::load();
-            self.kernel_source =
-                crate::ksyms_cache::Source::Kallsyms("an address outside the cache");
+            self.kernel_reread_at = Some(addr);
         }
         let (name, sym) = match self.kernel.lookup(addr) {
             Some((start, name)) => (name, Some(start)),
@@ -415,12 +417,10 @@ impl Collector {
         let pid = s.pid;
         // Kernel frames, root first. The innermost ones of an off-CPU capture are the
         // profiler's own BPF program and the tracepoint that ran it; the thread's stack ends at
-        // the scheduler. (The program and its trampoline are code the kernel made since boot,
-        // which a table from the boot's cache does not name: known as such, not looked up.)
+        // the scheduler.
         let mut kstack: &[u64] = &s.kstack;
         while let Some((&k, rest)) = kstack.split_first() {
-            let made_since_boot = s.off_cpu && !self.kernel.knows(k);
-            if !made_since_boot && !self.is_tracing_frame(k) {
+            if !self.is_tracing_frame(k) {
                 break;
             }
             kstack = rest;

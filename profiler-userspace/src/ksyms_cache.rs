@@ -62,7 +62,9 @@ pub fn load() -> (KernelSymbols, Source) {
 }
 
 pub fn load_in(dir: &Path) -> (KernelSymbols, Source) {
-    let Some(key) = boot_key() else {
+    // No module support: no file, and nothing can change.
+    let modules = read_bounded(Path::new("/proc/modules"), MAX_MODULES).unwrap_or_default();
+    let Some(key) = boot_key(&modules) else {
         return (KernelSymbols::load(), Source::Kallsyms("no boot id"));
     };
     let dirfd = match open_own_dir(dir, true) {
@@ -80,7 +82,6 @@ pub fn load_in(dir: &Path) -> (KernelSymbols, Source) {
     if whole.len() < MIN_SYMBOLS {
         return (whole, Source::Kallsyms("too few symbols to keep"));
     }
-    let modules = read_bounded(Path::new("/proc/modules"), MAX_MODULES).unwrap_or_default();
     let Some(stable) = whole.stable(&String::from_utf8_lossy(&modules)) else {
         return (whole, Source::Kallsyms("no kernel text bounds"));
     };
@@ -92,15 +93,14 @@ pub fn load_in(dir: &Path) -> (KernelSymbols, Source) {
 }
 
 /// What a cached table is valid for: this boot, with these modules at these addresses.
-fn boot_key() -> Option<Vec<u8>> {
+fn boot_key(modules: &[u8]) -> Option<Vec<u8>> {
     let boot = read_bounded(Path::new("/proc/sys/kernel/random/boot_id"), 4096)?;
     if boot.len() < 16 {
         return None;
     }
     let mut key = boot;
     key.push(b'\n');
-    // No module support: no file, and nothing can change.
-    key.extend(read_bounded(Path::new("/proc/modules"), MAX_MODULES).unwrap_or_default());
+    key.extend_from_slice(modules);
     Some(key)
 }
 

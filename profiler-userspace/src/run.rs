@@ -340,6 +340,11 @@ pub async fn run(cli: RunArgs, command: Command) -> Result<i32, AppError> {
         }
     }
     session.collector.finish(now);
+    if let (true, Some(addr)) = (cli.verbose, session.collector.kernel_reread_at) {
+        eprintln!(
+            "tachyon-bpf: kernel symbols read again mid-run: {addr:#x} is kernel code made since boot"
+        );
+    }
     let capture = &session.targets;
     // One read of the kernel's statistics: the total is the programs' sum.
     let programs = capture.bpf_programs();

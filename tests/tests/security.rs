@@ -660,6 +660,14 @@ fn a_forged_kernel_symbol_cache_is_never_believed() {
         "{err}"
     );
     assert!(folded.contains("do_nanosleep_[k]"), "{folded}");
+    // The profiler's own programs are named without the whole table: their frames, innermost
+    // in each off-CPU capture, are known and trimmed, and nothing is read again mid-run.
+    assert!(!err.contains("read again mid-run"), "{err}");
+    assert!(!folded.contains("bpf_prog_"), "{folded}");
+    assert!(
+        folded.lines().any(|l| l.contains(";__schedule_[k] ")),
+        "off-CPU stacks end at the scheduler: {folded}"
+    );
     assert_eq!(
         std::fs::metadata(&own).unwrap().mode() & 0o777,
         0o700,
