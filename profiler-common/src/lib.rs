@@ -96,7 +96,8 @@ pub mod names {
     pub const MAP_SAMPLES: &str = "SAMPLES";
     pub const MAP_STACK_TOPS: &str = "STACK_TOPS";
     pub const MAP_EXEC_VM: &str = "EXEC_VM";
-    pub const MAPS: [&str; 13] = [
+    pub const MAP_KNOWN_CODES: &str = "KNOWN_CODES";
+    pub const MAPS: [&str; 14] = [
         MAP_CONFIG,
         MAP_TARGETS,
         MAP_PY_PROCS,
@@ -110,6 +111,7 @@ pub mod names {
         MAP_SAMPLES,
         MAP_STACK_TOPS,
         MAP_EXEC_VM,
+        MAP_KNOWN_CODES,
     ];
 
     /// The sampler: modern kernels (bpf_loop, bpf_task_pt_regs), and compat (5.10 on).
@@ -393,6 +395,9 @@ pub struct PyProcConfig {
     /// CPython's `thread_id`) is: 0 on x86_64; on arm64 glibc's `sizeof(struct pthread)`, or
     /// `NO_OFFSET` where it is unknown (no thread is looked up by its pointer then).
     pub thread_id_below_tp: u32,
+    /// Offset of the line table's pointer in the code object (within `code_head_len`).
+    pub code_linetable: u32,
+    pub _pad: u32,
 }
 
 /// One interpreter frame as read at the sampled instant.
@@ -473,6 +478,10 @@ pub struct CodeSnap {
     pub name: [u8; PY_NAME_SNAP],
     /// The start of the file name's string object (as `name`).
     pub file: [u8; PY_FILE_SNAP],
+    /// The start of the line table's bytes object (as `name`), for code user space had not read
+    /// at the sample (its type word is zero for the others): with it, a frame of code freed
+    /// before user space reads it still shows its line.
+    pub lines: [u8; PY_LINES_SNAP],
 }
 
 impl CodeSnap {
@@ -482,13 +491,36 @@ impl CodeSnap {
 /// Code heads copied into a sample, at most (a power of two): an import nested 15 deep takes
 /// 31 (each module body, and the function it calls).
 pub const PY_CODE_SNAPS: usize = 32;
-/// Bytes of a name's string object copied: a compact ASCII name of up to 56 characters (48
-/// before 3.12) fits.
-pub const PY_NAME_SNAP: usize = 96;
+/// Bytes of a name's string object copied: a compact ASCII name of up to 88 characters (80
+/// before 3.12) fits (qualified names of comprehensions in nested functions reach 60).
+pub const PY_NAME_SNAP: usize = 128;
 /// Bytes of a file name's string object copied: a compact ASCII path of up to 152 characters
 /// (144 before 3.12) fits; of a longer one the length and start are checked against what is
 /// read later.
 pub const PY_FILE_SNAP: usize = 192;
+/// Slots of the table of code objects user space has read (`KNOWN_CODES`, a power of two): the
+/// frame walk copies the head of a frame's code that is not in it, since user space may not get
+/// to read that code before it is freed or its process exits (start-up code such as
+/// `<frozen getpath>` is both, within milliseconds).
+pub const KNOWN_CODES: usize = 1 << 16;
+
+/// The word that stands for code object `code` of process `pid` in `KNOWN_CODES`, never 0: its
+/// slot is `known_code_slot` of it. A slot holds one word; another code that maps to the same
+/// slot replaces it (its code is then copied again until user space puts it back).
+#[inline(always)]
+pub const fn known_code_word(pid: u32, code: u64) -> u64 {
+    (code ^ ((pid as u64) << 40) ^ (pid as u64)).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1
+}
+
+/// The slot of `word` (see `known_code_word`).
+#[inline(always)]
+pub const fn known_code_slot(word: u64) -> u32 {
+    (word >> 40) as u32 & (KNOWN_CODES as u32 - 1)
+}
+
+/// Bytes of a line table's bytes object copied (32 of them its head): the whole table of 82%
+/// of module bodies (pandas), and the start, where a module's imports are, of the others.
+pub const PY_LINES_SNAP: usize = 512;
 /// Where `PyFrame::flags` keeps 1 + the frame's index among the record's `CodeSnap`s.
 pub const PY_FRAME_SNAP_SHIFT: u32 = 8;
 /// Bytes of a code object's head copied (covers type, names, first line and line table
@@ -609,16 +641,17 @@ pub const fn thread_key(pid: u32, tid: u32) -> u64 {
 }
 
 const _: () = assert!(core::mem::size_of::<Config>() == 96);
-const _: () = assert!(core::mem::size_of::<PyProcConfig>() == 176);
+const _: () = assert!(core::mem::size_of::<PyProcConfig>() == 184);
 const _: () = assert!(EventRecord::SIZE == 56);
 const _: () = assert!(SchedRecord::SIZE == 136);
 const _: () = assert!(core::mem::size_of::<ThreadSched>() == 184);
 const _: () = assert!(core::mem::size_of::<PyFrame>() == 16);
 // The BPF program bounds indexes by masking with these less one.
 const _: () = assert!(MAX_PY_FRAMES.is_power_of_two() && PY_CODE_SNAPS.is_power_of_two());
+const _: () = assert!(KNOWN_CODES.is_power_of_two());
 const _: () = assert!(SampleHeader::SIZE == 136 + MAX_KSTACK * 8);
 const _: () = assert!(SampleHeader::SIZE.is_multiple_of(8));
-const _: () = assert!(CodeSnap::SIZE == PY_CODE_SNAP + PY_NAME_SNAP + PY_FILE_SNAP);
+const _: () = assert!(CodeSnap::SIZE == PY_CODE_SNAP + PY_NAME_SNAP + PY_FILE_SNAP + PY_LINES_SNAP);
 const _: () = assert!(CodeSnap::SIZE.is_multiple_of(8));
 
 #[cfg(feature = "user")]

@@ -158,6 +158,10 @@ static FRAME: PerCpuArray<[u8; FRAME_BUF]> = PerCpuArray::with_max_entries(1, 0)
 /// the bounded loop of the compat set would be verified many times over.
 #[map]
 static WALK: PerCpuArray<Walk> = PerCpuArray::with_max_entries(1, 0);
+/// The code objects user space has read, as `known_code_word`s at their `known_code_slot`s:
+/// the walk copies the head of any other frame's code (see `step`).
+#[map]
+static KNOWN_CODES: Array<u64> = Array::with_max_entries(profiler_common::KNOWN_CODES as u32, 0);
 /// `thread_key(pid, tid)` -> the thread's scheduler accounting (see `ThreadSched`). A plain hash
 /// map, not an LRU one: an entry is updated through a pointer across helper calls, which an
 /// eviction on another CPU would silently void. `tachyon_exit` and a dead task's last switch
@@ -976,7 +980,7 @@ fn capture<const MODERN: bool>(
             Some(tstate) => {
                 hdr.flags |= SAMPLE_PY_THREAD;
                 hdr.py_tstate = tstate;
-                walk_python::<MODERN>(cpu, &pc, tstate);
+                walk_python::<MODERN>(cpu, pid, &pc, tstate);
             }
         }
         if pc.gil_locked != 0 {
@@ -1144,10 +1148,13 @@ struct Walk {
     pc: PyProcConfig,
     frame: u64,
     cpu: u32,
+    pid: u32,
     /// Code heads to copy once the walk is done: their code objects and frames' indexes.
     snaps: u32,
     snap_code: [u64; PY_CODE_SNAPS],
     snap_at: [u32; PY_CODE_SNAPS],
+    /// Whether each copy takes the line table too (see `step`).
+    snap_lines: [u8; PY_CODE_SNAPS],
     /// Scratch of one step: whether the frame runs code that runs once, and the next frame.
     once: u32,
     next: u64,
@@ -1163,6 +1170,21 @@ struct Walk {
     /// 3.11, 3.12: the frame the first frame entered with must link to (the previous
     /// `_PyCFrame`'s), 0 once it did (or when there is none to check), 1 when it did not.
     expect: u64,
+    /// The code heads chosen so far in this walk, by `copied_slot` of their code: a code that
+    /// several frames run (the import machinery of a nested import) is copied once, and each of
+    /// its frames points to that copy. `copied_walk` says which walk wrote a slot (`walks`).
+    copied_code: [u64; COPIED_SLOTS],
+    copied_k: [u32; COPIED_SLOTS],
+    copied_walk: [u32; COPIED_SLOTS],
+    walks: u32,
+}
+
+/// Slots of `Walk::copied_code` (a power of two).
+const COPIED_SLOTS: usize = 64;
+
+#[inline(always)]
+fn copied_slot(code: u64) -> usize {
+    ((code >> 4) ^ (code >> 11)) as usize & (COPIED_SLOTS - 1)
 }
 
 /// Walks the interpreter frame chain of `tstate`, writing frames after the header, the count of
@@ -1174,7 +1196,7 @@ struct Walk {
 /// checks once instead of once per step. This matters for the bounded loop of the compat set:
 /// it brought that program from about 500,000 verified instructions to a few tens of thousands.
 #[inline(always)]
-fn walk_python<const MODERN: bool>(cpu: u32, pc: &PyProcConfig, tstate: u64) {
+fn walk_python<const MODERN: bool>(cpu: u32, pid: u32, pc: &PyProcConfig, tstate: u64) {
     let Some(scratch) = SCRATCH.get_ptr_mut(cpu) else {
         return;
     };
@@ -1224,6 +1246,8 @@ fn walk_python<const MODERN: bool>(cpu: u32, pc: &PyProcConfig, tstate: u64) {
         w.pc = *pc;
         w.frame = frame;
         w.cpu = cpu;
+        w.pid = pid;
+        w.walks = w.walks.wrapping_add(1);
         w.snaps = 0;
         w.callee = 0;
         w.handle = 0;
@@ -1261,6 +1285,7 @@ fn walk_python<const MODERN: bool>(cpu: u32, pc: &PyProcConfig, tstate: u64) {
                     let w = &mut *w;
                     w.frame = caller;
                     w.expect = 0;
+                    w.walks = w.walks.wrapping_add(1);
                     w.snaps = 0;
                     w.callee = 0;
                     w.handle = 0;
@@ -1356,10 +1381,11 @@ fn snap(k: u64) -> i64 {
         n = PY_CODE_SNAP;
     }
     // A zero type word marks a copy as failed (or not taken).
-    // SAFETY: 16 <= PY_NAME_SNAP and PY_FILE_SNAP.
+    // SAFETY: 16 <= PY_NAME_SNAP, PY_FILE_SNAP and PY_LINES_SNAP.
     unsafe {
         (snap.name.as_mut_ptr().add(8) as *mut u64).write_unaligned(0);
         (snap.file.as_mut_ptr().add(8) as *mut u64).write_unaligned(0);
+        (snap.lines.as_mut_ptr().add(8) as *mut u64).write_unaligned(0);
     }
     // SAFETY: n <= PY_CODE_SNAP, the size of the destination; the source is a user address.
     let r = unsafe {
@@ -1388,12 +1414,19 @@ fn snap(k: u64) -> i64 {
         let addr = unsafe { (snap.head.as_ptr().add(off) as *const u64).read_unaligned() };
         copy_string(&mut snap.file, addr);
     }
+    // The line table where the walk asked for it (see `step`).
+    let off = w.pc.code_linetable as usize;
+    if w.snap_lines[k] != 0 && off <= PY_CODE_SNAP - 8 {
+        // SAFETY: as above.
+        let addr = unsafe { (snap.head.as_ptr().add(off) as *const u64).read_unaligned() };
+        copy_string(&mut snap.lines, addr);
+    }
     0
 }
 
-/// Copies the start of the string object at user address `addr` into `to` (its type word
-/// zeroed if the read failed). A short string may end a few bytes before an unmapped page (the
-/// end of an allocator arena): then what is left of the page is copied.
+/// Copies the start of the string (or bytes) object at user address `addr` into `to` (its type
+/// word zeroed if the read failed). A short string may end a few bytes before an unmapped page
+/// (the end of an allocator arena): then what is left of the page is copied.
 #[inline(always)]
 fn copy_string<const N: usize>(to: &mut [u8; N], addr: u64) {
     // SAFETY: N bytes into a buffer of that size; the source is a user address.
@@ -1479,12 +1512,20 @@ fn step<const CALLEES: bool>(index: u64) -> i64 {
         // The code head is copied for the innermost frame and for frames with locals of their
         // own (module and class bodies, `exec`): their code runs once and may be freed before
         // user space reads it, while a function's code lives as long as the function. Without
-        // the offset, the innermost frames are copied.
+        // the offset, the innermost frames are copied. With `bpf_loop`, so is any code user
+        // space has not read yet (bit 1): it may be gone before user space gets to it.
         w.once = if pc.frame_locals != NO_OFFSET {
             (frame_u64(fbuf, pc.frame_locals) != 0) as u32
         } else {
             (i < PY_CODE_SNAPS) as u32
         };
+        if CALLEES {
+            let word = known_code_word(w.pid, code);
+            let known = KNOWN_CODES.get(known_code_slot(word));
+            if known.copied() != Some(word) {
+                w.once |= 2;
+            }
+        }
         w.next = frame_u64(fbuf, pc.frame_previous);
         if pc.handle_run_code != 0 && code == pc.handle_run_code && w.handle == 0 {
             w.handle = frame_u64(fbuf, pc.frame_self);
@@ -1520,9 +1561,10 @@ fn step<const CALLEES: bool>(index: u64) -> i64 {
                 )
             };
             let k = w.snaps as usize;
-            if CALLEES && once != 0 && callee != 0 && !outer && k < PY_CODE_SNAPS {
+            if CALLEES && once & 1 != 0 && callee != 0 && !outer && k < PY_CODE_SNAPS {
                 w.snap_code[k & (PY_CODE_SNAPS - 1)] = callee;
                 w.snap_at[k & (PY_CODE_SNAPS - 1)] = w.callee_at;
+                w.snap_lines[k & (PY_CODE_SNAPS - 1)] = 0;
                 w.snaps = k as u32 + 1;
             }
             // Read back from memory: a count carried over in a register lets the compiler join
@@ -1530,9 +1572,27 @@ fn step<const CALLEES: bool>(index: u64) -> i64 {
             // SAFETY: a read of the field written above.
             let k = unsafe { core::ptr::read_volatile(&w.snaps) } as usize;
             if (k == 0 || once != 0) && k < PY_CODE_SNAPS {
-                w.snap_code[k & (PY_CODE_SNAPS - 1)] = code;
-                w.snap_at[k & (PY_CODE_SNAPS - 1)] = i as u32;
-                w.snaps = k as u32 + 1;
+                // (Not in the compat set: its steps are verified one by one.)
+                let slot = copied_slot(code);
+                if CALLEES && w.copied_walk[slot] == w.walks && w.copied_code[slot] == code {
+                    // Copied for a frame nearer the leaf: this one points to that copy.
+                    let c = w.copied_k[slot] & (PY_CODE_SNAPS as u32 - 1);
+                    f.flags |= (c + 1) << PY_FRAME_SNAP_SHIFT;
+                } else {
+                    w.snap_code[k & (PY_CODE_SNAPS - 1)] = code;
+                    w.snap_at[k & (PY_CODE_SNAPS - 1)] = i as u32;
+                    // Line tables: of code user space has not read, and of module bodies but
+                    // the outermost (a program's main module, which outlives its samples): the
+                    // memory of one that ended is often taken by the next, at the same address.
+                    w.snap_lines[k & (PY_CODE_SNAPS - 1)] =
+                        (once & 2 != 0 || (once & 1 != 0 && !outer)) as u8;
+                    w.snaps = k as u32 + 1;
+                    if CALLEES {
+                        w.copied_code[slot] = code;
+                        w.copied_k[slot] = k as u32;
+                        w.copied_walk[slot] = w.walks;
+                    }
+                }
                 w.callee = 0;
             } else {
                 w.callee = code;

@@ -145,6 +145,9 @@ pub struct Capture {
     /// Holds the kernel's BPF run-time statistics on while it lives (None without
     /// CAP_SYS_ADMIN): the time the programs take is part of the profiler's cost.
     stats: Option<std::os::fd::OwnedFd>,
+    /// What `KNOWN_CODES` holds, slot by slot (empty until the first write): only changes are
+    /// written.
+    known_codes: Vec<u64>,
 }
 
 /// The errno of the first `std::io::Error` in an error's source chain.
@@ -303,6 +306,7 @@ impl Capture {
             offcpu: opts.offcpu,
             cpus,
             stats: aya::sys::enable_stats(aya::sys::Stats::RunTime).ok(),
+            known_codes: Vec::new(),
         })
     }
 
@@ -458,6 +462,28 @@ impl Capture {
 
     pub fn set_py_thread(&mut self, pid: u32, tid: u32, tstate: u64) -> Result<(), CaptureError> {
         self.insert(names::MAP_PY_THREADS, thread_key(pid, tid), tstate)
+    }
+
+    /// Tells the frame walk that user space has read these code objects (`known_code_word`s):
+    /// it stops copying their heads. A word whose slot already holds it is not written again.
+    pub fn set_known_codes(&mut self, words: &[u64]) {
+        let Ok(mut m) = Array::<_, u64>::try_from(
+            self.bpf
+                .map_mut(names::MAP_KNOWN_CODES)
+                .expect("a map the object declares"),
+        ) else {
+            return;
+        };
+        if self.known_codes.is_empty() {
+            self.known_codes = vec![0; profiler_common::KNOWN_CODES];
+        }
+        for &w in words {
+            let slot = profiler_common::known_code_slot(w);
+            let held = &mut self.known_codes[slot as usize];
+            if *held != w && m.set(slot, w, 0).is_ok() {
+                *held = w;
+            }
+        }
     }
 
     /// Where a thread's stack mapping ends: its copies step over untouched pages below it.

@@ -20,6 +20,9 @@ pub struct CodeInfo {
     pub linetable: Vec<u8>,
     /// What the cache validates a hit with: the type, file and name pointers.
     pub ident: [u64; 3],
+    /// The line table is the start of the real one (copied at a sample): instructions past it
+    /// have the first line, and are not a sign of a corrupt table.
+    pub lines_cut: bool,
 }
 
 impl CodeInfo {
@@ -135,6 +138,22 @@ fn read_bytes_object(remote: &Remote, addr: u64) -> Option<Vec<u8>> {
     remote.read(addr + 32, size)
 }
 
+/// The contents of a bytes object (a line table) from a copy of its start taken at a sample
+/// (`CodeSnap::lines`): all of them, or as many as were copied (then with `true`). None where
+/// nothing was copied, or the copy is not of a live object.
+pub fn bytes_from_copy(layout: &Layout, copy: &[u8]) -> Option<(Vec<u8>, bool)> {
+    let c = taken(Some(copy))?;
+    if freed(layout, c) {
+        return None;
+    }
+    let size = le_u64(c, 16)? as usize;
+    if size > MAX_LINETABLE {
+        return None;
+    }
+    let d = c.get(32..)?;
+    Some((d[..size.min(d.len())].to_vec(), size > d.len()))
+}
+
 /// Bytes of a code object read for validation and resolution.
 pub fn header_len(layout: &Layout) -> usize {
     [
@@ -215,25 +234,43 @@ fn file_name(
     copy: Option<&[u8]>,
     str_type: u64,
 ) -> Option<String> {
+    copied_string(remote, layout, ptr, copy, str_type).0
+}
+
+/// The string at `ptr`, from its copy when the copy holds it whole, else read now and checked
+/// against the copy (its length, and the characters copied of a compact ASCII string). With
+/// it, the characters copied when the string is longer than its copy (compact ASCII only).
+fn copied_string(
+    remote: &Remote,
+    layout: &Layout,
+    ptr: u64,
+    copy: Option<&[u8]>,
+    str_type: u64,
+) -> (Option<String>, Option<String>) {
     let now = || read_unicode(remote, layout, ptr, str_type);
     let Some(c) = taken(copy) else {
-        return now();
+        return (now(), None);
     };
     if let Some(f) = unicode_from_copy(layout, ptr, c, str_type) {
-        return Some(f);
+        return (Some(f), None);
     }
-    if str_type != 0 && le_u64(c, 8)? != str_type {
-        return None;
-    }
-    let len = le_u64(c, 16)? as usize;
-    let state = le_u32(c, 32)?;
-    let compact_ascii = state & (1 << 5) != 0 && state & (1 << 6) != 0;
-    let prefix = if compact_ascii {
-        c.get(layout.unicode_ascii_data..)?
-    } else {
-        &[]
+    let checked = || {
+        if str_type != 0 && le_u64(c, 8)? != str_type {
+            return None;
+        }
+        let len = le_u64(c, 16)? as usize;
+        let state = le_u32(c, 32)?;
+        let compact_ascii = state & (1 << 5) != 0 && state & (1 << 6) != 0;
+        let prefix = if compact_ascii {
+            c.get(layout.unicode_ascii_data..)?
+        } else {
+            &[]
+        };
+        let prefix = std::str::from_utf8(prefix).ok().filter(|p| p.is_ascii())?;
+        let whole = now().filter(|f| f.chars().count() == len && f.starts_with(prefix));
+        Some((whole, (!prefix.is_empty()).then(|| prefix.to_string())))
     };
-    now().filter(|f| f.chars().count() == len && f.as_bytes().starts_with(prefix))
+    checked().unwrap_or((None, None))
 }
 
 /// Reads a whole code object given its header bytes, and copies of the starts of its name and
@@ -257,11 +294,16 @@ pub fn read_code(
         .filter(|&p| p != 0)
         .unwrap_or(id[2]);
     let read = |p: u64| read_unicode(remote, layout, p, types.str);
-    let name = taken(copies.name)
-        .and_then(|c| unicode_from_copy(layout, name_ptr, c, types.str))
+    let (copied, start) = match taken(copies.name) {
+        Some(_) => copied_string(remote, layout, name_ptr, copies.name, types.str),
+        None => (None, None),
+    };
+    let name = copied
         .filter(|n| plausible_name(n))
         .or_else(|| read(name_ptr).filter(|n| plausible_name(n)))
-        .or_else(|| read(id[2]).filter(|n| plausible_name(n)))?;
+        .or_else(|| read(id[2]).filter(|n| plausible_name(n)))
+        // A name longer than its copy, freed with its code: what was copied of it, marked cut.
+        .or_else(|| start.filter(|p| plausible_name(p)).map(|p| format!("{p}…")))?;
     let file = file_name(remote, layout, id[1], copies.file, types.str)
         .filter(|f| plausible_file(f))
         .unwrap_or_else(|| "<unknown>".into());
@@ -275,6 +317,7 @@ pub fn read_code(
         firstlineno: firstlineno.max(0) as u32,
         linetable,
         ident: id,
+        lines_cut: false,
     })
 }
 
@@ -308,7 +351,7 @@ pub fn line_lookup(minor: u32, code: &CodeInfo, instr: i32) -> (u32, bool) {
         Some(l) if l > i32::MAX as i64 => Err(()),
         other => Ok(other),
     });
-    let corrupt = found.is_err();
+    let corrupt = found.is_err() && !code.lines_cut;
     let line = found
         .ok()
         .flatten()
@@ -452,6 +495,7 @@ mod tests {
             firstlineno: first,
             linetable: table,
             ident: [0; 3],
+            lines_cut: false,
         }
     }
 
@@ -657,6 +701,50 @@ mod tests {
             file_name(&me, &l, short.as_ptr() as u64, None, 0x5555).as_deref(),
             Some("/srv/app/views.py")
         );
+    }
+
+    /// A line table copied at a sample: the whole table when it fits the copy, its start
+    /// (marked cut) when it does not, nothing from a failed copy or a freed object; and a line
+    /// past a cut table's end is the first line, not a sign of a corrupt table.
+    #[test]
+    fn line_tables_come_from_a_copy_of_their_start() {
+        let l = crate::python::layout::builtin(12).unwrap();
+        let bytes = |table: &[u8], copied: usize| {
+            let mut b = vec![0u8; copied];
+            b[0..8].copy_from_slice(&1u64.to_le_bytes());
+            b[8..16].copy_from_slice(&0x7777u64.to_le_bytes());
+            b[16..24].copy_from_slice(&(table.len() as u64).to_le_bytes());
+            let n = table.len().min(copied - 32);
+            b[32..32 + n].copy_from_slice(&table[..n]);
+            b
+        };
+        let table: Vec<u8> = (0..100u8).collect();
+        assert_eq!(
+            bytes_from_copy(&l, &bytes(&table, 512)),
+            Some((table.clone(), false))
+        );
+        assert_eq!(
+            bytes_from_copy(&l, &bytes(&table, 64)),
+            Some((table[..32].to_vec(), true))
+        );
+        let mut failed = bytes(&table, 512);
+        failed[8..16].fill(0);
+        assert_eq!(bytes_from_copy(&l, &failed), None);
+        let mut freed = bytes(&table, 512);
+        freed[0..8].copy_from_slice(&0x7f00_1234_5678u64.to_le_bytes());
+        assert_eq!(bytes_from_copy(&l, &freed), None);
+        // One entry (3.11+ location table): 1 code unit on the first line, then nothing.
+        let mut c = CodeInfo {
+            name: Arc::from("f"),
+            file: Arc::from("f.py"),
+            firstlineno: 7,
+            linetable: vec![0x80 | (13 << 3), 0],
+            ident: [0; 3],
+            lines_cut: true,
+        };
+        assert_eq!(line_lookup(12, &c, 40), (7, false));
+        c.lines_cut = false;
+        assert!(line_lookup(12, &c, 40).1);
     }
 
     /// A name copied at the sample decodes from the copy alone (at any address), only when all

@@ -479,6 +479,8 @@ impl Layout {
             },
             code_qualname: self.code_qualname.unwrap_or(self.code_name) as u32,
             code_filename: self.code_filename as u32,
+            code_linetable: self.code_linetable as u32,
+            _pad: 0,
             tstate_running_task: NO_OFFSET,
             interp_head: 0,
             handle_run_code: 0,

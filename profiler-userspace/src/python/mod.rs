@@ -222,7 +222,10 @@ pub struct PyProcess {
     /// sample's copy of a code head with that identity names its frame with them (line table
     /// included) after the object itself is gone.
     retired: FxHashMap<(u64, [u64; 3]), Arc<CodeInfo>>,
-    funcs: FxHashMap<(u64, [u64; 3]), FrameRef>,
+    /// Functions by code address and identity, with the name and file they were made for: an
+    /// object made where a freed one was, with its strings where the freed one's were, has the
+    /// same identity and other names.
+    funcs: FxHashMap<(u64, [u64; 3]), MadeFunction>,
     /// Frames by function, line and (innermost frames with `--opcodes`) opcode byte.
     frames: FxHashMap<(FrameRef, u32, Option<u8>), FrameRef>,
     /// Reads of `threading` names tried, by host tid (`NAME_TRIES` once named or given up).
@@ -841,7 +844,7 @@ impl PyProcess {
             return now;
         };
         if let Some(ci) = &now {
-            if ci.ident == id {
+            if ci.ident == id && self.copies_agree(ci, head, snap) {
                 return now;
             }
         }
@@ -850,7 +853,9 @@ impl PyProcess {
             return now;
         }
         if let Some(c) = self.retired.get(&(addr, id)) {
-            return Some(c.clone());
+            if self.copies_agree(c, head, snap) {
+                return Some(c.clone());
+            }
         }
         let mut c = code::read_code(
             &self.remote,
@@ -865,10 +870,50 @@ impl PyProcess {
                 file: Some(&snap.file),
             },
         )?;
-        // The line table went with the code object: its bytes may be anything now. The frame
-        // shows the function's first line.
-        c.linetable.clear();
+        // The line table went with the code object: its bytes may be anything now. Its copy
+        // taken at the sample (of code user space had not read) gives the lines it covers;
+        // without one, the frame shows the function's first line.
+        (c.linetable, c.lines_cut) =
+            code::bytes_from_copy(&self.layout, &snap.lines).unwrap_or_default();
         Some(Arc::new(c))
+    }
+
+    /// Whether what is known of a code object agrees with the copies of its name and file name
+    /// taken at a sample (those that were copied whole). The same address, type and string
+    /// addresses are not enough: a program that makes and frees alike code objects over and
+    /// over (modules run by `exec`) gets the same memory, its strings included, each time.
+    fn copies_agree(&self, ci: &CodeInfo, head: &[u8], snap: &profiler_common::CodeSnap) -> bool {
+        let l = &self.layout;
+        let name_ptr = l
+            .code_qualname
+            .and_then(|q| le_u64(head, q))
+            .filter(|&p| p != 0)
+            .or_else(|| le_u64(head, l.code_name))
+            .unwrap_or(0);
+        let file_ptr = le_u64(head, l.code_filename).unwrap_or(0);
+        let agrees = |ptr: u64, copy: &[u8], known: &str| {
+            code::unicode_from_copy(l, ptr, copy, self.str_type).is_none_or(|s| s == known)
+        };
+        agrees(name_ptr, &snap.name, &ci.name) && agrees(file_ptr, &snap.file, &ci.file)
+    }
+
+    /// Whether frame `f`'s code, as copied at the sample (if it was), was an object of another
+    /// type than code: the frame was not one (a chain read while it was being linked).
+    fn snap_not_code(
+        &self,
+        f: &profiler_common::PyFrame,
+        snaps: &[profiler_common::CodeSnap],
+    ) -> bool {
+        let Some(snap) = ((f.flags >> PY_FRAME_SNAP_SHIFT) as usize & 0xff)
+            .checked_sub(1)
+            .and_then(|k| snaps.get(k))
+        else {
+            return false;
+        };
+        let head = &snap.head[..code::header_len(&self.layout).min(profiler_common::PY_CODE_SNAP)];
+        // A failed copy has a zero type word.
+        code::ident(&self.layout, head)
+            .is_some_and(|id| id[0] != 0 && self.code_type != 0 && id[0] != self.code_type)
     }
 
     fn frame_for(
@@ -879,10 +924,15 @@ impl PyProcess {
         instr: i32,
         with_opcode: bool,
     ) -> FrameRef {
-        let func = *self
-            .funcs
-            .entry((addr, c.ident))
-            .or_insert_with(|| out.python_function(&c.name, &c.file, c.firstlineno));
+        let func = match self.funcs.get(&(addr, c.ident)) {
+            Some((f, name, file)) if *name == c.name && *file == c.file => *f,
+            _ => {
+                let f = out.python_function(&c.name, &c.file, c.firstlineno);
+                self.funcs
+                    .insert((addr, c.ident), (f, c.name.clone(), c.file.clone()));
+                f
+            }
+        };
         let (line, corrupt) = code::line_lookup(self.layout.minor, c, instr);
         if corrupt {
             out.count(PyEvent::BadLineTable);
@@ -1025,6 +1075,9 @@ pub struct ThreadChanges {
 /// is pushed gets another try at the next look; one started from C never has a name).
 const NAME_TRIES: u8 = 4;
 
+/// A function frame made for a code object, with the name and file it was made for.
+type MadeFunction = (FrameRef, Arc<str>, Arc<str>);
+
 /// Everything the profiler knows about Python processes.
 #[derive(Default)]
 pub struct PythonRegistry {
@@ -1044,6 +1097,9 @@ pub struct PythonRegistry {
     pub async_all: bool,
     /// Code objects are validated once per epoch: one batch of records read from the ring.
     epoch: u64,
+    /// Code objects read since the BPF side was last told (`take_known_codes`), as
+    /// `profiler_common::known_code_word`s.
+    known: Vec<u64>,
 }
 
 /// The start time of a process (field 22 of /proc/PID/stat), to tell reused pids apart.
@@ -1079,6 +1135,16 @@ impl PythonRegistry {
     /// Starts a new validation epoch (see `PyProcess::code`).
     pub fn new_epoch(&mut self) {
         self.epoch += 1;
+    }
+
+    /// The code objects named from samples since the last call, whose heads the frame walk
+    /// copied (it does for code it does not know user space has read): for the BPF side's
+    /// `KNOWN_CODES`, so that it stops copying them.
+    pub fn take_known_codes(&mut self) -> Vec<u64> {
+        let mut k = std::mem::take(&mut self.known);
+        k.sort_unstable();
+        k.dedup();
+        k
     }
 
     /// Known not to be Python (as the process is now).
@@ -1453,8 +1519,10 @@ impl PythonRegistry {
         // A chain read while the eval loop links a new frame may run into stack garbage (3.11
         // and 3.12 make a new `_PyCFrame` current before they set its frame): a code pointer no
         // object can have ends the chain there, and nothing after it is believed.
+        // So does a frame whose code, copied at the sample, was another kind of object then.
         let torn = s.py_frames.iter().position(|f| {
-            !p.layout.is_shim(f.flags as u8, f.code, p.none_addr) && !plausible_object(f.code)
+            !p.layout.is_shim(f.flags as u8, f.code, p.none_addr)
+                && (!plausible_object(f.code) || p.snap_not_code(f, &s.code_snaps))
         });
         if torn.is_some() {
             out.count(PyEvent::ReadFailed);
@@ -1503,7 +1571,14 @@ impl PythonRegistry {
             let now = infos.get(&f.code).cloned().flatten();
             let snap = (f.flags >> PY_FRAME_SNAP_SHIFT) as usize & 0xff;
             let info = match snap.checked_sub(1) {
-                Some(k) if k < s.code_snaps.len() => p.sampled_code(f.code, &s.code_snaps[k], now),
+                Some(k) if k < s.code_snaps.len() => {
+                    let info = p.sampled_code(f.code, &s.code_snaps[k], now);
+                    if info.is_some() {
+                        self.known
+                            .push(profiler_common::known_code_word(s.pid, f.code));
+                    }
+                    info
+                }
                 _ => now,
             };
             // 3.13+ runs a class's Python `__init__` under a frame of the interpreter's own
@@ -1518,6 +1593,19 @@ impl PythonRegistry {
             let frame = match info {
                 Some(ci) => p.frame_for(out, f.code, &ci, f.instr, innermost),
                 None => {
+                    if std::env::var_os("DBG_UNRES").is_some() {
+                        let h = p.remote.read(f.code, 64);
+                        let sn = snap
+                            .checked_sub(1)
+                            .and_then(|k| s.code_snaps.get(k))
+                            .map(|c| {
+                                (
+                                    c.head[..64].to_vec(),
+                                    String::from_utf8_lossy(&c.name[..96]).to_string(),
+                                )
+                            });
+                        eprintln!("UNRES pid {} code {:#x} instr {} flags {:#x} snap {} ct {:#x} known {:?} head {:x?} snaphead {:x?} frames {:x?}", s.pid, f.code, f.instr, f.flags, snap, p.code_type, p.codes.get(&f.code).map(|c| c.0.name.clone()), h, sn, s.py_frames.iter().map(|f| (f.code, f.instr, f.flags)).collect::<Vec<_>>());
+                    }
                     out.count(PyEvent::Unresolved);
                     out.unresolved_frame()
                 }

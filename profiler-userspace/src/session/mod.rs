@@ -29,6 +29,9 @@ pub trait Targets {
     fn remove_py_thread(&mut self, pid: u32, tid: u32);
     /// Where a thread's stack mapping ends: its copies step over untouched pages below that.
     fn set_stack_top(&mut self, pid: u32, tid: u32, top: u64) -> Result<(), CaptureError>;
+    /// Code objects user space has read (`profiler_common::known_code_word`s): the frame walk
+    /// stops copying their heads.
+    fn set_known_codes(&mut self, _words: &[u64]) {}
     /// What the scheduler program holds and has not sent yet, by `thread_key`.
     fn sched_snapshot(&self) -> Vec<(u64, profiler_common::ThreadSched)> {
         Vec::new()
@@ -53,6 +56,9 @@ impl Targets for Capture {
     }
     fn set_stack_top(&mut self, pid: u32, tid: u32, top: u64) -> Result<(), CaptureError> {
         Capture::set_stack_top(self, pid, tid, top)
+    }
+    fn set_known_codes(&mut self, words: &[u64]) {
+        Capture::set_known_codes(self, words)
     }
     fn sched_snapshot(&self) -> Vec<(u64, profiler_common::ThreadSched)> {
         Capture::sched_snapshot(self)
@@ -222,6 +228,10 @@ impl<T: Targets> Session<T> {
                 }
             }
             self.handle(record);
+        }
+        let known = self.collector.python.take_known_codes();
+        if !known.is_empty() {
+            self.targets.set_known_codes(&known);
         }
         self.follow_lifetimes();
         n
