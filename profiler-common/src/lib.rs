@@ -353,7 +353,11 @@ pub struct PyProcConfig {
     pub tstate_next: u32,
     pub tstate_thread_id: u32,
     /// Bytes of a code object's head copied into `SampleHeader::code_snaps` (<= PY_CODE_SNAP).
-    pub code_head_len: u32,
+    pub code_head_len: u16,
+    /// Offset of the line table's pointer in the code object (within `code_head_len`). Two
+    /// halves of one word: the capture copies this struct onto a stack 5.10 counts to its
+    /// 512-byte limit.
+    pub code_linetable: u16,
     /// Offset of `f_locals` in a frame, or `NO_OFFSET`. A frame with locals of its own runs code
     /// that is not a function's (a module or class body, `exec`): code that runs once and is
     /// freed when it ends, so its head is copied wherever it is on the stack.
@@ -395,9 +399,6 @@ pub struct PyProcConfig {
     /// CPython's `thread_id`) is: 0 on x86_64; on arm64 glibc's `sizeof(struct pthread)`, or
     /// `NO_OFFSET` where it is unknown (no thread is looked up by its pointer then).
     pub thread_id_below_tp: u32,
-    /// Offset of the line table's pointer in the code object (within `code_head_len`).
-    pub code_linetable: u32,
-    pub _pad: u32,
 }
 
 /// One interpreter frame as read at the sampled instant.
@@ -641,7 +642,7 @@ pub const fn thread_key(pid: u32, tid: u32) -> u64 {
 }
 
 const _: () = assert!(core::mem::size_of::<Config>() == 96);
-const _: () = assert!(core::mem::size_of::<PyProcConfig>() == 184);
+const _: () = assert!(core::mem::size_of::<PyProcConfig>() == 176);
 const _: () = assert!(EventRecord::SIZE == 56);
 const _: () = assert!(SchedRecord::SIZE == 136);
 const _: () = assert!(core::mem::size_of::<ThreadSched>() == 184);

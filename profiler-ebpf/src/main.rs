@@ -980,7 +980,7 @@ fn capture<const MODERN: bool>(
             Some(tstate) => {
                 hdr.flags |= SAMPLE_PY_THREAD;
                 hdr.py_tstate = tstate;
-                walk_python::<MODERN>(cpu, pid, &pc, tstate);
+                walk_python::<MODERN>(cpu, &pc, tstate);
             }
         }
         if pc.gil_locked != 0 {
@@ -1177,6 +1177,8 @@ struct Walk {
     copied_k: [u32; COPIED_SLOTS],
     copied_walk: [u32; COPIED_SLOTS],
     walks: u32,
+    /// The first copy `snap_more_step` takes (those `unknown` chose).
+    snap_from: u32,
 }
 
 /// Slots of `Walk::copied_code` (a power of two).
@@ -1196,7 +1198,7 @@ fn copied_slot(code: u64) -> usize {
 /// checks once instead of once per step. This matters for the bounded loop of the compat set:
 /// it brought that program from about 500,000 verified instructions to a few tens of thousands.
 #[inline(always)]
-fn walk_python<const MODERN: bool>(cpu: u32, pid: u32, pc: &PyProcConfig, tstate: u64) {
+fn walk_python<const MODERN: bool>(cpu: u32, pc: &PyProcConfig, tstate: u64) {
     let Some(scratch) = SCRATCH.get_ptr_mut(cpu) else {
         return;
     };
@@ -1246,7 +1248,7 @@ fn walk_python<const MODERN: bool>(cpu: u32, pid: u32, pc: &PyProcConfig, tstate
         w.pc = *pc;
         w.frame = frame;
         w.cpu = cpu;
-        w.pid = pid;
+        w.pid = hdr.pid;
         w.walks = w.walks.wrapping_add(1);
         w.snaps = 0;
         w.callee = 0;
@@ -1316,10 +1318,25 @@ fn walk_python<const MODERN: bool>(cpu: u32, pid: u32, pc: &PyProcConfig, tstate
                 core::ptr::null_mut(),
                 0,
             );
+            // Then the heads of code user space has not read (`unknown`), after those.
+            let w = &mut *w;
+            w.snap_from = core::ptr::read_volatile(&w.snaps);
+            bpf_loop(
+                MAX_PY_FRAMES as u32,
+                unknown_step as *mut c_void,
+                core::ptr::null_mut(),
+                0,
+            );
+            bpf_loop(
+                PY_CODE_SNAPS as u32,
+                snap_more_step as *mut c_void,
+                core::ptr::null_mut(),
+                0,
+            );
         }
     } else {
         for k in 0..PY_CODE_SNAPS {
-            if snap(k as u64) != 0 {
+            if snap::<false>(k as u64) != 0 {
                 break;
             }
         }
@@ -1335,13 +1352,90 @@ fn walk_python<const MODERN: bool>(cpu: u32, pid: u32, pc: &PyProcConfig, tstate
 }
 
 extern "C" fn snap_step(index: u64, _ctx: *mut c_void) -> i64 {
-    snap(index)
+    snap::<true>(index)
+}
+
+extern "C" fn snap_more_step(index: u64, _ctx: *mut c_void) -> i64 {
+    let Some(w) = WALK.get_ptr_mut(0) else {
+        return 1;
+    };
+    // SAFETY: this CPU's walk state, written by `walk_python`.
+    let from = unsafe { core::ptr::read_volatile(&(*w).snap_from) } as u64;
+    snap::<true>(from + index)
+}
+
+extern "C" fn unknown_step(index: u64, _ctx: *mut c_void) -> i64 {
+    unknown(index)
+}
+
+/// Chooses frame `i` for a copy of its code head if user space has not read that code (it is
+/// not in `KNOWN_CODES`): it may be freed, or its process gone, before user space gets to it (a
+/// module's functions run by `exec`; start-up code such as `<frozen getpath>`). A code several
+/// frames run is copied once: the others point to that copy. Runs after the first copies
+/// (their frames know their copy's index), innermost first. Returns 1 to stop.
+#[inline(always)]
+fn unknown(i: u64) -> i64 {
+    let i = i as usize;
+    let Some(w) = WALK.get_ptr_mut(0) else {
+        return 1;
+    };
+    // SAFETY: this CPU's walk state, written by `walk_python`.
+    let w = unsafe { &mut *w };
+    let Some(scratch) = SCRATCH.get_ptr_mut(w.cpu) else {
+        return 1;
+    };
+    // SAFETY: the scratch buffer starts with the header (see `capture`).
+    let hdr = unsafe { &*(scratch as *const SampleHeader) };
+    // SAFETY: a field of the header, written by the walk.
+    let py_len = unsafe { core::ptr::read_volatile(&hdr.py_len) } as usize;
+    if i >= py_len || i >= MAX_PY_FRAMES {
+        return 1;
+    }
+    let frames = (scratch as *mut u8).wrapping_add(SampleHeader::SIZE) as *mut PyFrame;
+    // SAFETY: i < MAX_PY_FRAMES and the scratch buffer holds MAX_PY_FRAMES frames after the
+    // header.
+    let f = unsafe { &mut *frames.add(i) };
+    let code = f.code;
+    if code == 0 || (w.pc.frame_owner != NO_OFFSET && f.flags & 0xff >= 3) {
+        // A C-stack shim frame: no code.
+        return 0;
+    }
+    let slot = copied_slot(code);
+    let copy = (f.flags >> PY_FRAME_SNAP_SHIFT) & 0xff;
+    if copy != 0 {
+        w.copied_code[slot] = code;
+        w.copied_k[slot] = copy - 1;
+        w.copied_walk[slot] = w.walks;
+        return 0;
+    }
+    if w.copied_walk[slot] == w.walks && w.copied_code[slot] == code {
+        let k = w.copied_k[slot] & (PY_CODE_SNAPS as u32 - 1);
+        f.flags |= (k + 1) << PY_FRAME_SNAP_SHIFT;
+        return 0;
+    }
+    let word = known_code_word(w.pid, code);
+    if KNOWN_CODES.get(known_code_slot(word)).copied() == Some(word) {
+        return 0;
+    }
+    let k = w.snaps as usize;
+    if k >= PY_CODE_SNAPS {
+        return 1;
+    }
+    w.snap_code[k] = code;
+    w.snap_at[k] = i as u32;
+    w.snap_lines[k] = 1;
+    w.snaps = k as u32 + 1;
+    f.flags |= (k as u32 + 1) << PY_FRAME_SNAP_SHIFT;
+    w.copied_code[slot] = code;
+    w.copied_k[slot] = k as u32;
+    w.copied_walk[slot] = w.walks;
+    0
 }
 
 /// Copies the `k`th code head the walk chose into the record, after its Python frames, with the
 /// starts of its name and file name strings. Returns 1 to stop.
 #[inline(always)]
-fn snap(k: u64) -> i64 {
+fn snap<const LINES: bool>(k: u64) -> i64 {
     let k = k as usize;
     let Some(w) = WALK.get_ptr_mut(0) else {
         return 1;
@@ -1414,9 +1508,10 @@ fn snap(k: u64) -> i64 {
         let addr = unsafe { (snap.head.as_ptr().add(off) as *const u64).read_unaligned() };
         copy_string(&mut snap.file, addr);
     }
-    // The line table where the walk asked for it (see `step`).
+    // The line table where the walk asked for it (see `step`). Not in the compat set: its
+    // copies are verified one by one, and 5.10 refuses the switch program with them.
     let off = w.pc.code_linetable as usize;
-    if w.snap_lines[k] != 0 && off <= PY_CODE_SNAP - 8 {
+    if LINES && w.snap_lines[k] != 0 && off <= PY_CODE_SNAP - 8 {
         // SAFETY: as above.
         let addr = unsafe { (snap.head.as_ptr().add(off) as *const u64).read_unaligned() };
         copy_string(&mut snap.lines, addr);
@@ -1512,20 +1607,13 @@ fn step<const CALLEES: bool>(index: u64) -> i64 {
         // The code head is copied for the innermost frame and for frames with locals of their
         // own (module and class bodies, `exec`): their code runs once and may be freed before
         // user space reads it, while a function's code lives as long as the function. Without
-        // the offset, the innermost frames are copied. With `bpf_loop`, so is any code user
-        // space has not read yet (bit 1): it may be gone before user space gets to it.
+        // the offset, the innermost frames are copied. (With `bpf_loop`, so is code user space
+        // has not read yet: `unknown`.)
         w.once = if pc.frame_locals != NO_OFFSET {
             (frame_u64(fbuf, pc.frame_locals) != 0) as u32
         } else {
             (i < PY_CODE_SNAPS) as u32
         };
-        if CALLEES {
-            let word = known_code_word(w.pid, code);
-            let known = KNOWN_CODES.get(known_code_slot(word));
-            if known.copied() != Some(word) {
-                w.once |= 2;
-            }
-        }
         w.next = frame_u64(fbuf, pc.frame_previous);
         if pc.handle_run_code != 0 && code == pc.handle_run_code && w.handle == 0 {
             w.handle = frame_u64(fbuf, pc.frame_self);
@@ -1561,10 +1649,12 @@ fn step<const CALLEES: bool>(index: u64) -> i64 {
                 )
             };
             let k = w.snaps as usize;
-            if CALLEES && once & 1 != 0 && callee != 0 && !outer && k < PY_CODE_SNAPS {
+            if CALLEES && once != 0 && callee != 0 && !outer && k < PY_CODE_SNAPS {
                 w.snap_code[k & (PY_CODE_SNAPS - 1)] = callee;
                 w.snap_at[k & (PY_CODE_SNAPS - 1)] = w.callee_at;
-                w.snap_lines[k & (PY_CODE_SNAPS - 1)] = 0;
+                if CALLEES {
+                    w.snap_lines[k & (PY_CODE_SNAPS - 1)] = 1;
+                }
                 w.snaps = k as u32 + 1;
             }
             // Read back from memory: a count carried over in a register lets the compiler join
@@ -1572,27 +1662,16 @@ fn step<const CALLEES: bool>(index: u64) -> i64 {
             // SAFETY: a read of the field written above.
             let k = unsafe { core::ptr::read_volatile(&w.snaps) } as usize;
             if (k == 0 || once != 0) && k < PY_CODE_SNAPS {
-                // (Not in the compat set: its steps are verified one by one.)
-                let slot = copied_slot(code);
-                if CALLEES && w.copied_walk[slot] == w.walks && w.copied_code[slot] == code {
-                    // Copied for a frame nearer the leaf: this one points to that copy.
-                    let c = w.copied_k[slot] & (PY_CODE_SNAPS as u32 - 1);
-                    f.flags |= (c + 1) << PY_FRAME_SNAP_SHIFT;
-                } else {
-                    w.snap_code[k & (PY_CODE_SNAPS - 1)] = code;
-                    w.snap_at[k & (PY_CODE_SNAPS - 1)] = i as u32;
-                    // Line tables: of code user space has not read, and of module bodies but
-                    // the outermost (a program's main module, which outlives its samples): the
-                    // memory of one that ended is often taken by the next, at the same address.
-                    w.snap_lines[k & (PY_CODE_SNAPS - 1)] =
-                        (once & 2 != 0 || (once & 1 != 0 && !outer)) as u8;
-                    w.snaps = k as u32 + 1;
-                    if CALLEES {
-                        w.copied_code[slot] = code;
-                        w.copied_k[slot] = k as u32;
-                        w.copied_walk[slot] = w.walks;
-                    }
+                w.snap_code[k & (PY_CODE_SNAPS - 1)] = code;
+                w.snap_at[k & (PY_CODE_SNAPS - 1)] = i as u32;
+                // Line tables of module bodies but the outermost (a program's main module,
+                // which outlives its samples), as of the functions they call (above): the
+                // memory of one that ended is often taken by the next, at the same address, so
+                // what user space read there is no guide.
+                if CALLEES {
+                    w.snap_lines[k & (PY_CODE_SNAPS - 1)] = (once != 0 && !outer) as u8;
                 }
+                w.snaps = k as u32 + 1;
                 w.callee = 0;
             } else {
                 w.callee = code;

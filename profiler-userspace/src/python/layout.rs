@@ -471,7 +471,8 @@ impl Layout {
             interp_threads_head: self.interp_threads_head as u32,
             tstate_next: self.tstate_next as u32,
             tstate_thread_id: self.thread_id as u32,
-            code_head_len: super::code::header_len(self).min(profiler_common::PY_CODE_SNAP) as u32,
+            code_head_len: super::code::header_len(self).min(profiler_common::PY_CODE_SNAP) as u16,
+            code_linetable: self.code_linetable as u16,
             frame_locals: if self.frame_locals < self.frame_read {
                 self.frame_locals
             } else {
@@ -479,8 +480,6 @@ impl Layout {
             },
             code_qualname: self.code_qualname.unwrap_or(self.code_name) as u32,
             code_filename: self.code_filename as u32,
-            code_linetable: self.code_linetable as u32,
-            _pad: 0,
             tstate_running_task: NO_OFFSET,
             interp_head: 0,
             handle_run_code: 0,
