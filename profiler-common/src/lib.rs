@@ -353,11 +353,7 @@ pub struct PyProcConfig {
     pub tstate_next: u32,
     pub tstate_thread_id: u32,
     /// Bytes of a code object's head copied into `SampleHeader::code_snaps` (<= PY_CODE_SNAP).
-    pub code_head_len: u16,
-    /// Offset of the line table's pointer in the code object (within `code_head_len`). Two
-    /// halves of one word: the capture copies this struct onto a stack 5.10 counts to its
-    /// 512-byte limit.
-    pub code_linetable: u16,
+    pub code_head_len: u32,
     /// Offset of `f_locals` in a frame, or `NO_OFFSET`. A frame with locals of its own runs code
     /// that is not a function's (a module or class body, `exec`): code that runs once and is
     /// freed when it ends, so its head is copied wherever it is on the stack.
@@ -479,10 +475,6 @@ pub struct CodeSnap {
     pub name: [u8; PY_NAME_SNAP],
     /// The start of the file name's string object (as `name`).
     pub file: [u8; PY_FILE_SNAP],
-    /// The start of the line table's bytes object (as `name`), for code user space had not read
-    /// at the sample (its type word is zero for the others): with it, a frame of code freed
-    /// before user space reads it still shows its line.
-    pub lines: [u8; PY_LINES_SNAP],
 }
 
 impl CodeSnap {
@@ -519,9 +511,6 @@ pub const fn known_code_slot(word: u64) -> u32 {
     (word >> 40) as u32 & (KNOWN_CODES as u32 - 1)
 }
 
-/// Bytes of a line table's bytes object copied (32 of them its head): the whole table of 82%
-/// of module bodies (pandas), and the start, where a module's imports are, of the others.
-pub const PY_LINES_SNAP: usize = 512;
 /// Where `PyFrame::flags` keeps 1 + the frame's index among the record's `CodeSnap`s.
 pub const PY_FRAME_SNAP_SHIFT: u32 = 8;
 /// Bytes of a code object's head copied (covers type, names, first line and line table
@@ -652,7 +641,7 @@ const _: () = assert!(MAX_PY_FRAMES.is_power_of_two() && PY_CODE_SNAPS.is_power_
 const _: () = assert!(KNOWN_CODES.is_power_of_two());
 const _: () = assert!(SampleHeader::SIZE == 136 + MAX_KSTACK * 8);
 const _: () = assert!(SampleHeader::SIZE.is_multiple_of(8));
-const _: () = assert!(CodeSnap::SIZE == PY_CODE_SNAP + PY_NAME_SNAP + PY_FILE_SNAP + PY_LINES_SNAP);
+const _: () = assert!(CodeSnap::SIZE == PY_CODE_SNAP + PY_NAME_SNAP + PY_FILE_SNAP);
 const _: () = assert!(CodeSnap::SIZE.is_multiple_of(8));
 
 #[cfg(feature = "user")]

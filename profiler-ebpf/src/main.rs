@@ -1153,8 +1153,6 @@ struct Walk {
     snaps: u32,
     snap_code: [u64; PY_CODE_SNAPS],
     snap_at: [u32; PY_CODE_SNAPS],
-    /// Whether each copy takes the line table too (see `step`).
-    snap_lines: [u8; PY_CODE_SNAPS],
     /// Scratch of one step: whether the frame runs code that runs once, and the next frame.
     once: u32,
     next: u64,
@@ -1336,7 +1334,7 @@ fn walk_python<const MODERN: bool>(cpu: u32, pc: &PyProcConfig, tstate: u64) {
         }
     } else {
         for k in 0..PY_CODE_SNAPS {
-            if snap::<false>(k as u64) != 0 {
+            if snap(k as u64) != 0 {
                 break;
             }
         }
@@ -1352,7 +1350,7 @@ fn walk_python<const MODERN: bool>(cpu: u32, pc: &PyProcConfig, tstate: u64) {
 }
 
 extern "C" fn snap_step(index: u64, _ctx: *mut c_void) -> i64 {
-    snap::<true>(index)
+    snap(index)
 }
 
 extern "C" fn snap_more_step(index: u64, _ctx: *mut c_void) -> i64 {
@@ -1361,7 +1359,7 @@ extern "C" fn snap_more_step(index: u64, _ctx: *mut c_void) -> i64 {
     };
     // SAFETY: this CPU's walk state, written by `walk_python`.
     let from = unsafe { core::ptr::read_volatile(&(*w).snap_from) } as u64;
-    snap::<true>(from + index)
+    snap(from + index)
 }
 
 extern "C" fn unknown_step(index: u64, _ctx: *mut c_void) -> i64 {
@@ -1423,7 +1421,6 @@ fn unknown(i: u64) -> i64 {
     }
     w.snap_code[k] = code;
     w.snap_at[k] = i as u32;
-    w.snap_lines[k] = 1;
     w.snaps = k as u32 + 1;
     f.flags |= (k as u32 + 1) << PY_FRAME_SNAP_SHIFT;
     w.copied_code[slot] = code;
@@ -1435,7 +1432,7 @@ fn unknown(i: u64) -> i64 {
 /// Copies the `k`th code head the walk chose into the record, after its Python frames, with the
 /// starts of its name and file name strings. Returns 1 to stop.
 #[inline(always)]
-fn snap<const LINES: bool>(k: u64) -> i64 {
+fn snap(k: u64) -> i64 {
     let k = k as usize;
     let Some(w) = WALK.get_ptr_mut(0) else {
         return 1;
@@ -1475,11 +1472,10 @@ fn snap<const LINES: bool>(k: u64) -> i64 {
         n = PY_CODE_SNAP;
     }
     // A zero type word marks a copy as failed (or not taken).
-    // SAFETY: 16 <= PY_NAME_SNAP, PY_FILE_SNAP and PY_LINES_SNAP.
+    // SAFETY: 16 <= PY_NAME_SNAP and PY_FILE_SNAP.
     unsafe {
         (snap.name.as_mut_ptr().add(8) as *mut u64).write_unaligned(0);
         (snap.file.as_mut_ptr().add(8) as *mut u64).write_unaligned(0);
-        (snap.lines.as_mut_ptr().add(8) as *mut u64).write_unaligned(0);
     }
     // SAFETY: n <= PY_CODE_SNAP, the size of the destination; the source is a user address.
     let r = unsafe {
@@ -1508,20 +1504,12 @@ fn snap<const LINES: bool>(k: u64) -> i64 {
         let addr = unsafe { (snap.head.as_ptr().add(off) as *const u64).read_unaligned() };
         copy_string(&mut snap.file, addr);
     }
-    // The line table where the walk asked for it (see `step`). Not in the compat set: its
-    // copies are verified one by one, and 5.10 refuses the switch program with them.
-    let off = w.pc.code_linetable as usize;
-    if LINES && w.snap_lines[k] != 0 && off <= PY_CODE_SNAP - 8 {
-        // SAFETY: as above.
-        let addr = unsafe { (snap.head.as_ptr().add(off) as *const u64).read_unaligned() };
-        copy_string(&mut snap.lines, addr);
-    }
     0
 }
 
-/// Copies the start of the string (or bytes) object at user address `addr` into `to` (its type
-/// word zeroed if the read failed). A short string may end a few bytes before an unmapped page
-/// (the end of an allocator arena): then what is left of the page is copied.
+/// Copies the start of the string object at user address `addr` into `to` (its type word
+/// zeroed if the read failed). A short string may end a few bytes before an unmapped page (the
+/// end of an allocator arena): then what is left of the page is copied.
 #[inline(always)]
 fn copy_string<const N: usize>(to: &mut [u8; N], addr: u64) {
     // SAFETY: N bytes into a buffer of that size; the source is a user address.
@@ -1652,9 +1640,6 @@ fn step<const CALLEES: bool>(index: u64) -> i64 {
             if CALLEES && once != 0 && callee != 0 && !outer && k < PY_CODE_SNAPS {
                 w.snap_code[k & (PY_CODE_SNAPS - 1)] = callee;
                 w.snap_at[k & (PY_CODE_SNAPS - 1)] = w.callee_at;
-                if CALLEES {
-                    w.snap_lines[k & (PY_CODE_SNAPS - 1)] = 1;
-                }
                 w.snaps = k as u32 + 1;
             }
             // Read back from memory: a count carried over in a register lets the compiler join
@@ -1664,13 +1649,6 @@ fn step<const CALLEES: bool>(index: u64) -> i64 {
             if (k == 0 || once != 0) && k < PY_CODE_SNAPS {
                 w.snap_code[k & (PY_CODE_SNAPS - 1)] = code;
                 w.snap_at[k & (PY_CODE_SNAPS - 1)] = i as u32;
-                // Line tables of module bodies but the outermost (a program's main module,
-                // which outlives its samples), as of the functions they call (above): the
-                // memory of one that ended is often taken by the next, at the same address, so
-                // what user space read there is no guide.
-                if CALLEES {
-                    w.snap_lines[k & (PY_CODE_SNAPS - 1)] = (once != 0 && !outer) as u8;
-                }
                 w.snaps = k as u32 + 1;
                 w.callee = 0;
             } else {

@@ -349,12 +349,10 @@ fn c_calling_python_in_a_loop_keeps_every_frame() {
 /// - Each run makes its code objects and their strings where the last run's were, so address,
 ///   type and string addresses alike: 33-52% of these samples showed another module's
 ///   `<module>` frame. Now a frame's name is checked against the copies of its strings.
-/// - The line tables went with the code: 50-75% of these samples showed `<module>:1`, the
-///   module's first line, not the line that runs. Now the walk also copies the start of the
-///   line table of code user space has not read, and of module bodies but the outermost.
 ///
-/// Up to 1% still show another module's `b_N`, or a function's first line: code at an address
-/// user space has read is taken for the code it read there.
+/// Up to 1% still show another module's `b_N`: code at an address user space has read is taken
+/// for the code it read there. Lines are not checked: the line table of code freed before user
+/// space reads it is gone, and such a frame shows its function's first line.
 const SHORT_LIVED_CODE: &str = r#"
 import time
 SRC = """
@@ -388,7 +386,7 @@ fn code_freed_moments_after_it_ran_is_named() {
         check(label, &out, 0.99);
         // Each sample in a generated module's loop has that module's three functions, in order.
         let text = std::fs::read_to_string(&out).unwrap();
-        let (mut inner, mut whole, mut exact, mut all) = (0u64, 0u64, 0u64, 0u64);
+        let (mut inner, mut whole, mut all) = (0u64, 0u64, 0u64);
         let mut modules = std::collections::BTreeSet::new();
         for line in text.lines() {
             let (stack, n) = line.rsplit_once(' ').unwrap();
@@ -423,17 +421,10 @@ fn code_freed_moments_after_it_ran_is_named() {
             if in_order {
                 whole += n;
                 modules.insert(i.to_string());
-                let lines = [
-                    format!(";generated_{i}.py:<module>:15;generated_{i}.py:a_{i}:3;"),
-                    format!(";generated_{i}.py:b_{i}:6;"),
-                ];
-                if lines.iter().all(|l| stack.contains(l.as_str())) {
-                    exact += n;
-                }
             }
         }
         eprintln!(
-            "{label}: {whole} of {inner} samples in c_N whole ({exact} with their lines), of {all}; {} modules",
+            "{label}: {whole} of {inner} samples in c_N whole, of {all}; {} modules",
             modules.len()
         );
         assert!(
@@ -445,10 +436,6 @@ fn code_freed_moments_after_it_ran_is_named() {
             "{label}: {whole} of {inner} samples in the generated loops under their whole \
              chain; {} of 500 modules seen",
             modules.len()
-        );
-        assert!(
-            exact as f64 >= 0.97 * inner as f64,
-            "{label}: {exact} of {inner} samples in the generated loops with the lines that ran"
         );
     }
 }

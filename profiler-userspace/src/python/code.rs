@@ -20,9 +20,6 @@ pub struct CodeInfo {
     pub linetable: Vec<u8>,
     /// What the cache validates a hit with: the type, file and name pointers.
     pub ident: [u64; 3],
-    /// The line table is the start of the real one (copied at a sample): instructions past it
-    /// have the first line, and are not a sign of a corrupt table.
-    pub lines_cut: bool,
 }
 
 impl CodeInfo {
@@ -136,22 +133,6 @@ fn read_bytes_object(remote: &Remote, addr: u64) -> Option<Vec<u8>> {
         return Some(Vec::new());
     }
     remote.read(addr + 32, size)
-}
-
-/// The contents of a bytes object (a line table) from a copy of its start taken at a sample
-/// (`CodeSnap::lines`): all of them, or as many as were copied (then with `true`). None where
-/// nothing was copied, or the copy is not of a live object.
-pub fn bytes_from_copy(layout: &Layout, copy: &[u8]) -> Option<(Vec<u8>, bool)> {
-    let c = taken(Some(copy))?;
-    if freed(layout, c) {
-        return None;
-    }
-    let size = le_u64(c, 16)? as usize;
-    if size > MAX_LINETABLE {
-        return None;
-    }
-    let d = c.get(32..)?;
-    Some((d[..size.min(d.len())].to_vec(), size > d.len()))
 }
 
 /// Bytes of a code object read for validation and resolution.
@@ -317,7 +298,6 @@ pub fn read_code(
         firstlineno: firstlineno.max(0) as u32,
         linetable,
         ident: id,
-        lines_cut: false,
     })
 }
 
@@ -351,7 +331,7 @@ pub fn line_lookup(minor: u32, code: &CodeInfo, instr: i32) -> (u32, bool) {
         Some(l) if l > i32::MAX as i64 => Err(()),
         other => Ok(other),
     });
-    let corrupt = found.is_err() && !code.lines_cut;
+    let corrupt = found.is_err();
     let line = found
         .ok()
         .flatten()
@@ -495,7 +475,6 @@ mod tests {
             firstlineno: first,
             linetable: table,
             ident: [0; 3],
-            lines_cut: false,
         }
     }
 
@@ -701,50 +680,6 @@ mod tests {
             file_name(&me, &l, short.as_ptr() as u64, None, 0x5555).as_deref(),
             Some("/srv/app/views.py")
         );
-    }
-
-    /// A line table copied at a sample: the whole table when it fits the copy, its start
-    /// (marked cut) when it does not, nothing from a failed copy or a freed object; and a line
-    /// past a cut table's end is the first line, not a sign of a corrupt table.
-    #[test]
-    fn line_tables_come_from_a_copy_of_their_start() {
-        let l = crate::python::layout::builtin(12).unwrap();
-        let bytes = |table: &[u8], copied: usize| {
-            let mut b = vec![0u8; copied];
-            b[0..8].copy_from_slice(&1u64.to_le_bytes());
-            b[8..16].copy_from_slice(&0x7777u64.to_le_bytes());
-            b[16..24].copy_from_slice(&(table.len() as u64).to_le_bytes());
-            let n = table.len().min(copied - 32);
-            b[32..32 + n].copy_from_slice(&table[..n]);
-            b
-        };
-        let table: Vec<u8> = (0..100u8).collect();
-        assert_eq!(
-            bytes_from_copy(&l, &bytes(&table, 512)),
-            Some((table.clone(), false))
-        );
-        assert_eq!(
-            bytes_from_copy(&l, &bytes(&table, 64)),
-            Some((table[..32].to_vec(), true))
-        );
-        let mut failed = bytes(&table, 512);
-        failed[8..16].fill(0);
-        assert_eq!(bytes_from_copy(&l, &failed), None);
-        let mut freed = bytes(&table, 512);
-        freed[0..8].copy_from_slice(&0x7f00_1234_5678u64.to_le_bytes());
-        assert_eq!(bytes_from_copy(&l, &freed), None);
-        // One entry (3.11+ location table): 1 code unit on the first line, then nothing.
-        let mut c = CodeInfo {
-            name: Arc::from("f"),
-            file: Arc::from("f.py"),
-            firstlineno: 7,
-            linetable: vec![0x80 | (13 << 3), 0],
-            ident: [0; 3],
-            lines_cut: true,
-        };
-        assert_eq!(line_lookup(12, &c, 40), (7, false));
-        c.lines_cut = false;
-        assert!(line_lookup(12, &c, 40).1);
     }
 
     /// A name copied at the sample decodes from the copy alone (at any address), only when all

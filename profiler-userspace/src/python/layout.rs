@@ -471,8 +471,7 @@ impl Layout {
             interp_threads_head: self.interp_threads_head as u32,
             tstate_next: self.tstate_next as u32,
             tstate_thread_id: self.thread_id as u32,
-            code_head_len: super::code::header_len(self).min(profiler_common::PY_CODE_SNAP) as u16,
-            code_linetable: self.code_linetable as u16,
+            code_head_len: super::code::header_len(self).min(profiler_common::PY_CODE_SNAP) as u32,
             frame_locals: if self.frame_locals < self.frame_read {
                 self.frame_locals
             } else {

@@ -870,11 +870,9 @@ impl PyProcess {
                 file: Some(&snap.file),
             },
         )?;
-        // The line table went with the code object: its bytes may be anything now. Its copy
-        // taken at the sample (of code user space had not read) gives the lines it covers;
-        // without one, the frame shows the function's first line.
-        (c.linetable, c.lines_cut) =
-            code::bytes_from_copy(&self.layout, &snap.lines).unwrap_or_default();
+        // The line table went with the code object: its bytes may be anything now. The frame
+        // shows the function's first line.
+        c.linetable.clear();
         Some(Arc::new(c))
     }
 
