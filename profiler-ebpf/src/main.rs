@@ -1316,15 +1316,22 @@ fn walk_python<const MODERN: bool>(cpu: u32, pc: &PyProcConfig, tstate: u64) {
                 core::ptr::null_mut(),
                 0,
             );
-            // Then the heads of code user space has not read (`unknown`), after those.
+            // Then the heads of code user space has not read (`unknown`), after those; not while
+            // the ring holds more than its wake-up mark: a reader that falls behind has not
+            // read the code either, and larger records would only put it further behind.
             let w = &mut *w;
             w.snap_from = core::ptr::read_volatile(&w.snaps);
-            bpf_loop(
-                MAX_PY_FRAMES as u32,
-                unknown_step as *mut c_void,
-                core::ptr::null_mut(),
-                0,
-            );
+            let behind = CONFIG
+                .get(0)
+                .is_none_or(|c| SAMPLES.query(BPF_RB_AVAIL_DATA as u64) >= c.wakeup_bytes as u64);
+            if !behind {
+                bpf_loop(
+                    MAX_PY_FRAMES as u32,
+                    unknown_step as *mut c_void,
+                    core::ptr::null_mut(),
+                    0,
+                );
+            }
             bpf_loop(
                 PY_CODE_SNAPS as u32,
                 snap_more_step as *mut c_void,

@@ -465,8 +465,16 @@ impl Capture {
     }
 
     /// Tells the frame walk that user space has read these code objects (`known_code_word`s):
-    /// it stops copying their heads. A word whose slot already holds it is not written again.
+    /// it stops copying their heads. A word whose slot already holds it is not written again,
+    /// and at most `KNOWN_WRITES` are written a call (one system call each: a process's start
+    /// names thousands of code objects, and the reader must not stall on them). The compat set
+    /// does not read the table: nothing is written for it.
     pub fn set_known_codes(&mut self, words: &[u64]) {
+        /// Writes to `KNOWN_CODES` a call, at most.
+        const KNOWN_WRITES: usize = 256;
+        if self.programs.sample != names::PROG_SAMPLE {
+            return;
+        }
         let Ok(mut m) = Array::<_, u64>::try_from(
             self.bpf
                 .map_mut(names::MAP_KNOWN_CODES)
@@ -477,10 +485,18 @@ impl Capture {
         if self.known_codes.is_empty() {
             self.known_codes = vec![0; profiler_common::KNOWN_CODES];
         }
+        let mut writes = 0;
         for &w in words {
             let slot = profiler_common::known_code_slot(w);
             let held = &mut self.known_codes[slot as usize];
-            if *held != w && m.set(slot, w, 0).is_ok() {
+            if *held == w {
+                continue;
+            }
+            if writes == KNOWN_WRITES {
+                break;
+            }
+            writes += 1;
+            if m.set(slot, w, 0).is_ok() {
                 *held = w;
             }
         }
