@@ -1331,13 +1331,13 @@ fn walk_python<const MODERN: bool>(cpu: u32, pc: &PyProcConfig, tstate: u64) {
                     core::ptr::null_mut(),
                     0,
                 );
+                bpf_loop(
+                    PY_CODE_SNAPS as u32,
+                    snap_more_step as *mut c_void,
+                    core::ptr::null_mut(),
+                    0,
+                );
             }
-            bpf_loop(
-                PY_CODE_SNAPS as u32,
-                snap_more_step as *mut c_void,
-                core::ptr::null_mut(),
-                0,
-            );
         }
     } else {
         for k in 0..PY_CODE_SNAPS {

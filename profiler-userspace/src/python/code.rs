@@ -51,6 +51,40 @@ pub fn unicode_from_copy(layout: &Layout, addr: u64, copy: &[u8], str_type: u64)
     })
 }
 
+/// Whether a copy of a string taken at a sample (`unicode_from_copy`) agrees with `known`: a
+/// compact ASCII string held whole by its copy is compared in place (this runs for the copied
+/// frames of every sample), another is decoded; one the copy cannot tell agrees.
+pub fn copy_agrees(layout: &Layout, addr: u64, copy: &[u8], str_type: u64, known: &str) -> bool {
+    if taken(Some(copy)).is_none() {
+        return true;
+    }
+    let ascii = (|| {
+        if freed(layout, copy) || (str_type != 0 && le_u64(copy, 8)? != str_type) {
+            return None;
+        }
+        let len = le_u64(copy, 16)? as usize;
+        let state = le_u32(copy, 32)?;
+        (state & (1 << 5) != 0 && state & (1 << 6) != 0)
+            .then(|| {
+                copy.get(layout.unicode_ascii_data..layout.unicode_ascii_data.checked_add(len)?)
+            })
+            .flatten()
+    })();
+    match ascii {
+        Some(chars) => chars == known.as_bytes(),
+        None => unicode_from_copy(layout, addr, copy, str_type).is_none_or(|s| s == known),
+    }
+}
+
+/// The address of a code object's (qualified) name, from its head: what frames are named by.
+pub fn name_ptr(layout: &Layout, head: &[u8]) -> Option<u64> {
+    layout
+        .code_qualname
+        .and_then(|q| le_u64(head, q))
+        .filter(|&p| p != 0)
+        .or_else(|| le_u64(head, layout.code_name))
+}
+
 /// Whether an object's head (`head` starts at its reference count) is that of a freed object:
 /// the allocator keeps its free list in the first word, so a freed block holds a pointer there
 /// (or 0 at the list's end), never a count a live object can have. Up to 3.13 a live count is
@@ -269,11 +303,7 @@ pub fn read_code(
     if freed(layout, head) || (types.code != 0 && id[0] != types.code) {
         return None;
     }
-    let name_ptr = layout
-        .code_qualname
-        .and_then(|q| le_u64(head, q))
-        .filter(|&p| p != 0)
-        .unwrap_or(id[2]);
+    let name_ptr = name_ptr(layout, head)?;
     let read = |p: u64| read_unicode(remote, layout, p, types.str);
     let (copied, start) = match taken(copies.name) {
         Some(_) => copied_string(remote, layout, name_ptr, copies.name, types.str),
@@ -680,6 +710,25 @@ mod tests {
             file_name(&me, &l, short.as_ptr() as u64, None, 0x5555).as_deref(),
             Some("/srv/app/views.py")
         );
+    }
+
+    /// A copy agrees with a known string only when it holds that string; a copy that does not
+    /// hold a whole string (longer than the copy, or not taken) cannot tell, and agrees.
+    #[test]
+    fn copies_agree_only_with_the_string_they_hold() {
+        let l = crate::python::layout::builtin(12).unwrap();
+        let a = ascii_str(&l, b"generated_104.py");
+        let agrees = |copy: &[u8], known: &str| copy_agrees(&l, 0x1000, copy, 0x5555, known);
+        assert!(agrees(&a, "generated_104.py"));
+        assert!(!agrees(&a, "generated_264.py"));
+        assert!(!agrees(&a, "generated_104.p"));
+        let long = ascii_str(&l, "x".repeat(300).as_bytes());
+        assert!(agrees(&long[..96], "y"));
+        let mut failed = a.clone();
+        failed[8..16].fill(0);
+        assert!(agrees(&failed, "anything"));
+        // Not a string of the target's type: it cannot tell either.
+        assert!(copy_agrees(&l, 0x1000, &a, 0x6666, "generated_264.py"));
     }
 
     /// A name copied at the sample decodes from the copy alone (at any address), only when all

@@ -882,17 +882,13 @@ impl PyProcess {
     /// over (modules run by `exec`) gets the same memory, its strings included, each time.
     fn copies_agree(&self, ci: &CodeInfo, head: &[u8], snap: &profiler_common::CodeSnap) -> bool {
         let l = &self.layout;
-        let name_ptr = l
-            .code_qualname
-            .and_then(|q| le_u64(head, q))
-            .filter(|&p| p != 0)
-            .or_else(|| le_u64(head, l.code_name))
-            .unwrap_or(0);
-        let file_ptr = le_u64(head, l.code_filename).unwrap_or(0);
-        let agrees = |ptr: u64, copy: &[u8], known: &str| {
-            code::unicode_from_copy(l, ptr, copy, self.str_type).is_none_or(|s| s == known)
+        let (Some(name_ptr), Some(file_ptr)) =
+            (code::name_ptr(l, head), le_u64(head, l.code_filename))
+        else {
+            return true;
         };
-        agrees(name_ptr, &snap.name, &ci.name) && agrees(file_ptr, &snap.file, &ci.file)
+        code::copy_agrees(l, name_ptr, &snap.name, self.str_type, &ci.name)
+            && code::copy_agrees(l, file_ptr, &snap.file, self.str_type, &ci.file)
     }
 
     /// Whether frame `f`'s code, as copied at the sample (if it was), was an object of another
@@ -1591,19 +1587,6 @@ impl PythonRegistry {
             let frame = match info {
                 Some(ci) => p.frame_for(out, f.code, &ci, f.instr, innermost),
                 None => {
-                    if std::env::var_os("DBG_UNRES").is_some() {
-                        let h = p.remote.read(f.code, 64);
-                        let sn = snap
-                            .checked_sub(1)
-                            .and_then(|k| s.code_snaps.get(k))
-                            .map(|c| {
-                                (
-                                    c.head[..64].to_vec(),
-                                    String::from_utf8_lossy(&c.name[..96]).to_string(),
-                                )
-                            });
-                        eprintln!("UNRES pid {} code {:#x} instr {} flags {:#x} snap {} ct {:#x} known {:?} head {:x?} snaphead {:x?} frames {:x?}", s.pid, f.code, f.instr, f.flags, snap, p.code_type, p.codes.get(&f.code).map(|c| c.0.name.clone()), h, sn, s.py_frames.iter().map(|f| (f.code, f.instr, f.flags)).collect::<Vec<_>>());
-                    }
                     out.count(PyEvent::Unresolved);
                     out.unresolved_frame()
                 }
