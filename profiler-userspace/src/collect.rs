@@ -825,16 +825,16 @@ impl Collector {
         std::mem::replace(&mut self.profile, next)
     }
 
-    /// Drops what is kept about processes that are gone (long runs see many come and go).
-    /// Called right after a drain, so no record of theirs is still waiting.
-    pub fn sweep(&mut self) {
-        let alive = |pid: u32| std::path::Path::new(&format!("/proc/{pid}")).exists();
-        self.procs.retain(|&pid, _| alive(pid));
+    /// Drops what is kept about processes that are gone (long runs see many come and go):
+    /// `gone` says which are, and have no record still waiting to be read (a reader behind
+    /// reads a process's last samples after it has exited, and needs its maps and runtime then).
+    pub fn sweep(&mut self, gone: &mut impl FnMut(u32) -> bool) {
+        self.procs.retain(|&pid, _| !gone(pid));
         // Names are given before their threads' entries go with them.
         self.apply_thread_names();
         self.thread_names
-            .retain(|&(pid, tid), _| alive(pid) && alive_task(pid, tid));
-        self.python.sweep(alive);
+            .retain(|&(pid, tid), _| !gone(pid) && alive_task(pid, tid));
+        self.python.sweep(gone);
     }
 
     /// Processes that exec'd, and new children of targets, since the last call.

@@ -517,3 +517,188 @@ fn a_second_sigint_while_writing_exits_at_once() {
     // Whatever is under a final name is whole.
     let _: Value = serde_json::from_slice(&std::fs::read(&first).unwrap()).unwrap();
 }
+
+/// Sleeps and burns CPU by turns once `go` exists, and exits while burning.
+const LATE_READ: &str = r#"
+import os, sys, time
+
+def leaf(n):
+    s = 0
+    for i in range(n):
+        s += i
+    return s
+
+def burn(secs):
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < secs:
+        leaf(200)
+
+def nap(t):
+    time.sleep(t)
+
+while not os.path.exists(sys.argv[1]):
+    time.sleep(0.01)
+for _ in range(3):
+    nap(0.5)
+    burn(0.4)
+"#;
+
+/// A CPU quota on one process, as a container's CPU limit: a cgroup of the `cpu` controller
+/// (v1 here; v2's `cpu.max` where that is the hierarchy).
+struct CpuQuota(std::path::PathBuf, bool);
+
+impl CpuQuota {
+    fn new(name: &str) -> CpuQuota {
+        let v1 = Path::new("/sys/fs/cgroup/cpu");
+        let (dir, v1) = if v1.join("cgroup.procs").exists() {
+            (v1.join(name), true)
+        } else {
+            let v2 = Path::new("/sys/fs/cgroup");
+            assert!(
+                v2.join("cgroup.controllers").exists(),
+                "no cgroup cpu controller to throttle the profiler with"
+            );
+            (v2.join(name), false)
+        };
+        let _ = std::fs::create_dir(&dir);
+        let q = CpuQuota(dir, v1);
+        q.set(None);
+        q
+    }
+
+    /// Microseconds of CPU per second, or none.
+    fn set(&self, us: Option<u64>) {
+        let w = |f: &str, v: String| {
+            std::fs::write(self.0.join(f), &v).unwrap_or_else(|e| panic!("{f} <- {v}: {e}"))
+        };
+        if self.1 {
+            w("cpu.cfs_period_us", "1000000".into());
+            w(
+                "cpu.cfs_quota_us",
+                us.map_or("-1".into(), |u| u.to_string()),
+            );
+        } else {
+            w(
+                "cpu.max",
+                format!("{} 1000000", us.map_or("max".into(), |u| u.to_string())),
+            );
+        }
+    }
+
+    fn procs(&self) -> std::path::PathBuf {
+        self.0.join("cgroup.procs")
+    }
+}
+
+/// A profiler held to a few ms of CPU a second (a container's CPU limit) reads the samples of a
+/// command long after it exited: they keep their Python frames, and each sleep is where it
+/// slept. (What was known of a dead process was forgotten by the next thread-map refresh, while
+/// its last seconds of records still waited in the ring.)
+#[test]
+fn a_command_read_after_it_exited_keeps_its_frames() {
+    require_root();
+    let dir = scratch("late-read");
+    let script = dir.join("late.py");
+    std::fs::write(&script, LATE_READ).unwrap();
+    let go = dir.join("go");
+    let quota = CpuQuota::new("tachyon-bpf-late-read");
+    let out = dir.join("late.json");
+    let py = python("3.11.7");
+    let mut profiler = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "echo $$ > {} && exec {} -v -o {} -- {} {} {}",
+            quota.procs().display(),
+            profiler_bin().display(),
+            out.display(),
+            py.display(),
+            script.display(),
+            go.display()
+        ))
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = profiler.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        use std::io::BufRead;
+        let mut all = String::new();
+        for line in std::io::BufReader::new(&mut err)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if line.contains("kernel symbols") {
+                let _ = tx.send(());
+            }
+            all.push_str(&line);
+            all.push('\n');
+        }
+        all
+    });
+    // The command runs outside the quota: only the profiler is held back, once its programs
+    // are loaded (`-v` then says where kernel symbols came from) and the command is found.
+    let attached = rx.recv_timeout(Duration::from_secs(30));
+    let command = (0..3000).find_map(|_| {
+        let pid = std::fs::read_to_string(quota.procs())
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.trim().parse::<u32>().ok())
+            .find(|&p| p != profiler.id());
+        if pid.is_none() {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        pid
+    });
+    let root = quota.0.parent().unwrap().join("cgroup.procs");
+    if let Some(pid) = command {
+        std::fs::write(&root, pid.to_string()).unwrap();
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    quota.set(Some(3000));
+    std::fs::write(&go, "").unwrap();
+    // Its records are read at the profiler's pace, after it exited.
+    let gone = |pid: u32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |s| {
+            s.rsplit(')')
+                .next()
+                .unwrap_or("")
+                .trim_start()
+                .starts_with('Z')
+        })
+    };
+    let t0 = Instant::now();
+    while command.is_some_and(|p| !gone(p)) && t0.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    quota.set(None);
+    wait_timeout(&mut profiler, Duration::from_secs(120));
+    let status = profiler.wait().unwrap();
+    let err = reader.join().unwrap();
+    let _ = std::fs::remove_dir(&quota.0);
+    assert!(attached.is_ok(), "the profiler did not attach: {err}");
+    assert!(command.is_some(), "the command never started: {err}");
+    assert!(status.success(), "{err}");
+    let p: Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+    let lag = p["meta"]["tachyon"]["maxReaderLagMs"].as_f64().unwrap();
+    assert!(
+        lag > 1000.0,
+        "the throttled reader was not behind: {lag} ms\n{err}"
+    );
+    let v = Viewer::load(&out).unwrap();
+    let procs = v.processes().unwrap();
+    let t = &process_named(&procs, "late.py").threads[0];
+    let c = v.call_paths(&t.handle).unwrap();
+    let burn = c.count(|n| n.iter().any(|f| f == "burn"));
+    let nap = c.count(|n| {
+        let py = n.iter().position(|f| f == "nap");
+        let k = n.iter().position(|f| f == "do_nanosleep");
+        matches!((py, k), (Some(a), Some(b)) if a < b)
+    });
+    eprintln!("reader {lag:.0} ms behind: burn {burn} ms, nap -> do_nanosleep {nap} ms");
+    assert!(
+        burn >= 1170 && nap >= 1450,
+        "reader {lag:.0} ms behind: {burn} ms in burn (of 1200), {nap} ms in nap -> \
+         do_nanosleep (of 1500)\n{err}"
+    );
+}

@@ -1259,9 +1259,9 @@ impl PythonRegistry {
     }
 
     /// Forgets the not-Python verdicts of processes that are gone.
-    pub fn sweep(&mut self, alive: impl Fn(u32) -> bool) {
-        self.not_python.retain(|k, _| alive(k.0));
-        self.reported.retain(|&pid| alive(pid));
+    pub fn sweep(&mut self, gone: &mut impl FnMut(u32) -> bool) {
+        self.not_python.retain(|k, _| !gone(k.0));
+        self.reported.retain(|&pid| !gone(pid));
     }
 
     /// A new profile started (continuous runs): function and frame ids of the old one are void.

@@ -130,10 +130,34 @@ pub struct Session<T: Targets> {
     /// of the generator that spaces them.
     task_pass_at: Instant,
     task_rng: u64,
+    /// When a drain last found no record waiting.
+    emptied: Option<Instant>,
+    /// Processes found dead, and since when: what is known of one is kept until no record of
+    /// its can be waiting (`gone`).
+    dead: std::collections::HashMap<u32, Instant>,
 }
+
+/// How long what is known of a dead process is kept at most while its records may still be
+/// waiting (a reader that never catches up).
+const DEAD_KEPT: Duration = Duration::from_secs(30);
 
 fn alive(pid: u32) -> bool {
     std::path::Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// Whether `pid` is gone, and no record of its can still be waiting to be read: it was found
+/// dead (now or before, as `dead` notes) before a drain that `emptied` the ring, or long ago.
+/// Its last records, read late by a reader behind, need what is known of it.
+fn gone(
+    dead: &mut std::collections::HashMap<u32, Instant>,
+    emptied: Option<Instant>,
+    pid: u32,
+) -> bool {
+    if alive(pid) {
+        return false;
+    }
+    let since = *dead.entry(pid).or_insert_with(Instant::now);
+    emptied.is_some_and(|e| e > since) || since.elapsed() >= DEAD_KEPT
 }
 
 fn list_pids() -> Vec<u32> {
@@ -158,6 +182,8 @@ impl<T: Targets> Session<T> {
             ticks: 0,
             task_pass_at: Instant::now(),
             task_rng: 0x9e37_79b9_7f4a_7c15,
+            emptied: None,
+            dead: std::collections::HashMap::new(),
         };
         s.discover(true, true);
         s
@@ -181,7 +207,14 @@ impl<T: Targets> Session<T> {
             self.pass_over_tasks();
         }
         if self.ticks.is_multiple_of(SWEEP_TICKS) {
-            self.collector.sweep();
+            let (mut dead, emptied) = (std::mem::take(&mut self.dead), self.emptied);
+            self.collector
+                .sweep(&mut |pid| gone(&mut dead, emptied, pid));
+            // Those forgotten everywhere now, and those alive again (a pid reused), are dropped.
+            dead.retain(|&pid, &mut since| {
+                !alive(pid) && !emptied.is_some_and(|e| e > since) && since.elapsed() < DEAD_KEPT
+            });
+            self.dead = dead;
         }
     }
 
@@ -218,16 +251,21 @@ impl<T: Targets> Session<T> {
     fn drain_until(&mut self, source: &mut impl RecordSource, until: Option<Instant>) -> u32 {
         let mut n = 0u32;
         self.collector.python.new_epoch();
+        let mut emptied = true;
         while let Some(record) = source.next_record(Record::parse) {
             n += 1;
             if n.is_multiple_of(EPOCH_RECORDS) {
                 self.collector.python.new_epoch();
                 if until.is_some_and(|t| Instant::now() >= t) {
                     self.handle(record);
+                    emptied = false;
                     break;
                 }
             }
             self.handle(record);
+        }
+        if emptied {
+            self.emptied = Some(Instant::now());
         }
         let known = self.collector.python.take_known_codes();
         if !known.is_empty() {
@@ -445,7 +483,10 @@ impl<T: Targets> Session<T> {
         };
         for pid in pids {
             if !alive(pid) {
-                self.forget_python(pid);
+                if gone(&mut self.dead, self.emptied, pid) {
+                    self.dead.remove(&pid);
+                    self.forget_python(pid);
+                }
                 continue;
             }
             if let Some(cfg) = self.collector.find_asyncio(pid) {
