@@ -591,29 +591,32 @@ impl CpuQuota {
 }
 
 /// A profiler held to a few ms of CPU a second (a container's CPU limit) reads the samples of a
-/// command long after it exited: they keep their Python frames, and each sleep is where it
+/// process long after it exited: they keep their Python frames, and each sleep is where it
 /// slept. (What was known of a dead process was forgotten by the next thread-map refresh, while
 /// its last seconds of records still waited in the ring.)
 #[test]
-fn a_command_read_after_it_exited_keeps_its_frames() {
+fn a_process_read_after_it_exited_keeps_its_frames() {
     require_root();
     let dir = scratch("late-read");
     let script = dir.join("late.py");
     std::fs::write(&script, LATE_READ).unwrap();
     let go = dir.join("go");
+    let mut target = Command::new(python("3.11.7"))
+        .arg(&script)
+        .arg(&go)
+        .spawn()
+        .unwrap();
     let quota = CpuQuota::new("tachyon-bpf-late-read");
     let out = dir.join("late.json");
-    let py = python("3.11.7");
+    // 10 kHz: more records wait when the target exits than one drain reads.
     let mut profiler = Command::new("sh")
         .arg("-c")
         .arg(format!(
-            "echo $$ > {} && exec {} -v -o {} -- {} {} {}",
+            "echo $$ > {} && exec {} -v -r 10000 -p {} -d 12 -o {}",
             quota.procs().display(),
             profiler_bin().display(),
-            out.display(),
-            py.display(),
-            script.display(),
-            go.display()
+            target.id(),
+            out.display()
         ))
         .stderr(Stdio::piped())
         .spawn()
@@ -635,41 +638,14 @@ fn a_command_read_after_it_exited_keeps_its_frames() {
         }
         all
     });
-    // The command runs outside the quota: only the profiler is held back, once its programs
-    // are loaded (`-v` then says where kernel symbols came from) and the command is found.
+    // Held back once attached (`-v` then says where kernel symbols came from) and the target
+    // found (at the start, in well under a second).
     let attached = rx.recv_timeout(Duration::from_secs(30));
-    let command = (0..3000).find_map(|_| {
-        let pid = std::fs::read_to_string(quota.procs())
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| l.trim().parse::<u32>().ok())
-            .find(|&p| p != profiler.id());
-        if pid.is_none() {
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        pid
-    });
-    let root = quota.0.parent().unwrap().join("cgroup.procs");
-    if let Some(pid) = command {
-        std::fs::write(&root, pid.to_string()).unwrap();
-    }
     std::thread::sleep(Duration::from_secs(1));
     quota.set(Some(3000));
     std::fs::write(&go, "").unwrap();
+    let _ = target.wait();
     // Its records are read at the profiler's pace, after it exited.
-    let gone = |pid: u32| {
-        std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |s| {
-            s.rsplit(')')
-                .next()
-                .unwrap_or("")
-                .trim_start()
-                .starts_with('Z')
-        })
-    };
-    let t0 = Instant::now();
-    while command.is_some_and(|p| !gone(p)) && t0.elapsed() < Duration::from_secs(30) {
-        std::thread::sleep(Duration::from_millis(10));
-    }
     std::thread::sleep(Duration::from_secs(2));
     quota.set(None);
     wait_timeout(&mut profiler, Duration::from_secs(120));
@@ -677,7 +653,6 @@ fn a_command_read_after_it_exited_keeps_its_frames() {
     let err = reader.join().unwrap();
     let _ = std::fs::remove_dir(&quota.0);
     assert!(attached.is_ok(), "the profiler did not attach: {err}");
-    assert!(command.is_some(), "the command never started: {err}");
     assert!(status.success(), "{err}");
     let p: Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
     let lag = p["meta"]["tachyon"]["maxReaderLagMs"].as_f64().unwrap();
@@ -690,15 +665,26 @@ fn a_command_read_after_it_exited_keeps_its_frames() {
     let t = &process_named(&procs, "late.py").threads[0];
     let c = v.call_paths(&t.handle).unwrap();
     let burn = c.count(|n| n.iter().any(|f| f == "burn"));
+    // Samples in the interpreter without a Python frame, or with one not named: what was lost.
+    let bare = c.count(|n| {
+        let eval = n.iter().any(|f| f.contains("_PyEval_EvalFrame"));
+        let named = n.iter().any(|f| f == "<module>");
+        eval && (!named || n.iter().any(|f| f.contains("<unresolved")))
+    });
     let nap = c.count(|n| {
         let py = n.iter().position(|f| f == "nap");
         let k = n.iter().position(|f| f == "do_nanosleep");
         matches!((py, k), (Some(a), Some(b)) if a < b)
     });
-    eprintln!("reader {lag:.0} ms behind: burn {burn} ms, nap -> do_nanosleep {nap} ms");
+    let lost = p["meta"]["tachyon"]["lost"].as_u64().unwrap();
+    eprintln!(
+        "reader {lag:.0} ms behind ({lost} samples lost): burn {burn} ms, {bare} ms in the \
+         interpreter without its frames, nap -> do_nanosleep {nap} ms"
+    );
+    // Samples the full ring refused are lost to every function alike; those kept are whole.
     assert!(
-        burn >= 1170 && nap >= 1450,
-        "reader {lag:.0} ms behind: {burn} ms in burn (of 1200), {nap} ms in nap -> \
-         do_nanosleep (of 1500)\n{err}"
+        burn > 500 && bare * 100 <= burn && nap >= 1450,
+        "reader {lag:.0} ms behind ({lost} samples lost): {burn} ms in burn, {bare} ms in the \
+         interpreter without its frames, {nap} ms in nap -> do_nanosleep (of 1500)\n{err}"
     );
 }
