@@ -1094,6 +1094,8 @@ pub struct PythonRegistry {
     /// Code objects read since the BPF side was last told (`take_known_codes`), as
     /// `profiler_common::known_code_word`s.
     known: Vec<u64>,
+    /// The last thread `read_ahead` walked: the next call goes on after it.
+    ahead: (u32, u32),
 }
 
 /// The start time of a process (field 22 of /proc/PID/stat), to tell reused pids apart.
@@ -1656,6 +1658,52 @@ impl PythonRegistry {
             out.count(e);
         }
         frames
+    }
+
+    /// While the reader is behind: reads the code objects that threads of Python processes run
+    /// now, walking at most `threads` threads (in turn, after those of the previous call). A
+    /// process that exits before its samples are read still has its frames named: the walk
+    /// copies at a sample only code it expects to be freed soon or that user space has not
+    /// read, and the compat programs copy only the first. Returns the code objects read.
+    pub fn read_ahead(&mut self, threads: usize) -> usize {
+        let mut all: Vec<(u32, u32)> = self
+            .procs
+            .iter()
+            .flat_map(|(&pid, p)| p.threads.keys().map(move |&tid| (pid, tid)))
+            .collect();
+        if all.is_empty() || threads == 0 {
+            return 0;
+        }
+        all.sort_unstable();
+        let from = all.partition_point(|&k| k <= self.ahead);
+        let mut read = 0;
+        for i in 0..threads.min(all.len()) {
+            let (pid, tid) = all[(from + i) % all.len()];
+            self.ahead = (pid, tid);
+            let Some(walked) = self.walk_thread(pid, tid) else {
+                continue;
+            };
+            let epoch = self.epoch;
+            let Some(p) = self.procs.get_mut(&pid) else {
+                continue;
+            };
+            let mut missing: Vec<u64> = walked
+                .frames
+                .iter()
+                .filter(|f| {
+                    !p.layout.is_shim(f.flags as u8, f.code, p.none_addr)
+                        && plausible_object(f.code)
+                        && !p.codes.contains_key(&f.code)
+                })
+                .map(|f| f.code)
+                .collect();
+            missing.sort_unstable();
+            missing.dedup();
+            if !missing.is_empty() {
+                read += p.code(&missing, epoch).iter().flatten().count();
+            }
+        }
+        read
     }
 
     /// Walks the Python frames of a thread from outside, as the BPF program does at a sample

@@ -132,10 +132,20 @@ pub struct Session<T: Targets> {
     task_rng: u64,
     /// When a drain last found no record waiting.
     emptied: Option<Instant>,
+    /// When `read_ahead` last ran.
+    read_ahead_at: Instant,
     /// Processes found dead, and since when: what is known of one is kept until no record of
     /// its can be waiting (`gone`).
     dead: std::collections::HashMap<u32, Instant>,
 }
+
+/// While a drain goes on for longer than `READ_AHEAD_EVERY` (the reader is behind), the code
+/// that threads run now is read from outside that often (`PythonRegistry::read_ahead`), for
+/// `READ_AHEAD_THREADS` threads at a time (a few hundred small reads at most); the clock is
+/// looked at every `READ_AHEAD_RECORDS` records.
+const READ_AHEAD_EVERY: Duration = Duration::from_millis(50);
+const READ_AHEAD_THREADS: usize = 16;
+const READ_AHEAD_RECORDS: u32 = 16;
 
 /// How long what is known of a dead process is kept at most while its records may still be
 /// waiting (a reader that never catches up).
@@ -183,6 +193,7 @@ impl<T: Targets> Session<T> {
             task_pass_at: Instant::now(),
             task_rng: 0x9e37_79b9_7f4a_7c15,
             emptied: None,
+            read_ahead_at: Instant::now(),
             dead: std::collections::HashMap::new(),
         };
         s.discover(true, true);
@@ -252,8 +263,17 @@ impl<T: Targets> Session<T> {
         let mut n = 0u32;
         self.collector.python.new_epoch();
         let mut emptied = true;
+        let start = Instant::now();
         while let Some(record) = source.next_record(Record::parse) {
             n += 1;
+            // A drain that goes on is behind: the code threads run now is read while they run.
+            if n.is_multiple_of(READ_AHEAD_RECORDS) {
+                let now = Instant::now();
+                if now - start >= READ_AHEAD_EVERY && now - self.read_ahead_at >= READ_AHEAD_EVERY {
+                    self.collector.python.read_ahead(READ_AHEAD_THREADS);
+                    self.read_ahead_at = now;
+                }
+            }
             if n.is_multiple_of(EPOCH_RECORDS) {
                 self.collector.python.new_epoch();
                 if until.is_some_and(|t| Instant::now() >= t) {
@@ -267,6 +287,7 @@ impl<T: Targets> Session<T> {
         if emptied {
             self.emptied = Some(Instant::now());
         }
+
         let known = self.collector.python.take_known_codes();
         if !known.is_empty() {
             self.targets.set_known_codes(&known);
