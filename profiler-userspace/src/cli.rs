@@ -79,7 +79,8 @@ pub struct RunArgs {
     /// Samples per second on each CPU [default: 1000, or 49 with --continuous].
     #[arg(short, long, value_parser = clap::value_parser!(u64).range(1..=100_000))]
     pub rate: Option<u64>,
-    /// Stop after this many seconds (default: until Ctrl-C or the command exits).
+    /// Stop after this many seconds (default: until Ctrl-C, the command exits, or every --pid
+    /// process has exited).
     #[arg(short, long, value_name = "SECS", value_parser = parse_secs)]
     pub duration: Option<f64>,
     /// Output file (default profile.json, or profile.<ext> for another format); with several

@@ -282,6 +282,14 @@ pub async fn run(cli: RunArgs, command: Command) -> Result<i32, AppError> {
             _ = tick.tick() => {
                 ticks += 1;
                 session.tick(ring.get_mut());
+                // --pid: the run ends when every process it names (and, with --subprocesses,
+                // every child that joined them) has exited, as it does with a command.
+                if !has_child && ticks.is_multiple_of(5) && session.targets_gone() {
+                    if !cli.quiet {
+                        eprintln!("tachyon-bpf: the profiled processes have exited");
+                    }
+                    break;
+                }
                 if status && ticks.is_multiple_of(12) {
                     let lost = session.targets.stats().0[profiler_common::STAT_LOST as usize];
                     let line = output::summary::status_line(

@@ -366,10 +366,32 @@ fn check_guest(g: &Guest, dir: &Path, expected_set: &str) -> Vec<String> {
                     }) as f64;
                     match slept_ms {
                         Some(s) if (asleep - s).abs() <= 0.05 * s => {}
-                        _ => fail(format!(
-                            "-- COMMAND: {asleep:.0} ms in nap() -> do_nanosleep, the script \
-                             says it slept {out:?} s"
-                        )),
+                        _ => {
+                            // Where the rest of the sleep went: the heaviest sleeps not under
+                            // nap(), leaf first.
+                            let mut elsewhere: Vec<_> = c
+                                .paths
+                                .iter()
+                                .filter(|p| {
+                                    p.names.iter().any(|f| f == "do_nanosleep")
+                                        && !p.names.iter().any(|f| f == "nap")
+                                })
+                                .collect();
+                            elsewhere.sort_by_key(|p| std::cmp::Reverse(p.self_samples));
+                            let shown: Vec<String> = elsewhere
+                                .iter()
+                                .take(3)
+                                .map(|p| {
+                                    let tail: Vec<&str> =
+                                        p.names.iter().rev().take(12).map(|s| s.as_str()).collect();
+                                    format!("{} ms: {}", p.self_samples, tail.join(" <- "))
+                                })
+                                .collect();
+                            fail(format!(
+                                "-- COMMAND: {asleep:.0} ms in nap() -> do_nanosleep, the script \
+                                 says it slept {out:?} s; asleep elsewhere: {shown:#?}"
+                            ))
+                        }
                     }
                     let (m, w) = merged_share(&c, "burn");
                     if w < 200 || (m as f64) < 0.95 * w as f64 {
@@ -417,8 +439,21 @@ fn fleet_kernels_load_sample_and_merge() {
             t0.elapsed().as_secs_f64(),
             if errs.is_empty() { "ok" } else { "FAILED" }
         );
-        if !errs.is_empty() && console.contains("Kernel panic") {
-            errors.push(format!("kernel {} panicked:\n{console}", g.label));
+        if !errs.is_empty() {
+            // The runs' summaries, for a failure seen only in CI.
+            for run in ["all", "pid", "cmd"] {
+                for l in std::fs::read_to_string(dir.join(format!("{run}.err")))
+                    .unwrap_or_default()
+                    .lines()
+                    .filter(|l| !l.starts_with("  ") && !l.contains("instructions verified"))
+                    .take(10)
+                {
+                    eprintln!("kernel {} {run}: {l}", g.label);
+                }
+            }
+            if console.contains("Kernel panic") {
+                errors.push(format!("kernel {} panicked:\n{console}", g.label));
+            }
         }
         errors.extend(errs);
         seen.push(g.label);

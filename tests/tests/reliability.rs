@@ -688,3 +688,49 @@ fn a_process_read_after_it_exited_keeps_its_frames() {
          interpreter without its frames, {nap} ms in nap -> do_nanosleep (of 1500)\n{err}"
     );
 }
+
+/// A --pid run ends when its process exits, as a run of a command does: with what it collected
+/// written, not at -d or Ctrl-C.
+#[test]
+fn a_pid_run_ends_when_its_process_exits() {
+    require_root();
+    let dir = scratch("pid-exit");
+    let mut target = Command::new(python("3.12.1"))
+        .args([
+            "-c",
+            "import time\ndef spin():\n    t = time.time()\n    while time.time() - t < 2.5: pass\nspin()\n",
+        ])
+        .spawn()
+        .unwrap();
+    let out = dir.join("pid-exit.json");
+    let t0 = Instant::now();
+    let o = run_profiler(
+        &[
+            "-p",
+            &target.id().to_string(),
+            "-d",
+            "60",
+            "-o",
+            out.to_str().unwrap(),
+        ],
+        Duration::from_secs(90),
+    );
+    let took = t0.elapsed();
+    let _ = target.wait();
+    let err = stderr_of(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(
+        took < Duration::from_secs(20),
+        "the run lasted {took:?} after its process exited at 2.5 s: {err}"
+    );
+    assert!(err.contains("the profiled processes have exited"), "{err}");
+    let v = Viewer::load(&out).unwrap();
+    let procs = v.processes().unwrap();
+    let t = &procs
+        .iter()
+        .find(|p| p.name.contains("Python 3.12"))
+        .unwrap_or_else(|| panic!("no Python process in the profile: {err}"))
+        .threads[0];
+    let c = v.call_paths(&t.handle).unwrap();
+    assert!(c.with_sequence(&["spin"]) > 1000, "{err}");
+}

@@ -170,6 +170,14 @@ fn gone(
     emptied.is_some_and(|e| e > since) || since.elapsed() >= DEAD_KEPT
 }
 
+/// Whether `pid` has exited: gone, or a zombie its parent has not reaped yet.
+fn exited(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |s| {
+        s.rsplit_once(')')
+            .is_some_and(|(_, rest)| matches!(rest.trim_start().chars().next(), Some('Z' | 'X')))
+    })
+}
+
 fn list_pids() -> Vec<u32> {
     std::fs::read_dir("/proc")
         .map(|d| {
@@ -204,6 +212,13 @@ impl<T: Targets> Session<T> {
         &self.scope
     }
 
+    /// Whether the run names its processes (`--pid`, not --all/--all-pythons) and every one of
+    /// them has exited.
+    pub fn targets_gone(&self) -> bool {
+        let s = &self.scope;
+        !s.all && !s.all_pythons && !s.explicit.is_empty() && s.explicit.iter().all(|&p| exited(p))
+    }
+
     /// One tick of the session's clock (every `TICK`): records, new processes, thread maps,
     /// and now and then the sweep of dead processes.
     pub fn tick(&mut self, source: &mut impl RecordSource) {
@@ -223,7 +238,7 @@ impl<T: Targets> Session<T> {
                 .sweep(&mut |pid| gone(&mut dead, emptied, pid));
             // Those forgotten everywhere now, and those alive again (a pid reused), are dropped.
             dead.retain(|&pid, &mut since| {
-                !alive(pid) && !emptied.is_some_and(|e| e > since) && since.elapsed() < DEAD_KEPT
+                !alive(pid) && emptied.is_none_or(|e| e <= since) && since.elapsed() < DEAD_KEPT
             });
             self.dead = dead;
         }
