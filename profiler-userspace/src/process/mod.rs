@@ -200,16 +200,21 @@ impl Process {
     pub fn reload_maps(&mut self, elves: &mut ElfCache) {
         self.maps_read_at = Some(Instant::now());
         self.maps_read_ns = monotonic_ns();
+        // A process that has exited (a zombie's mappings read empty) keeps what was read while
+        // it ran, name included: a reader behind handles its last records after it is gone.
+        let mappings = match maps::read_maps(self.pid) {
+            Ok(m) if !m.is_empty() => m,
+            _ => {
+                self.unreadable = true;
+                return;
+            }
+        };
+        self.unreadable = false;
         // After an exec the name and arguments change with the mappings.
         if let Some(c) = read_comm(self.pid) {
             self.comm = c;
             self.cmdline = read_cmdline(self.pid);
         }
-        let Ok(mappings) = maps::read_maps(self.pid) else {
-            self.unreadable = true;
-            return;
-        };
-        self.unreadable = mappings.is_empty();
         let mut by_file: HashMap<(String, u64), Vec<&Mapping>> = HashMap::new();
         let mut order = Vec::new();
         for m in &mappings {
