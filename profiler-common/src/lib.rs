@@ -298,6 +298,12 @@ pub struct Config {
     /// record carries `SAMPLE_MAPS_CHANGED`.
     pub task_mm_off: u32,
     pub mm_exec_vm_off: u32,
+    /// On-CPU samples are not sent while this many bytes wait in the ring buffer (0: no limit):
+    /// the rest is kept for records that no later one stands in for (an off-CPU capture is a
+    /// whole blocked interval's stack, an exec or exit event a process's life). Each sample
+    /// not sent counts as lost.
+    pub sample_stop_bytes: u32,
+    pub _pad: u32,
 }
 
 /// Where a Python process keeps what the frame walk needs. Offsets are byte offsets into the
@@ -630,7 +636,7 @@ pub const fn thread_key(pid: u32, tid: u32) -> u64 {
     ((pid as u64) << 32) | tid as u64
 }
 
-const _: () = assert!(core::mem::size_of::<Config>() == 96);
+const _: () = assert!(core::mem::size_of::<Config>() == 104);
 const _: () = assert!(core::mem::size_of::<PyProcConfig>() == 176);
 const _: () = assert!(EventRecord::SIZE == 56);
 const _: () = assert!(SchedRecord::SIZE == 136);

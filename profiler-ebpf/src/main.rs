@@ -1086,6 +1086,14 @@ fn capture<const MODERN: bool>(
     }
     // SAFETY: total <= SCRATCH_SIZE, the size of the buffer behind base.
     let record = unsafe { core::slice::from_raw_parts(base as *const u8, total) };
+    // A ring this full keeps its room for off-CPU captures and events (`sample_stop_bytes`).
+    if kind == RECORD_SAMPLE
+        && cfg.sample_stop_bytes != 0
+        && SAMPLES.query(BPF_RB_AVAIL_DATA as u64) >= cfg.sample_stop_bytes as u64
+    {
+        count(STAT_LOST);
+        return false;
+    }
     if SAMPLES.output::<[u8]>(record, wake_flags()).is_ok() {
         count(STAT_SAMPLES);
         true

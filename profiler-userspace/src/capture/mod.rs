@@ -250,6 +250,7 @@ impl Capture {
             task_flags_off: kernel.task_flags,
             exec_all: opts.exec_all as u32,
             wakeup_bytes: ring / 4,
+            sample_stop_bytes: ring - ring / 4,
             sched_span_ns: 1_000_000_000 / opts.rate_hz.max(1),
             task_state_off: kernel.task_state,
             task_stack_off: kernel.task_stack,
@@ -264,6 +265,7 @@ impl Capture {
             task_prev_sum_exec_off: kernel.task_prev_sum_exec,
             task_mm_off: kernel.task_mm,
             mm_exec_vm_off: kernel.mm_exec_vm,
+            _pad: 0,
         };
         let mut arr: Array<_, Config> =
             Array::try_from(bpf.map_mut(names::MAP_CONFIG).expect("CONFIG map"))
