@@ -503,6 +503,7 @@ impl Collector {
                 truncated: false,
                 scanned_from: None,
                 late_from: None,
+                rooted: false,
             }
         };
         // Python frames of this instant, resolved to names and lines.
@@ -532,12 +533,21 @@ impl Collector {
                 // the sample's (the eval-loop frames do not pair with the activations), are
                 // refuted by the interpreter's own frames: only what the rules unwound from
                 // the copy is kept.
+                // A rooted unwind without them went through a guess at a frame without
+                // unwind information (`Unwound::refute_guesses`): what follows it is stale.
                 let late_wrong = unwound.late_from.is_some() && evals != activations.len();
-                if late_wrong || (evals < activations.len() && unwound.scanned_from.is_some()) {
+                let scan_wrong = evals < activations.len() && unwound.scanned_from.is_some();
+                let guess_wrong = evals < activations.len() && unwound.rooted;
+                if late_wrong || scan_wrong || guess_wrong {
                     if late_wrong {
                         unwound.refute_late();
-                    } else {
+                    } else if scan_wrong {
                         unwound.refute_scan();
+                    }
+                    if guess_wrong {
+                        if let Some(proc) = self.procs.get_mut(&pid) {
+                            unwound.refute_guesses(proc);
+                        }
                     }
                     native.clear();
                     for uf in unwound.frames.iter().rev() {

@@ -173,6 +173,8 @@ pub struct Unwound {
     pub scanned_from: Option<usize>,
     /// The first frame unwound from stack read after the sample (`LateStack`), if any.
     pub late_from: Option<usize>,
+    /// The unwind reached the thread's root (before any refutation).
+    pub rooted: bool,
 }
 
 impl Unwound {
@@ -182,6 +184,29 @@ impl Unwound {
         if let Some(i) = self.scanned_from.take() {
             self.frames.truncate(i);
             self.truncated = true;
+        }
+    }
+
+    /// Drops what follows the first frame without unwind information: framehop answers such a
+    /// frame with a guess (a leaf's return address at its stack pointer, else its frame
+    /// pointer), and in a large frame a function reserved and never filled (OpenBLAS's
+    /// `dgetrf_parallel` keeps 541 KiB) the guess reads a stale return address, from which the
+    /// rules unwind a stale chain all the way to the root: the interpreter's start-up calls
+    /// that once ran at that depth. For a caller that knows the chain is wrong (rooted, yet
+    /// without the eval-loop frames the thread's Python frames need). Checks one address per
+    /// frame, so it is meant for that rare case, not for every sample.
+    pub fn refute_guesses(&mut self, process: &mut Process) {
+        let n = self.frames.len();
+        let first = (0..n.saturating_sub(1)).find(|&i| !has_unwind_info(process, self.frames[i]));
+        if let Some(i) = first {
+            self.frames.truncate(i + 1);
+            self.truncated = true;
+            if self.scanned_from.is_some_and(|s| s > i) {
+                self.scanned_from = None;
+            }
+            if self.late_from.is_some_and(|l| l > i) {
+                self.late_from = None;
+            }
         }
     }
 
@@ -225,6 +250,7 @@ pub fn unwind_user(process: &mut Process, s: &RawSample) -> Unwound {
             truncated: false,
             scanned_from: None,
             late_from: None,
+            rooted: false,
         };
     }
     let copy_end = s.sp.saturating_add(s.stack.len() as u64);
@@ -278,12 +304,33 @@ pub fn unwind_user(process: &mut Process, s: &RawSample) -> Unwound {
         truncated: !rooted,
         scanned_from,
         late_from,
+        rooted,
     };
     // Frames read after the sample are believed only when they lead to the thread's root.
     if !rooted {
         u.refute_late();
     }
     u
+}
+
+/// Whether a unwind rule of the frame's file covers it (its own, or an `.eh_frame` entry).
+fn has_unwind_info(process: &mut Process, f: UserFrame) -> bool {
+    let lookup = f.lookup_addr();
+    let Some(m) = module_at(&process.modules, lookup) else {
+        return false;
+    };
+    let Some(elf) = m.elf.as_ref() else {
+        return false;
+    };
+    let svma = lookup.wrapping_sub(m.bias);
+    let regs = Regs {
+        ip: lookup,
+        sp: 0,
+        bp: 0,
+        lr: 0,
+    };
+    elf.needs_own_rule(svma)
+        || elf.cfi_step(svma, regs, &mut |_| None, &mut process.cfi_context) != Step::NoInfo
 }
 
 impl<'a> Walker<'a, '_> {
