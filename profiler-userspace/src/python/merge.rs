@@ -1,7 +1,8 @@
 //! Splicing Python frames into native stacks: each interpreter activation replaces the native
 //! eval-loop frame that runs it. Interpreter call machinery under a Python frame is hidden
 //! unless asked for (wherever real code follows it, so one call path has one shape); mismatches
-//! are counted and no Python frame is ever dropped.
+//! are counted, and no Python frame is dropped but those of a chain the eval loop's entry left
+//! stale (`merge`).
 
 use std::sync::Arc;
 
@@ -103,6 +104,22 @@ pub fn merge(
             last_real.is_none_or(|r| r < l)
                 || native.get(l + 1).is_some_and(|(_, n)| is_frame_teardown(n))
         });
+    // The thread is in the eval loop's first instructions (its leaf), yet two or more of the
+    // native stack's eval frames have no activation: the chain read is not this instant's. On
+    // 3.11 and 3.12 the eval loop makes its new `_PyCFrame` current before it fills it in (3.12.1
+    // stores `tstate->cframe` at +0x30 and the new `_PyCFrame`'s frame and `previous` at +0xa6),
+    // so in between both are whatever an earlier call left at that stack address, and the chain
+    // walked from them is an older call's: code since freed (unresolved) or a plausible, wrong
+    // path. The walk cannot tell; the native stack can. The native frames are kept, without
+    // Python frames placed where nothing says they belong.
+    let stale =
+        !native_truncated && e > a + 1 && native.last().is_some_and(|(_, n)| is_eval_frame(n));
+    if stale {
+        return (
+            native.iter().map(|(f, _)| *f).collect(),
+            Some(PyEvent::MergeMismatch),
+        );
+    }
     let outcome = if (e == a || entering) && !native_truncated {
         Some(PyEvent::Merged)
     } else if (!native_truncated && e != a) || (native_truncated && e > a) {
@@ -252,6 +269,37 @@ mod tests {
             merge(&native, &acts, false, false).1,
             Some(PyEvent::MergeMismatch)
         );
+    }
+
+    #[test]
+    fn a_stale_chain_in_the_eval_loops_entry_is_not_spliced() {
+        // Sixteen eval frames, the leaf in the eval loop's entry, and a chain of one frame an
+        // earlier call left there: the native stack stays as it is, with no Python frame put at
+        // its root.
+        let native = nat(&[
+            "_start",
+            "_PyEval_EvalFrameDefault",
+            "type_call",
+            "_PyEval_EvalFrameDefault",
+            "slot_tp_hash",
+            "_PyEval_EvalFrameDefault",
+        ]);
+        let acts = vec![vec![1]];
+        assert_eq!(
+            merge(&native, &acts, false, false),
+            (
+                vec![100, 101, 102, 103, 104, 105],
+                Some(PyEvent::MergeMismatch)
+            )
+        );
+        // The same chain with real code at the leaf is spliced as before (the walk may have
+        // failed part way: the frames it read are the thread's).
+        let mut leaf = native.clone();
+        leaf.push((106, Arc::from("long_add")));
+        assert_eq!(merge(&leaf, &acts, false, false).0[..2], [100, 1]);
+        // One eval frame more than activations at the leaf is a call entering: merged.
+        let acts = vec![vec![1], vec![2]];
+        assert_eq!(merge(&native, &acts, false, false).1, Some(PyEvent::Merged));
     }
 
     #[test]
