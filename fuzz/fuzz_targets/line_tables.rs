@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use libfuzzer_sys::fuzz_target;
-use tachyon_bpf::python::code::{line_lookup, CodeInfo};
+use tachyon_bpf::python::code::{line_lookup, line_of, CodeInfo};
 
 fuzz_target!(|data: &[u8]| {
     if data.len() < 6 {
@@ -18,8 +18,10 @@ fuzz_target!(|data: &[u8]| {
         firstlineno: first,
         linetable: data[6..].to_vec(),
         ident: [0; 3],
+        lines: Default::default(),
     };
     for minor in [8, 9, 10, 11, 12, 13, 14] {
         let _ = line_lookup(minor, &code, instr);
+        let _ = line_of(minor, &code, instr);
     }
 });

@@ -37,6 +37,11 @@ pub struct Collector {
     pub kernel_reread_at: Option<u64>,
     kernel_lib: LibId,
     native_frames: FxHashMap<(Arc<str>, u64, Category), FrameId>,
+    /// Each process's frames by address, for the mappings it was filled from
+    /// (`Process::modules_gen`): a sample's native frames are found by one lookup each, without
+    /// the module search and the hashing of its file's path `native_frames` needs (it is shared
+    /// by every process that maps the file).
+    proc_frames: FxHashMap<u32, ProcFrames>,
     /// Names Python gave threads, by (pid, tid), given to the profile's threads as they end.
     thread_names: FxHashMap<(u32, u32), String>,
     kernel_frames: FxHashMap<u64, FrameId>,
@@ -188,6 +193,13 @@ fn alive_task(pid: u32, tid: u32) -> bool {
     std::path::Path::new(&format!("/proc/{pid}/task/{tid}")).exists()
 }
 
+/// One process's entry of `Collector::proc_frames`.
+#[derive(Default)]
+struct ProcFrames {
+    modules_gen: u64,
+    frames: FxHashMap<(u64, Category), FrameId>,
+}
+
 impl Collector {
     pub fn new(start_ns: u64, python: PythonRegistry, mode: Mode, interval_ms: f64) -> Collector {
         let mut profile = Profile::new(mode, interval_ms);
@@ -202,6 +214,7 @@ impl Collector {
             kernel_reread_at: None,
             kernel_lib,
             native_frames: FxHashMap::default(),
+            proc_frames: FxHashMap::default(),
             thread_names: FxHashMap::default(),
             kernel_frames: FxHashMap::default(),
             python,
@@ -331,6 +344,28 @@ impl Collector {
     /// Symbolizes one user frame of `pid`. Returns the frame and the symbol name.
     fn native_frame(&mut self, pid: u32, uf: UserFrame, cat: Category) -> (FrameId, Arc<str>) {
         let addr = uf.lookup_addr();
+        let gen = self.procs.get(&pid).map_or(0, |p| p.modules_gen);
+        let cached = self.proc_frames.get(&pid).and_then(|c| {
+            (c.modules_gen == gen)
+                .then(|| c.frames.get(&(addr, cat)).copied())
+                .flatten()
+        });
+        if let Some(f) = cached {
+            let name = self.profile.funcs[self.profile.frames[f].func].name.clone();
+            return (f, name);
+        }
+        let (f, name) = self.native_frame_uncached(pid, addr, cat);
+        let c = self.proc_frames.entry(pid).or_default();
+        if c.modules_gen != gen {
+            c.modules_gen = gen;
+            c.frames.clear();
+        }
+        c.frames.insert((addr, cat), f);
+        (f, name)
+    }
+
+    /// `native_frame` for an address of `pid` not looked up since its mappings were read.
+    fn native_frame_uncached(&mut self, pid: u32, addr: u64, cat: Category) -> (FrameId, Arc<str>) {
         let proc = self.procs.get(&pid);
         let module = proc.and_then(|p| p.module_for(addr)).cloned();
         let Some(m) = module else {
@@ -816,6 +851,7 @@ impl Collector {
     /// Drops the memory maps and symbol state of `pid` (it exec'd, or the pid was reused).
     fn forget_process(&mut self, pid: u32) {
         self.procs.remove(&pid);
+        self.proc_frames.remove(&pid);
     }
 
     /// Ends the current profile of a continuous run at `now_ns` and starts the next one there;
@@ -828,6 +864,7 @@ impl Collector {
         self.profile.finish(end);
         self.kernel_lib = next.lib(&Arc::from(KERNEL_LIB));
         self.native_frames.clear();
+        self.proc_frames.clear();
         self.uncaptured = None;
         self.kernel_frames.clear();
         self.python.new_profile();
@@ -840,6 +877,8 @@ impl Collector {
     /// reads a process's last samples after it has exited, and needs its maps and runtime then).
     pub fn sweep(&mut self, gone: &mut impl FnMut(u32) -> bool) {
         self.procs.retain(|&pid, _| !gone(pid));
+        let procs = &self.procs;
+        self.proc_frames.retain(|pid, _| procs.contains_key(pid));
         // Names are given before their threads' entries go with them.
         self.apply_thread_names();
         self.thread_names

@@ -33,6 +33,10 @@ pub struct Module {
 
 pub struct Process {
     pub pid: u32,
+    /// Which reading of the mappings `modules` comes from: unique among every process's
+    /// readings, so a cache of what an address is in this process (`Collector`'s frames) is
+    /// valid while it stays the same.
+    pub modules_gen: u64,
     /// `comm` of the process (its main thread).
     pub comm: String,
     pub cmdline: Vec<String>,
@@ -146,6 +150,7 @@ impl Process {
             comm: read_comm(pid).unwrap_or_else(|| fallback_comm.to_string()),
             cmdline: read_cmdline(pid),
             modules: Vec::new(),
+            modules_gen: next_modules_gen(),
             mappings: Vec::new(),
             unwinder: unwind::NativeUnwinder::new(),
             cache: unwind::Cache::new(),
@@ -291,6 +296,7 @@ impl Process {
             }
         }
         self.modules = modules;
+        self.modules_gen = next_modules_gen();
         self.roots.clear();
         self.scan_hints.clear();
         self.mappings = mappings;
@@ -307,6 +313,12 @@ impl Process {
     pub fn module_for(&self, addr: u64) -> Option<&Module> {
         module_at(&self.modules, addr)
     }
+}
+
+/// A `Process::modules_gen` no other reading of any process's mappings has had.
+fn next_modules_gen() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 /// The module of `modules` (sorted by start) that contains `addr`.

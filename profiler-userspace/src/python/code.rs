@@ -20,6 +20,10 @@ pub struct CodeInfo {
     pub linetable: Vec<u8>,
     /// What the cache validates a hit with: the type, file and name pointers.
     pub ident: [u64; 3],
+    /// `line_of`'s answers so far, by instruction: a hot function's few instructions are sampled
+    /// over and over, and its table was decoded again for each (a tenth of the instructions
+    /// user space spent per sample).
+    pub lines: std::sync::Mutex<rustc_hash::FxHashMap<i32, (u32, bool)>>,
 }
 
 impl CodeInfo {
@@ -328,6 +332,7 @@ pub fn read_code(
         firstlineno: firstlineno.max(0) as u32,
         linetable,
         ident: id,
+        lines: Default::default(),
     })
 }
 
@@ -339,6 +344,25 @@ pub fn line_for(minor: u32, code: &CodeInfo, instr: i32) -> u32 {
 
 /// The line of instruction `instr`, and whether the line table was corrupt (it ended before
 /// covering the instruction, or did not decode): then the function's first line is given.
+/// Instructions of one code object whose lines `line_of` keeps (a bound: target memory decides
+/// how long a table, and so how many instructions, a code object has).
+const MAX_LINES_KEPT: usize = 4096;
+
+/// `line_lookup`, each instruction's answer kept with the code object.
+pub fn line_of(minor: u32, code: &CodeInfo, instr: i32) -> (u32, bool) {
+    let Ok(mut kept) = code.lines.lock() else {
+        return line_lookup(minor, code, instr);
+    };
+    if let Some(&found) = kept.get(&instr) {
+        return found;
+    }
+    let found = line_lookup(minor, code, instr);
+    if kept.len() < MAX_LINES_KEPT {
+        kept.insert(instr, found);
+    }
+    found
+}
+
 pub fn line_lookup(minor: u32, code: &CodeInfo, instr: i32) -> (u32, bool) {
     let first = code.firstlineno as i64;
     if code.linetable.is_empty() {
@@ -505,7 +529,22 @@ mod tests {
             firstlineno: first,
             linetable: table,
             ident: [0; 3],
+            lines: Default::default(),
         }
+    }
+
+    #[test]
+    fn kept_lines_are_the_tables_and_bounded() {
+        let c = code(10, vec![6, 1, 8, 0xfe]);
+        for pass in 0..2 {
+            for i in -2..40 {
+                assert_eq!(line_of(9, &c, i), line_lookup(9, &c, i), "pass {pass} @{i}");
+            }
+        }
+        for i in 0..(2 * MAX_LINES_KEPT as i32) {
+            line_of(9, &c, i);
+        }
+        assert_eq!(c.lines.lock().unwrap().len(), MAX_LINES_KEPT);
     }
 
     #[test]

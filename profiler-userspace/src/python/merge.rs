@@ -128,7 +128,11 @@ pub fn merge(
     } else {
         None
     };
-    let paired_act: std::collections::HashMap<usize, usize> = pairs.iter().copied().collect();
+    // Each native frame's paired activation, by position (a few dozen frames: no hashing).
+    let mut paired_act: Vec<Option<usize>> = vec![None; native.len()];
+    for &(n, act) in &pairs {
+        paired_act[n] = Some(act);
+    }
     let min_act = pairs.iter().map(|p| p.1).min();
     let max_act = pairs.iter().map(|p| p.1).max();
     let first_eval = pairs.iter().map(|p| p.0).min();
@@ -142,7 +146,7 @@ pub fn merge(
         out.extend_from_slice(act);
     }
     for (i, (frame, name)) in native.iter().enumerate() {
-        if let Some(&act) = paired_act.get(&i) {
+        if let Some(act) = paired_act[i] {
             if show_internal {
                 out.push(*frame);
             }

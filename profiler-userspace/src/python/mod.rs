@@ -927,7 +927,7 @@ impl PyProcess {
                 f
             }
         };
-        let (line, corrupt) = code::line_lookup(self.layout.minor, c, instr);
+        let (line, corrupt) = code::line_of(self.layout.minor, c, instr);
         if corrupt {
             out.count(PyEvent::BadLineTable);
         }
@@ -1538,7 +1538,7 @@ impl PythonRegistry {
         let mut uniq = addrs.clone();
         uniq.sort_unstable();
         uniq.dedup();
-        let infos: HashMap<u64, Option<Arc<CodeInfo>>> = uniq
+        let infos: rustc_hash::FxHashMap<u64, Option<Arc<CodeInfo>>> = uniq
             .iter()
             .copied()
             .zip(p.code(&uniq, self.epoch))
