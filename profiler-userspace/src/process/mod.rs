@@ -44,6 +44,10 @@ pub struct Process {
     pub mappings: Vec<Mapping>,
     pub unwinder: unwind::NativeUnwinder,
     pub cache: unwind::Cache,
+    /// framehop's rules for interrupted instructions, apart from `cache`'s for return
+    /// addresses: each sample's leaf is an instruction of its own (a hot loop has thousands),
+    /// which in one cache took the slot of a return address every stack has.
+    pub leaf_cache: unwind::Cache,
     /// Addresses whose CFI marks them as a thread's outermost frame (`unwind::Walker::walk`
     /// checks each end of an unwind once); emptied when the modules change.
     pub roots: rustc_hash::FxHashSet<u64>,
@@ -154,6 +158,7 @@ impl Process {
             mappings: Vec::new(),
             unwinder: unwind::NativeUnwinder::new(),
             cache: unwind::Cache::new(),
+            leaf_cache: unwind::Cache::new(),
             roots: Default::default(),
             stack_tops: Default::default(),
             scan_hints: Default::default(),

@@ -232,6 +232,8 @@ struct Frame {
 struct Walker<'a, 'r> {
     unwinder: &'a NativeUnwinder,
     cache: &'a mut Cache,
+    /// For the interrupted instruction (`Process::leaf_cache`).
+    leaf_cache: &'a mut Cache,
     modules: &'a [Module],
     roots: &'a mut rustc_hash::FxHashSet<u64>,
     hints: &'a mut rustc_hash::FxHashMap<u64, u64>,
@@ -268,6 +270,7 @@ pub fn unwind_user(process: &mut Process, s: &RawSample) -> Unwound {
     let mut w = Walker {
         unwinder: &process.unwinder,
         cache: &mut process.cache,
+        leaf_cache: &mut process.leaf_cache,
         modules: &process.modules,
         roots: &mut process.roots,
         hints: &mut process.scan_hints,
@@ -350,7 +353,12 @@ impl<'a> Walker<'a, '_> {
             let own = self.needs_own_rule(f);
             if !own {
                 let mut read = |a: u64| (self.read)(a).ok_or(());
-                match step(self.unwinder, self.cache, f.addr, f.regs, &mut read) {
+                let cache = if f.addr.is_return_address() {
+                    &mut *self.cache
+                } else {
+                    &mut *self.leaf_cache
+                };
+                match step(self.unwinder, cache, f.addr, f.regs, &mut read) {
                     Ok(Some((ra, regs))) => {
                         let Some(addr) = FrameAddress::from_return_address(ra) else {
                             return false;
