@@ -519,14 +519,17 @@ fn marker_data(
     t: &ThreadData,
     m: &Marker,
     cache: &mut HashMap<StackId, StackFacts>,
-) -> Value {
+) -> MarkerOut {
     let kind = MARKER_TYPES.iter().find(|k| k.1 == m.name);
-    let mut data = json!({
-        "type": kind.map_or_else(|| m.name.replace(' ', ""), |k| k.0.to_string()),
-        "tid": t.tid,
-        "duration": m.end_ms - m.start_ms,
-        "color": kind.map_or("grey", |k| k.3),
-    });
+    let mut data = MarkerData {
+        kind: kind.map_or_else(|| m.name.replace(' ', ""), |k| k.0.to_string()),
+        tid: t.tid,
+        duration: m.end_ms - m.start_ms,
+        color: kind.map_or("grey", |k| k.3),
+        function: None,
+        waited_on: None,
+        reason: None,
+    };
     let waits = kind.is_some_and(|k| k.5);
     // The sample at the start: an off-CPU marker's is the capture taken as the thread left the
     // CPU; others' the first sample in the marker.
@@ -541,20 +544,131 @@ fn marker_data(
         let (func, wait) = cache
             .entry(stack)
             .or_insert_with(|| (python_function(p, stack), wait_of(p, stack)));
-        if let Some(f) = func {
-            data["function"] = json!(f);
-        }
+        data.function = func.clone();
         if waits {
             if let Some((on, kind)) = wait {
-                data["waitedOn"] = json!(on);
-                data["reason"] = json!(kind);
+                data.waited_on = Some(on.clone());
+                data.reason = Some(kind);
             }
         }
     }
-    data
+    MarkerOut::Known(data)
 }
 
-/// A thread's track name: the name it was given (a Python thread's, or one set with
+/// A marker's fields as the viewer reads them (keys in the order a `serde_json::Value` map
+/// writes them, so the output is the same bytes): written straight to the output, as are the
+/// samples and markers tables, without a `Value` per entry (building, writing and dropping those
+/// was most of user space's work per sample of a run).
+#[derive(serde::Serialize)]
+struct MarkerData {
+    color: &'static str,
+    duration: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    function: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reason: Option<&'static str>,
+    tid: u32,
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(rename = "waitedOn", skip_serializing_if = "Option::is_none")]
+    waited_on: Option<String>,
+}
+
+#[derive(serde::Serialize)]
+#[serde(untagged)]
+enum MarkerOut {
+    Known(MarkerData),
+    Other(Value),
+}
+
+/// A thread's `markers` table.
+#[derive(serde::Serialize)]
+struct MarkersOut {
+    category: Vec<u32>,
+    data: Vec<MarkerOut>,
+    #[serde(rename = "endTime")]
+    end_time: Vec<f64>,
+    length: usize,
+    name: Vec<usize>,
+    phase: Vec<u32>,
+    #[serde(rename = "startTime")]
+    start_time: Vec<f64>,
+}
+
+/// A thread's `samples` table.
+#[derive(serde::Serialize)]
+struct SamplesOut {
+    length: usize,
+    stack: Vec<Option<usize>>,
+    #[serde(rename = "threadCPUDelta")]
+    thread_cpu_delta: Vec<u64>,
+    time: Vec<f64>,
+    weight: Vec<f64>,
+    #[serde(rename = "weightType")]
+    weight_type: &'static str,
+}
+
+/// Writes `head`'s entries (a `Value` map, whose keys come sorted) with the entries `extras`
+/// names written by `extra` among them, every key in the same order.
+fn write_merged<S: serde::Serializer>(
+    ser: S,
+    head: &Value,
+    extras: &[&'static str],
+    extra: impl Fn(&mut S::SerializeMap, &'static str) -> Result<(), S::Error>,
+) -> Result<S::Ok, S::Error> {
+    use serde::ser::SerializeMap;
+    let empty = serde_json::Map::new();
+    let head = head.as_object().unwrap_or(&empty);
+    let mut map = ser.serialize_map(Some(head.len() + extras.len()))?;
+    let mut pending = extras.iter().copied().peekable();
+    for (k, v) in head {
+        while let Some(e) = pending.next_if(|e| *e < k.as_str()) {
+            extra(&mut map, e)?;
+        }
+        map.serialize_entry(k, v)?;
+    }
+    for e in pending {
+        extra(&mut map, e)?;
+    }
+    map.end()
+}
+
+/// One thread of the output: its tables, the two that grow with the run written directly.
+struct ThreadOut {
+    head: Value,
+    markers: MarkersOut,
+    samples: SamplesOut,
+}
+
+impl serde::Serialize for ThreadOut {
+    fn serialize<S: serde::Serializer>(&self, ser: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        write_merged(ser, &self.head, &["markers", "samples"], |map, key| {
+            if key == "markers" {
+                map.serialize_entry(key, &self.markers)
+            } else {
+                map.serialize_entry(key, &self.samples)
+            }
+        })
+    }
+}
+
+/// The whole output.
+pub struct GeckoOut {
+    head: Value,
+    threads: Vec<ThreadOut>,
+}
+
+impl serde::Serialize for GeckoOut {
+    fn serialize<S: serde::Serializer>(&self, ser: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        write_merged(ser, &self.head, &["threads"], |map, key| {
+            map.serialize_entry(key, &self.threads)
+        })
+    }
+}
+
+/// A thread's track name:/// A thread's track name: the name it was given (a Python thread's, or one set with
 /// `pthread_setname_np`, which Python 3.14's threading does), or its program's with its tid.
 pub fn thread_name(proc: &ProcessData, t: &ThreadData) -> String {
     if let Some(name) = &t.python_name {
@@ -577,7 +691,7 @@ fn thread_json(
     proc: &ProcessData,
     t: &ThreadData,
     opcodes: bool,
-) -> Value {
+) -> ThreadOut {
     let mut tt = ThreadTables {
         python_process: proc.python.is_some(),
         ..ThreadTables::default()
@@ -624,11 +738,28 @@ fn thread_json(
         m_start.push(start);
         m_end.push(end);
         m_cat.push(Category::Opcodes as u32);
-        m_data.push(data);
+        m_data.push(MarkerOut::Other(data));
     }
     let n_markers = m_name.len();
     let is_main = t.tid == pid;
-    json!({
+    let samples = SamplesOut {
+        length: s_time.len(),
+        stack: s_stack,
+        thread_cpu_delta: s_cpu,
+        time: s_time,
+        weight: s_weight,
+        weight_type: "tracing-ms",
+    };
+    let markers = MarkersOut {
+        category: m_cat,
+        data: m_data,
+        end_time: m_end,
+        length: n_markers,
+        name: m_name,
+        phase: vec![1; n_markers],
+        start_time: m_start,
+    };
+    let head = json!({
         "processType": "default",
         "processName": proc_name,
         "processStartupTime": proc.start_ms.unwrap_or(0.0),
@@ -642,23 +773,6 @@ fn thread_json(
         "pid": if proc.generation == 0 { pid.to_string() } else { format!("{pid}.{}", proc.generation) },
         "tid": t.tid,
         "showMarkersInTimeline": true,
-        "samples": {
-            "weightType": "tracing-ms",
-            "weight": s_weight,
-            "stack": s_stack,
-            "time": s_time,
-            "threadCPUDelta": s_cpu,
-            "length": s_time.len(),
-        },
-        "markers": {
-            "data": m_data,
-            "name": m_name,
-            "startTime": m_start,
-            "endTime": m_end,
-            "phase": vec![1; n_markers],
-            "category": m_cat,
-            "length": n_markers,
-        },
         "stackTable": {
             "frame": tt.stack_frame,
             "prefix": tt.stack_prefix,
@@ -703,11 +817,16 @@ fn thread_json(
             "functionSize": vec![Value::Null; tt.sym_lib.len()],
             "length": tt.sym_lib.len(),
         },
-    })
+    });
+    ThreadOut {
+        head,
+        markers,
+        samples,
+    }
 }
 
-/// Builds the whole profile as JSON.
-pub fn to_json(p: &Profile, run: &RunInfo) -> Value {
+/// Builds the whole profile, ready to be written as JSON.
+pub fn to_json(p: &Profile, run: &RunInfo) -> GeckoOut {
     let mut strings = Strings::default();
     let mut threads = Vec::new();
     let opcodes = p.frames.iter().any(|f| f.opcode.is_some());
@@ -822,7 +941,7 @@ pub fn to_json(p: &Profile, run: &RunInfo) -> Value {
         Some(k) => format!("Linux {} {}", k.release, std::env::consts::ARCH),
         None => format!("Linux {}", std::env::consts::ARCH),
     };
-    json!({
+    let head = json!({
         "meta": {
             "interval": run.interval_ms,
             "sampleUnits": {"time": "ms", "eventDelay": "ms", "threadCPUDelta": "µs"},
@@ -850,9 +969,9 @@ pub fn to_json(p: &Profile, run: &RunInfo) -> Value {
             "tachyon": tachyon,
         },
         "libs": libs,
-        "threads": threads,
         "pages": [],
         "counters": [],
         "shared": {"stringArray": strings.list},
-    })
+    });
+    GeckoOut { head, threads }
 }
