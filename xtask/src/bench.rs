@@ -77,7 +77,8 @@ def main():
         work()
     print(time.perf_counter() - t0)
 
-main()
+if __name__ == "__main__":
+    main()
 "#;
 
 /// A Python process that keeps one CPU busy in Python code for `argv[1]` seconds.
@@ -1461,33 +1462,14 @@ pub fn asyncio_tasks(tachyon: &Path, tools: &Path, dir: &Path) -> Result<(Vec<St
     Ok((md, json!(raw)))
 }
 
-/// Section 11's workload: the benchmark's work in the main thread, beside two threads that sleep
-/// 2 ms and compute a little, as a service's threads do (their off-CPU captures and scheduler
-/// records are handled too). `python work.py SECONDS CPU`.
+/// Section 11's workload: the benchmark's work (`WORKLOAD`, imported from `bench_work.py` beside
+/// it) in the main thread, beside two threads that sleep 2 ms and compute a little, as a
+/// service's threads do (their off-CPU captures and scheduler records are handled too).
+/// `python callgrind_work.py SECONDS CPU`.
 const CALLGRIND_WORKLOAD: &str = r#"
-import hashlib, json, os, sys, time, zlib, threading
-
-def fib(n):
-    return n if n < 2 else fib(n - 1) + fib(n - 2)
-
-def squares(n):
-    s = 0
-    for i in range(n):
-        s += i * i
-    return s
-
-DOC = {"items": [{"id": i, "name": "item-%d" % i, "tags": ["a", "b", "c"], "price": i * 0.5}
-                 for i in range(400)]}
-
-def c_heavy():
-    text = json.dumps(DOC)
-    blob = zlib.compress(text.encode() * 4, 6)
-    digest = hashlib.sha256(blob * 8).hexdigest()
-    order = sorted(DOC["items"], key=lambda d: (d["price"] % 7, d["id"]))
-    return len(json.loads(text)["items"]) + len(digest) + order[0]["id"]
-
-def work():
-    return squares(60000) + fib(16) + c_heavy()
+import os, sys, threading, time
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_work import squares, work
 
 def napper():
     while True:
@@ -1521,6 +1503,7 @@ fn setup_valgrind() -> Result<()> {
 /// of each library's symbols and unwind tables.
 pub fn callgrind(tachyon: &Path, py: &Path, dir: &Path) -> Result<(Vec<String>, Value)> {
     setup_valgrind()?;
+    std::fs::write(dir.join("bench_work.py"), WORKLOAD)?;
     let script = dir.join("callgrind_work.py");
     std::fs::write(&script, CALLGRIND_WORKLOAD)?;
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
