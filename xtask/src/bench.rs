@@ -156,19 +156,14 @@ pub fn setup_py_spy(tools: &Path) -> Result<PathBuf> {
 }
 
 /// Linux perf from Debian (idempotent).
-fn setup_perf() -> Result<()> {
-    if !crate::quiet_ok(Command::new("perf").arg("--version")) {
-        eprintln!("xtask: installing linux-perf");
+/// Installs Debian's `package` if `command --version` does not run.
+fn install_missing(command: &str, package: &str) -> Result<()> {
+    if !crate::quiet_ok(Command::new(command).arg("--version")) {
+        eprintln!("xtask: installing {package}");
         crate::run(
             Command::new("apt-get")
                 .env("DEBIAN_FRONTEND", "noninteractive")
-                .args([
-                    "install",
-                    "-y",
-                    "-q",
-                    "--no-install-recommends",
-                    "linux-perf",
-                ]),
+                .args(["install", "-y", "-q", "--no-install-recommends", package]),
         )?;
     }
     Ok(())
@@ -369,7 +364,7 @@ fn f(v: &Value) -> f64 {
 
 pub fn bench(tachyon: &Path, tools: &Path) -> Result<()> {
     let py_spy = setup_py_spy(tools)?;
-    setup_perf()?;
+    install_missing("perf", "linux-perf")?;
     let dir = crate::workspace().join("target/bench");
     std::fs::create_dir_all(&dir)?;
     let script = dir.join("bench_work.py");
@@ -1484,25 +1479,13 @@ while time.time() - t0 < float(sys.argv[1]):
     work()
 "#;
 
-fn setup_valgrind() -> Result<()> {
-    if !crate::quiet_ok(Command::new("valgrind").arg("--version")) {
-        eprintln!("xtask: installing valgrind");
-        crate::run(
-            Command::new("apt-get")
-                .env("DEBIAN_FRONTEND", "noninteractive")
-                .args(["install", "-y", "-q", "--no-install-recommends", "valgrind"]),
-        )?;
-    }
-    Ok(())
-}
-
-/// Section 11: the instructions user space executes per sample, counted by callgrind (the same
-/// count whatever else the machine does, unlike its time): `-p` on the workload at 1 kHz in wall
-/// mode for 8 s and for 16 s, counting only inside the record handler; the difference over the
-/// difference of samples is the cost of one more sample, without start-up and the first reads
-/// of each library's symbols and unwind tables.
+/// Section 11: the instructions user space executes per sample, counted by callgrind (no other
+/// load on the machine moves the count, unlike its time): `-p` on the workload at 1 kHz in wall
+/// mode for 8 s and for 16 s, the whole process and the record handler within it; the
+/// difference over the difference of samples is the cost of one more sample, without start-up
+/// and the first reads of each library's symbols and unwind tables.
 pub fn callgrind(tachyon: &Path, py: &Path, dir: &Path) -> Result<(Vec<String>, Value)> {
-    setup_valgrind()?;
+    install_missing("valgrind", "valgrind")?;
     std::fs::write(dir.join("bench_work.py"), WORKLOAD)?;
     let script = dir.join("callgrind_work.py");
     std::fs::write(&script, CALLGRIND_WORKLOAD)?;

@@ -668,7 +668,7 @@ impl serde::Serialize for GeckoOut {
     }
 }
 
-/// A thread's track name:/// A thread's track name: the name it was given (a Python thread's, or one set with
+/// A thread's track name: the name it was given (a Python thread's, or one set with
 /// `pthread_setname_np`, which Python 3.14's threading does), or its program's with its tid.
 pub fn thread_name(proc: &ProcessData, t: &ThreadData) -> String {
     if let Some(name) = &t.python_name {

@@ -277,9 +277,9 @@ mod tests {
 
     #[test]
     fn a_stale_chain_in_the_eval_loops_entry_is_not_spliced() {
-        // Sixteen eval frames, the leaf in the eval loop's entry, and a chain of one frame an
-        // earlier call left there: the native stack stays as it is, with no Python frame put at
-        // its root.
+        // Three eval frames (the sympy sample that showed it had sixteen), the leaf in the eval
+        // loop's entry, and a chain of one frame an earlier call left there: the native stack
+        // stays as it is, with no Python frame put at its root.
         let native = nat(&[
             "_start",
             "_PyEval_EvalFrameDefault",
