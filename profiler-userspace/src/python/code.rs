@@ -27,6 +27,13 @@ pub struct CodeInfo {
 }
 
 impl CodeInfo {
+    /// Whether this is the code of the eval loop's entry frame (3.12+,
+    /// `interp->interpreter_trampoline`): a shim, even when its frame's owner byte is read
+    /// before the eval loop has written it.
+    pub fn is_trampoline(&self) -> bool {
+        &*self.name == "<interpreter trampoline>"
+    }
+
     /// Whether this is the code object 3.13+ runs after a class's Python `__init__`
     /// (`_Py_InitCleanup`, static in the interpreter): named `__init__` in a file `__init__`,
     /// first line 0, and a line table of one entry without a location.

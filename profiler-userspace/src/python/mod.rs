@@ -1583,6 +1583,14 @@ impl PythonRegistry {
             if info.as_deref().is_some_and(CodeInfo::is_init_cleanup) {
                 continue;
             }
+            // The eval loop's entry frame, its owner byte not written yet (its first
+            // instructions): an activation boundary, as a shim, never a frame of the program.
+            if info.as_deref().is_some_and(CodeInfo::is_trampoline) {
+                if !cur.is_empty() {
+                    activations.push(std::mem::take(&mut cur));
+                }
+                continue;
+            }
             // Only the innermost frame runs an instruction of its own (the others are at their
             // call), even when that frame's code could not be read.
             let innermost = std::mem::take(&mut leaf);
