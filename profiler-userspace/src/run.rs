@@ -259,8 +259,19 @@ pub async fn run(cli: RunArgs, command: Command) -> Result<i32, AppError> {
         every.unwrap_or(Duration::MAX / 4),
     );
     let mut keys = sink.start()?;
+    log::debug!("run: sampling from {:?}", started.elapsed());
     loop {
         tokio::select! {
+            // In this order: what ends the run first, so that a ring that is always readable
+            // (an overload) never wins over `-d` or a signal.
+            biased;
+            _ = &mut sleep => break,
+            _ = sigint.recv() => break,
+            _ = sigterm.recv() => break,
+            st = &mut child_rx, if has_child && child_status.is_none() => {
+                child_status = st.ok();
+                break;
+            }
             _ = intervals.tick(), if every.is_some() => {
                 session.drain(ring.get_mut());
                 let now = monotonic_ns();
@@ -310,15 +321,15 @@ pub async fn run(cli: RunArgs, command: Command) -> Result<i32, AppError> {
                 session.drain(guard.get_inner_mut());
                 guard.clear_ready();
             }
-            _ = &mut sleep => break,
-            _ = sigint.recv() => break,
-            _ = sigterm.recv() => break,
-            st = &mut child_rx, if has_child && child_status.is_none() => {
-                child_status = st.ok();
-                break;
-            }
         }
+        // Back to the runtime after every turn. Timers, signals and the child's exit are seen
+        // only when its driver runs, and a ring that refills as fast as it is read (an
+        // overload) keeps a branch ready at every turn: without this, the runtime's
+        // cooperative budget (128 turns of up to `DRAIN_BUDGET` each) held `-d` and Ctrl-C back
+        // for as long as the overload lasted.
+        tokio::task::yield_now().await;
     }
+    log::debug!("run: sampling ends at {:?}", started.elapsed());
     // A second Ctrl-C while the profile is written exits at once. A plain signal handler, not
     // a task: the writing below holds this (single-threaded) runtime until it is done.
     drop(sigint);
@@ -332,6 +343,7 @@ pub async fn run(cli: RunArgs, command: Command) -> Result<i32, AppError> {
         eprint!("\r\x1b[2K");
     }
     session.targets.detach();
+    log::debug!("run: programs detached at {:?}", started.elapsed());
     if !sink.writes() {
         // `top`: the terminal is restored; nothing is written.
         sink.report(true)?;
@@ -339,6 +351,7 @@ pub async fn run(cli: RunArgs, command: Command) -> Result<i32, AppError> {
     }
     let elapsed = started.elapsed();
     session.drain_all(ring.get_mut());
+    log::debug!("run: ring drained at {:?}", started.elapsed());
     let now = monotonic_ns();
     session.settle_sched(now);
     if let Command::Dump { .. } = command {

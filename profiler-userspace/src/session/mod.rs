@@ -112,6 +112,9 @@ const EPOCH_RECORDS: u32 = 256;
 /// would otherwise hold the reader in one drain for good: `-d`, Ctrl-C and the ticks' work
 /// would never come.
 const DRAIN_BUDGET: Duration = Duration::from_millis(100);
+/// Records between two looks at the clock during a drain: few enough that a reader starved of
+/// CPU (a host saturated by busy threads) still ends its drain near `DRAIN_BUDGET`.
+const BUDGET_RECORDS: u32 = 32;
 
 pub struct Session<T: Targets> {
     pub targets: T,
@@ -291,11 +294,11 @@ impl<T: Targets> Session<T> {
             }
             if n.is_multiple_of(EPOCH_RECORDS) {
                 self.collector.python.new_epoch();
-                if until.is_some_and(|t| Instant::now() >= t) {
-                    self.handle(record);
-                    emptied = false;
-                    break;
-                }
+            }
+            if n.is_multiple_of(BUDGET_RECORDS) && until.is_some_and(|t| Instant::now() >= t) {
+                self.handle(record);
+                emptied = false;
+                break;
             }
             self.handle(record);
         }
