@@ -212,14 +212,45 @@ impl Background {
         Ok(Background { child })
     }
 
-    fn stop(self) -> Result<()> {
+    /// Stops the run (SIGINT, as Ctrl-C) and waits for its end: the CPU it used (ms).
+    fn stop(self) -> Result<f64> {
         crate::run(Command::new("kill").args(["-INT", &self.child.id().to_string()]))?;
-        let o = self.child.wait_with_output()?;
-        if !o.status.success() {
-            bail!("tachyon-bpf failed: {}", String::from_utf8_lossy(&o.stderr));
-        }
-        Ok(())
+        finish_measured(self.child)
     }
+}
+
+/// Waits for a tachyon-bpf run to end and returns the CPU (user and system, ms) its process
+/// used from start to end, as `wait4` reports it: start-up, sampling and the writing of the
+/// profile. (`meta.profilerCost.userCpuMs` is read before the profile is written, so it cannot
+/// hold the writing.) Fails with its stderr unless it succeeded.
+fn finish_measured(mut child: Child) -> Result<f64> {
+    use std::io::Read;
+    let mut err = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        e.read_to_string(&mut err)?;
+    }
+    let mut status = 0;
+    // SAFETY: plain-old-data out-parameters of `wait4`.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: our own child, not yet waited for; the pointers are to locals.
+    let r = unsafe { libc::wait4(child.id() as i32, &mut status, 0, &mut ru) };
+    if r < 0 {
+        bail!(
+            "waiting for tachyon-bpf: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+    if !(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0) {
+        bail!("tachyon-bpf failed (status {status:#x}): {err}");
+    }
+    let ms = |t: libc::timeval| t.tv_sec as f64 * 1e3 + t.tv_usec as f64 / 1e3;
+    Ok(ms(ru.ru_utime) + ms(ru.ru_stime))
+}
+
+/// `meta` with `profilerCost.processCpuMs`, the run's whole-process CPU (`finish_measured`).
+fn with_process_cpu(mut m: Value, cpu_ms: f64) -> Value {
+    m["profilerCost"]["processCpuMs"] = json!(cpu_ms);
+    m
 }
 
 fn spawn_busy(py: &Path, script: &Path, n: usize, secs: u64) -> Result<Vec<Child>> {
@@ -260,18 +291,18 @@ fn all_pythons_run(
 ) -> Result<Value> {
     let kids = spawn_busy(py, busy, procs, secs + 5)?;
     std::thread::sleep(Duration::from_millis(300));
-    let o = Command::new(bin)
+    let child = Command::new(bin)
         .args(["--all-pythons", "-q", "-r", &rate.to_string(), "-d"])
         .arg(secs.to_string())
         .arg("-o")
         .arg(out)
-        .output()
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
         .context("running tachyon-bpf")?;
+    let cpu = finish_measured(child);
     reap(kids);
-    if !o.status.success() {
-        bail!("tachyon-bpf failed: {}", String::from_utf8_lossy(&o.stderr));
-    }
-    meta(out)
+    Ok(with_process_cpu(meta(out)?, cpu?))
 }
 
 /// (samples of the workload's main thread running Python code, fully merged ones: rooted at
@@ -506,7 +537,8 @@ pub fn bench(tachyon: &Path, tools: &Path) -> Result<()> {
             .into(),
     );
     let mut cost_raw = Vec::new();
-    let total_ms = |m: &Value| f(&m["profilerCost"]["userCpuMs"]) + f(&m["profilerCost"]["bpfMs"]);
+    let total_ms =
+        |m: &Value| f(&m["profilerCost"]["processCpuMs"]) + f(&m["profilerCost"]["bpfMs"]);
     for rate in [1000u64, 10000] {
         for procs in [1usize, 8] {
             eprintln!("bench: cost at {rate} Hz with {procs} processes");
@@ -524,7 +556,7 @@ pub fn bench(tachyon: &Path, tools: &Path) -> Result<()> {
             let per_k = |key: &str, m: &Value| {
                 f(&m["profilerCost"][key]) * 1000.0 / f(&m["samples"]).max(1.0)
             };
-            let user = median(long.iter().map(|m| per_k("userCpuMs", m)).collect());
+            let user = median(long.iter().map(|m| per_k("processCpuMs", m)).collect());
             let bpf = median(long.iter().map(|m| per_k("bpfMs", m)).collect());
             let samples = median(long.iter().map(|m| f(&m["samples"])).collect());
             let marginal = median(marginal);
@@ -667,15 +699,15 @@ pub fn bench(tachyon: &Path, tools: &Path) -> Result<()> {
         kids.extend(spawn_busy(&py, &sleepy, 2, 26)?);
         std::thread::sleep(Duration::from_millis(500));
         let out = dir.join("mixed.json");
-        let o = Command::new(tachyon)
+        let child = Command::new(tachyon)
             .args(["--all-pythons", "-q", "-r", "1000", "-d", "20", "-o"])
             .arg(&out)
-            .output()?;
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()?;
+        let cpu = finish_measured(child);
         reap(kids);
-        if !o.status.success() {
-            bail!("tachyon-bpf failed: {}", String::from_utf8_lossy(&o.stderr));
-        }
-        mixed.push(meta(&out)?);
+        mixed.push(with_process_cpu(meta(&out)?, cpu?));
     }
     let per = |k: &str| {
         median(
@@ -685,7 +717,7 @@ pub fn bench(tachyon: &Path, tools: &Path) -> Result<()> {
                 .collect(),
         )
     };
-    let (mu, mb) = (per("userCpuMs"), per("bpfMs"));
+    let (mu, mb) = (per("processCpuMs"), per("bpfMs"));
     let counter = |m: &Value, name: &str| f(&m["bpfCounters"][name]);
     md.push(format!(
         "| {:.0} | {mu:.2} | {mb:.2} | {:.2} | {:.0} | {:.1} |",
@@ -911,6 +943,9 @@ pub fn pingpong(
         c
     };
     let pp_out = |mode: &str| dir.join(format!("pingpong-{mode}.json"));
+    // Each tachyon-bpf run's `meta.tachyon`, wall runs then cpu runs.
+    let pp_cost_cell: std::cell::RefCell<[Vec<Value>; 2]> = Default::default();
+    let pp_cost_ref = &pp_cost_cell;
     let under_tachyon = |mode: &'static str| -> Box<dyn Fn() -> Result<f64> + '_> {
         Box::new(move || {
             let bg = Background::start(
@@ -919,7 +954,9 @@ pub fn pingpong(
                 &pp_out(mode),
             )?;
             let t = timed(&mut pp_cmd());
-            bg.stop()?;
+            let cpu = bg.stop()?;
+            let m = with_process_cpu(meta(&pp_out(mode))?, cpu);
+            pp_cost_ref.borrow_mut()[usize::from(mode == "cpu")].push(m);
             t
         })
     };
@@ -972,15 +1009,12 @@ pub fn pingpong(
     ];
     eprintln!("bench: ping-pong, {PP_ROUNDS} rounds");
     let mut tput: Vec<Vec<f64>> = vec![Vec::new(); pp_configs.len()];
-    let mut pp_cost: Vec<Vec<Value>> = vec![Vec::new(); 2];
     for _ in 0..PP_ROUNDS {
         for (i, (_, run)) in pp_configs.iter().enumerate() {
             tput[i].push(run()?);
-            if i == 2 || i == 3 {
-                pp_cost[i - 2].push(meta(&pp_out(if i == 2 { "wall" } else { "cpu" }))?);
-            }
         }
     }
+    let pp_cost = pp_cost_cell.borrow().clone();
     let pp_meds: Vec<f64> = tput.iter().map(|t| median(t.clone())).collect();
     md.push("\n## 6. Thread ping-pong (1 kHz)\n".into());
     md.push(format!(
@@ -1023,11 +1057,12 @@ pub fn pingpong(
                     .collect(),
             )
         };
-        let (user, bpf) = (pct("userCpuMs"), pct("bpfMs"));
+        let (user, bpf) = (pct("processCpuMs"), pct("bpfMs"));
         let per = median(
             runs.iter()
                 .map(|m| {
-                    1000.0 * (f(&m["profilerCost"]["userCpuMs"]) + f(&m["profilerCost"]["bpfMs"]))
+                    1000.0
+                        * (f(&m["profilerCost"]["processCpuMs"]) + f(&m["profilerCost"]["bpfMs"]))
                         / f(&m["samples"]).max(1.0)
                 })
                 .collect(),
