@@ -13,7 +13,7 @@ use crate::aggregate::{
 use crate::capture::record::{Event, EventKind, RawSample};
 use crate::process::unwind::{unwind_user, UserFrame};
 use crate::process::Process;
-use crate::python::merge::is_eval_frame;
+use crate::python::merge::FrameClass;
 use crate::python::{
     self, FrameRef, ProfileSink, PyEvent, PyThreadState, PythonFrames, PythonRegistry,
 };
@@ -42,6 +42,9 @@ pub struct Collector {
     /// the module search and the hashing of its file's path `native_frames` needs (it is shared
     /// by every process that maps the file).
     proc_frames: FxHashMap<u32, ProcFrames>,
+    /// `merge`'s class of each native frame, by frame id (`class_of`); frame ids start again
+    /// with each profile, and so does this.
+    frame_classes: Vec<Option<FrameClass>>,
     /// Names Python gave threads, by (pid, tid), given to the profile's threads as they end.
     thread_names: FxHashMap<(u32, u32), String>,
     kernel_frames: FxHashMap<u64, FrameId>,
@@ -215,6 +218,7 @@ impl Collector {
             kernel_lib,
             native_frames: FxHashMap::default(),
             proc_frames: FxHashMap::default(),
+            frame_classes: Vec::new(),
             thread_names: FxHashMap::default(),
             kernel_frames: FxHashMap::default(),
             python,
@@ -300,6 +304,19 @@ impl Collector {
     /// Where an anonymous function of the Python runtime waits on a condition variable or mutex
     /// straight from the runtime, which in CPython's glibc builds only the GIL does (its own
     /// locks use semaphores): `take_gil` or `drop_gil` in an interpreter without a symbol table.
+    /// The class `merge` needs of a native frame, found from its name once per frame id.
+    fn class_of(&mut self, (f, name): &(FrameId, Arc<str>)) -> FrameClass {
+        if let Some(Some(c)) = self.frame_classes.get(*f) {
+            return *c;
+        }
+        let c = FrameClass::of(name);
+        if self.frame_classes.len() <= *f {
+            self.frame_classes.resize(*f + 1, None);
+        }
+        self.frame_classes[*f] = Some(c);
+        c
+    }
+
     fn anonymous_gil_frame(&self, native: &[(FrameId, Arc<str>)]) -> Option<usize> {
         native.windows(2).position(|w| {
             let (caller, callee) = (&w[0], &w[1]);
@@ -562,7 +579,7 @@ impl Collector {
         // assembly kernels): a truncated stack, said so, not a whole one.
         if let Some(PythonFrames { activations, .. }) = &py {
             if !activations.is_empty() && s.flags & profiler_common::SAMPLE_NO_USER == 0 {
-                let mut evals = native.iter().filter(|(_, n)| is_eval_frame(n)).count();
+                let mut evals = native.iter().filter(|f| self.class_of(f).is_eval()).count();
                 // A stack scan that skipped eval-loop frames (it found a stale return address
                 // that still leads to the root), or frames read after the sample that are not
                 // the sample's (the eval-loop frames do not pair with the activations), are
@@ -588,7 +605,7 @@ impl Collector {
                     for uf in unwound.frames.iter().rev() {
                         native.push(self.native_frame(pid, *uf, native_cat));
                     }
-                    evals = native.iter().filter(|(_, n)| is_eval_frame(n)).count();
+                    evals = native.iter().filter(|f| self.class_of(f).is_eval()).count();
                 }
                 unwound.truncated |= evals < activations.len();
                 if evals != activations.len() && log::log_enabled!(log::Level::Debug) {
@@ -637,12 +654,16 @@ impl Collector {
         let mut root_first: Vec<FrameId> = match py {
             Some(PythonFrames {
                 ref activations, ..
-            }) if !activations.is_empty() => self.python.merge(
-                &native,
-                activations,
-                unwound.truncated,
-                &mut PySink(&mut self.profile),
-            ),
+            }) if !activations.is_empty() => {
+                let classes: Vec<FrameClass> = native.iter().map(|f| self.class_of(f)).collect();
+                self.python.merge(
+                    &native,
+                    &classes,
+                    activations,
+                    unwound.truncated,
+                    &mut PySink(&mut self.profile),
+                )
+            }
             _ => native.iter().map(|(f, _)| *f).collect(),
         };
         // `--async-aware`: what is rootward of the running task's coroutine (the event loop's
@@ -865,6 +886,7 @@ impl Collector {
         self.kernel_lib = next.lib(&Arc::from(KERNEL_LIB));
         self.native_frames.clear();
         self.proc_frames.clear();
+        self.frame_classes.clear();
         self.uncaptured = None;
         self.kernel_frames.clear();
         self.python.new_profile();

@@ -65,19 +65,55 @@ pub fn is_internal(name: &str) -> bool {
     PREFIXES.iter().any(|p| name.starts_with(p))
 }
 
-/// Merges `activations` (outermost first, each root-first) into `native` (root-first).
+/// What `merge` needs to know of a native frame's name, found once per frame (the caller
+/// keeps it by frame id) rather than by matching prefixes on every frame of every sample.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FrameClass(u8);
+
+impl FrameClass {
+    const EVAL: u8 = 1;
+    const INTERNAL: u8 = 2;
+    const TEARDOWN: u8 = 4;
+
+    pub fn of(name: &str) -> FrameClass {
+        let mut c = 0;
+        if is_eval_frame(name) {
+            c |= Self::EVAL;
+        }
+        if is_internal(name) {
+            c |= Self::INTERNAL;
+        }
+        if is_frame_teardown(name) {
+            c |= Self::TEARDOWN;
+        }
+        FrameClass(c)
+    }
+
+    pub fn is_eval(self) -> bool {
+        self.0 & Self::EVAL != 0
+    }
+
+    fn is_internal(self) -> bool {
+        self.0 & Self::INTERNAL != 0
+    }
+
+    fn is_teardown(self) -> bool {
+        self.0 & Self::TEARDOWN != 0
+    }
+}
+
+/// Merges `activations` (outermost first, each root-first) into `native` (root-first), whose
+/// frames' classes are `classes` (one each).
 pub fn merge(
     native: &[(FrameId, Arc<str>)],
+    classes: &[FrameClass],
     activations: &[Vec<FrameId>],
     native_truncated: bool,
     show_internal: bool,
 ) -> (Vec<FrameId>, Option<PyEvent>) {
-    let evals: Vec<usize> = native
-        .iter()
-        .enumerate()
-        .filter(|(_, (_, n))| is_eval_frame(n))
-        .map(|(i, _)| i)
-        .collect();
+    debug_assert_eq!(native.len(), classes.len());
+    let class = |i: usize| classes.get(i).copied().unwrap_or_default();
+    let evals: Vec<usize> = (0..native.len()).filter(|&i| class(i).is_eval()).collect();
     let (e, a) = (evals.len(), activations.len());
     // Pair eval frames with activations: from the root when the native stack is whole (an eval
     // frame whose activation already returned is then the innermost one), from the leaf when the
@@ -97,12 +133,11 @@ pub fn merge(
     // from one) and the eval loop has not linked the callee's frame yet (or has unlinked it,
     // and is clearing it). Every Python frame that exists is in place; the time is the eval
     // loop's own, under its caller.
-    let last_real = native.iter().rposition(|(_, n)| !is_internal(n));
+    let last_real = (0..native.len()).rposition(|i| !class(i).is_internal());
     let entering = !native_truncated
         && e == a + 1
         && evals.last().is_some_and(|&l| {
-            last_real.is_none_or(|r| r < l)
-                || native.get(l + 1).is_some_and(|(_, n)| is_frame_teardown(n))
+            last_real.is_none_or(|r| r < l) || (l + 1 < native.len() && class(l + 1).is_teardown())
         });
     // The thread is in the eval loop's first instructions (its leaf), yet two or more of the
     // native stack's eval frames have no activation: the chain read is not this instant's. On
@@ -113,7 +148,7 @@ pub fn merge(
     // path. The walk cannot tell; the native stack can. The native frames are kept, without
     // Python frames placed where nothing says they belong.
     let stale =
-        !native_truncated && e > a + 1 && native.last().is_some_and(|(_, n)| is_eval_frame(n));
+        !native_truncated && e > a + 1 && !native.is_empty() && class(native.len() - 1).is_eval();
     if stale {
         return (
             native.iter().map(|(f, _)| *f).collect(),
@@ -145,7 +180,7 @@ pub fn merge(
     for act in &activations[..leading] {
         out.extend_from_slice(act);
     }
-    for (i, (frame, name)) in native.iter().enumerate() {
+    for (i, (frame, _)) in native.iter().enumerate() {
         if let Some(act) = paired_act[i] {
             if show_internal {
                 out.push(*frame);
@@ -165,7 +200,7 @@ pub fn merge(
         // leaf (the time spent in it) stays.
         let below_python = first_eval.is_some_and(|f| i > f) || leading > 0;
         let followed = last_eval.is_some_and(|l| i < l) || last_real.is_some_and(|r| i < r);
-        if below_python && followed && !show_internal && is_internal(name) {
+        if below_python && followed && !show_internal && class(i).is_internal() {
             continue;
         }
         out.push(*frame);
@@ -176,6 +211,23 @@ pub fn merge(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `merge` with each frame's class found from its name.
+    fn merge(
+        native: &[(FrameId, Arc<str>)],
+        activations: &[Vec<FrameId>],
+        native_truncated: bool,
+        show_internal: bool,
+    ) -> (Vec<FrameId>, Option<PyEvent>) {
+        let classes: Vec<FrameClass> = native.iter().map(|(_, n)| FrameClass::of(n)).collect();
+        super::merge(
+            native,
+            &classes,
+            activations,
+            native_truncated,
+            show_internal,
+        )
+    }
 
     fn nat(names: &[&str]) -> Vec<(FrameId, Arc<str>)> {
         names

@@ -1649,11 +1649,13 @@ impl PythonRegistry {
     pub fn merge(
         &self,
         native: &[(FrameRef, Arc<str>)],
+        classes: &[merge::FrameClass],
         activations: &[Vec<FrameRef>],
         truncated: bool,
         out: &mut impl ProfileSink,
     ) -> Vec<FrameRef> {
-        let (frames, outcome) = merge::merge(native, activations, truncated, self.show_internal);
+        let (frames, outcome) =
+            merge::merge(native, classes, activations, truncated, self.show_internal);
         if let Some(e) = outcome {
             if e == PyEvent::MergeMismatch && log::log_enabled!(log::Level::Debug) {
                 let names: Vec<&str> = native.iter().map(|(_, n)| n.as_ref()).collect();
