@@ -453,13 +453,13 @@ impl Collector {
         (f, name)
     }
 
-    pub fn handle(&mut self, s: RawSample) {
+    pub fn handle(&mut self, s: RawSample<'_>) {
         self.handle_in(s, false);
     }
 
     /// `blocked`: a sample of a thread read from outside while it stayed blocked (`dump`),
     /// kept as a sample of its own and off CPU.
-    fn handle_in(&mut self, s: RawSample, blocked: bool) {
+    fn handle_in(&mut self, s: RawSample<'_>, blocked: bool) {
         let t_ms = self.time_ms(s.time_ns);
         // How long the sample waited in the ring buffer before being read.
         let lag_ms = monotonic_ns().saturating_sub(s.time_ns) as f64 / 1e6;

@@ -71,7 +71,7 @@ pub fn blocked_sample(
     pid: u32,
     tid: u32,
     time_ns: u64,
-) -> Option<RawSample> {
+) -> Option<RawSample<'static>> {
     for _ in 0..TRIES {
         let (state, before) = thread_activity(pid, tid)?;
         if state == 'R' {
@@ -92,7 +92,7 @@ fn read_blocked(
     pid: u32,
     tid: u32,
     time_ns: u64,
-) -> Option<RawSample> {
+) -> Option<RawSample<'static>> {
     let dir = format!("/proc/{pid}/task/{tid}");
     // "NR ARG1..ARG6 SP PC" in a system call, "-1 SP PC" blocked elsewhere, "running".
     let syscall = read_proc(&format!("{dir}/syscall"))?;
@@ -151,7 +151,7 @@ fn read_blocked(
         py_gc_collecting: 0,
         py_task: 0,
         code_snaps: Vec::new(),
-        stack,
+        stack: std::borrow::Cow::Owned(stack),
     };
     if let Some(w) = python.walk_thread(pid, tid) {
         s.flags |= SAMPLE_PY_THREAD;

@@ -282,7 +282,11 @@ impl<T: Targets> Session<T> {
         self.collector.python.new_epoch();
         let mut emptied = true;
         let start = Instant::now();
-        while let Some(record) = source.next_record(Record::parse) {
+        // Each record is handled where it lies in the ring (its stack is not copied out).
+        while source
+            .next_record(|bytes| self.handle(Record::parse(bytes)))
+            .is_some()
+        {
             n += 1;
             // A drain that goes on is behind: the code threads run now is read while they run.
             if n.is_multiple_of(READ_AHEAD_RECORDS) {
@@ -296,11 +300,9 @@ impl<T: Targets> Session<T> {
                 self.collector.python.new_epoch();
             }
             if n.is_multiple_of(BUDGET_RECORDS) && until.is_some_and(|t| Instant::now() >= t) {
-                self.handle(record);
                 emptied = false;
                 break;
             }
-            self.handle(record);
         }
         if emptied {
             self.emptied = Some(Instant::now());
@@ -314,7 +316,7 @@ impl<T: Targets> Session<T> {
         n
     }
 
-    fn handle(&mut self, record: Result<Record, RecordError>) {
+    fn handle(&mut self, record: Result<Record<'_>, RecordError>) {
         match record {
             Ok(Record::Sample(s)) => self.collector.handle(s),
             Ok(Record::Sched(r)) => self.collector.handle_sched(&r),
