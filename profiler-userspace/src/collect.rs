@@ -301,10 +301,12 @@ impl Collector {
         f
     }
 
-    /// Where an anonymous function of the Python runtime waits on a condition variable or mutex
-    /// straight from the runtime, which in CPython's glibc builds only the GIL does (its own
-    /// locks use semaphores): `take_gil` or `drop_gil` in an interpreter without a symbol table.
-    /// The class `merge` needs of a native frame, found from its name once per frame id.
+    /// The classes `merge` needs of a sample's native frames, each found from its name once per
+    /// frame id.
+    fn classes_of(&mut self, native: &[(FrameId, Arc<str>)]) -> Vec<FrameClass> {
+        native.iter().map(|f| self.class_of(f)).collect()
+    }
+
     fn class_of(&mut self, (f, name): &(FrameId, Arc<str>)) -> FrameClass {
         if let Some(Some(c)) = self.frame_classes.get(*f) {
             return *c;
@@ -317,6 +319,9 @@ impl Collector {
         c
     }
 
+    /// Where an anonymous function of the Python runtime waits on a condition variable or mutex
+    /// straight from the runtime, which in CPython's glibc builds only the GIL does (its own
+    /// locks use semaphores): `take_gil` or `drop_gil` in an interpreter without a symbol table.
     fn anonymous_gil_frame(&self, native: &[(FrameId, Arc<str>)]) -> Option<usize> {
         native.windows(2).position(|w| {
             let (caller, callee) = (&w[0], &w[1]);
@@ -568,8 +573,9 @@ impl Collector {
             Category::User
         };
 
-        // Native frames, root first.
+        // Native frames, root first, and their classes once a Python sample needs them.
         let mut native: Vec<(FrameId, Arc<str>)> = Vec::with_capacity(unwound.frames.len());
+        let mut classes: Vec<FrameClass> = Vec::new();
         for uf in unwound.frames.iter().rev() {
             native.push(self.native_frame(pid, *uf, native_cat));
         }
@@ -579,7 +585,8 @@ impl Collector {
         // assembly kernels): a truncated stack, said so, not a whole one.
         if let Some(PythonFrames { activations, .. }) = &py {
             if !activations.is_empty() && s.flags & profiler_common::SAMPLE_NO_USER == 0 {
-                let mut evals = native.iter().filter(|f| self.class_of(f).is_eval()).count();
+                classes = self.classes_of(&native);
+                let mut evals = classes.iter().filter(|c| c.is_eval()).count();
                 // A stack scan that skipped eval-loop frames (it found a stale return address
                 // that still leads to the root), or frames read after the sample that are not
                 // the sample's (the eval-loop frames do not pair with the activations), are
@@ -605,7 +612,8 @@ impl Collector {
                     for uf in unwound.frames.iter().rev() {
                         native.push(self.native_frame(pid, *uf, native_cat));
                     }
-                    evals = native.iter().filter(|f| self.class_of(f).is_eval()).count();
+                    classes = self.classes_of(&native);
+                    evals = classes.iter().filter(|c| c.is_eval()).count();
                 }
                 unwound.truncated |= evals < activations.len();
                 if evals != activations.len() && log::log_enabled!(log::Level::Debug) {
@@ -655,7 +663,9 @@ impl Collector {
             Some(PythonFrames {
                 ref activations, ..
             }) if !activations.is_empty() => {
-                let classes: Vec<FrameClass> = native.iter().map(|f| self.class_of(f)).collect();
+                if classes.len() != native.len() {
+                    classes = self.classes_of(&native);
+                }
                 self.python.merge(
                     &native,
                     &classes,

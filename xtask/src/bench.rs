@@ -155,8 +155,7 @@ pub fn setup_py_spy(tools: &Path) -> Result<PathBuf> {
     Ok(bin)
 }
 
-/// Linux perf from Debian (idempotent).
-/// Installs Debian's `package` if `command --version` does not run.
+/// Installs Debian's `package` if `command --version` does not run (idempotent).
 fn install_missing(command: &str, package: &str) -> Result<()> {
     if !crate::quiet_ok(Command::new(command).arg("--version")) {
         eprintln!("xtask: installing {package}");
