@@ -90,6 +90,9 @@ impl Launched {
     }
 }
 
+/// How often `Started::follow_exec` hands over while it waits for a wrapper's exec.
+const MEANWHILE_EVERY: std::time::Duration = std::time::Duration::from_millis(20);
+
 impl Started {
     /// Whether the command is stopped at its entry point.
     pub fn held(&self) -> bool {
@@ -132,8 +135,13 @@ impl Started {
     /// The command held at its entry point is not the program to find (a wrapper: `env`, a
     /// shell, pyenv's shims): lets it run until it execs another program, and holds that one
     /// at its entry point. A wrapper that has not exec'd within `within` (a shell that runs
-    /// its program as a child, or stays) is let go untraced. True when held again.
-    pub fn follow_exec(&mut self, within: std::time::Duration) -> bool {
+    /// its program as a child, or stays) is let go untraced. `meanwhile` is called every
+    /// `MEANWHILE_EVERY` while it runs (the profiler reads its ring). True when held again.
+    pub fn follow_exec(
+        &mut self,
+        within: std::time::Duration,
+        meanwhile: &mut dyn FnMut(),
+    ) -> bool {
         use nix::sys::ptrace;
         use nix::sys::signal::Signal;
         use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
@@ -148,6 +156,7 @@ impl Started {
             return false;
         }
         let deadline = std::time::Instant::now() + within;
+        let mut next_meanwhile = std::time::Instant::now() + MEANWHILE_EVERY;
         while std::time::Instant::now() < deadline {
             match waitpid(pid, Some(WaitPidFlag::WNOHANG)) {
                 Ok(WaitStatus::PtraceEvent(_, Signal::SIGTRAP, libc::PTRACE_EVENT_EXEC)) => {
@@ -163,7 +172,13 @@ impl Started {
                     self.ended(exit_code(st).unwrap_or(0));
                     return false;
                 }
-                Ok(_) => std::thread::sleep(std::time::Duration::from_micros(200)),
+                Ok(_) => {
+                    if std::time::Instant::now() >= next_meanwhile {
+                        meanwhile();
+                        next_meanwhile = std::time::Instant::now() + MEANWHILE_EVERY;
+                    }
+                    std::thread::sleep(std::time::Duration::from_micros(200))
+                }
                 Err(_) => return false,
             }
         }

@@ -223,7 +223,11 @@ pub async fn run(cli: RunArgs, command: Command) -> Result<i32, AppError> {
             if !started.held() || session.is_python(started.pid) {
                 break;
             }
-            if started.follow_exec(WRAPPER_EXEC_WITHIN) {
+            // The ring is read meanwhile: a launched program that is not Python runs on until
+            // the time is up, and its samples would otherwise fill the ring.
+            if started.follow_exec(WRAPPER_EXEC_WITHIN, &mut || {
+                session.drain(ring.get_mut());
+            }) {
                 session.started(started.pid, true);
             }
         }
@@ -611,9 +615,11 @@ fn convert_diff(
 }
 
 /// Programs a launched command may exec through before Python (`env`, a shell, pyenv's shim
-/// and `pyenv exec`), and how long each may take to exec the next.
-const MAX_WRAPPERS: usize = 4;
-const WRAPPER_EXEC_WITHIN: Duration = Duration::from_millis(300);
+/// and `pyenv exec`), and how long each may take to exec the next. pyenv's take 10-20 ms each
+/// here, but far longer on a loaded host (they run a few subprocesses each); a wrapper that
+/// does not exec in time is let go and runs on.
+const MAX_WRAPPERS: usize = 6;
+const WRAPPER_EXEC_WITHIN: Duration = Duration::from_secs(1);
 
 /// `dump --pid P`: a short wall-mode run on the process (see `tachyon_bpf::dump`).
 pub async fn dump(args: DumpArgs) -> Result<i32, AppError> {
