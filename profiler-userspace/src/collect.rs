@@ -11,7 +11,7 @@ use crate::aggregate::{
     state, Category, Frame, FrameId, Func, LibId, Mode, Opcode, Profile, StackId,
 };
 use crate::capture::record::{Event, EventKind, RawSample};
-use crate::process::unwind::{unwind_user, UserFrame};
+use crate::process::unwind::{unwind_user, LateMemo, Unwound, UserFrame};
 use crate::process::Process;
 use crate::python::merge::FrameClass;
 use crate::python::{
@@ -68,6 +68,25 @@ pub struct Collector {
 /// The time the first pass over a process's tasks stands for (later ones: the time since the
 /// previous pass; `Session::pass_over_tasks` spaces them).
 const TASK_PASS_MS: f64 = 100.0;
+/// Unwinds one sample may take again while the interpreter's frames refute each chain found
+/// (`Collector::reunwind`).
+const REUNWINDS: usize = 16;
+
+/// An unwind's native frames, root first, their classes and how many are eval-loop frames.
+struct NativeStack {
+    frames: Vec<(FrameId, Arc<str>)>,
+    classes: Vec<FrameClass>,
+    evals: usize,
+}
+
+/// Whether an unwind holds a return address in no module of the process (junk read where a
+/// frame kept none).
+fn has_junk(proc: &crate::process::Process, u: &Unwound) -> bool {
+    u.frames
+        .iter()
+        .skip(1)
+        .any(|f| proc.module_for(f.addr).is_none())
+}
 
 /// Python resolution's output, interned into the profile and counted in its counters.
 struct PySink<'a>(&'a mut Profile);
@@ -301,6 +320,85 @@ impl Collector {
         f
     }
 
+    /// The native frames of an unwind, root first, their classes and its eval-loop frames.
+    fn unwound_frames(&mut self, pid: u32, u: &Unwound, cat: Category) -> NativeStack {
+        let native: Vec<(FrameId, Arc<str>)> = u
+            .frames
+            .iter()
+            .rev()
+            .map(|uf| self.native_frame(pid, *uf, cat))
+            .collect();
+        let classes = self.classes_of(&native);
+        let evals = classes.iter().filter(|c| c.is_eval()).count();
+        NativeStack {
+            frames: native,
+            classes,
+            evals,
+        }
+    }
+
+    /// Other unwinds of sample `s` than `first`, whose eval-loop frames do not pair with the
+    /// interpreter's `want` activations; the first that does is returned. Two things go wrong
+    /// past a frame without unwind information whose caller's frame is larger than the copy
+    /// (OpenBLAS's kernels under `dgetrf_parallel`):
+    /// - the scan takes a stale return address, left by an earlier call in the buffer the
+    ///   kernel reserved, whose chain still reaches the root: its next candidates are taken in
+    ///   turn;
+    /// - the stack beyond the copy, read late, is no longer the sample's (nor are the chains
+    ///   the scan's candidates lead to): it is taken from the memos of the thread's last
+    ///   confirmed unwinds instead (`unwind::LateMemo`), each of which counts only where the
+    ///   unwind leaves the copy at the frame it was taken at.
+    ///
+    /// At most `REUNWINDS` unwinds in all. A chain that is not rooted, or holds an address in
+    /// no module, is never taken.
+    fn reunwind(
+        &mut self,
+        pid: u32,
+        s: &RawSample,
+        first: &Unwound,
+        want: usize,
+        cat: Category,
+    ) -> Option<(Unwound, NativeStack)> {
+        let memos: Vec<LateMemo> = if first.late_read.is_some() {
+            self.procs.get(&pid)?.late_memos_of(s.tid)
+        } else {
+            Vec::new()
+        };
+        let mut budget = REUNWINDS;
+        // The live thread's stack first (the first unwind's scan went on), then each memo.
+        for (i, memo) in std::iter::once(None)
+            .chain(memos.iter().map(Some))
+            .enumerate()
+        {
+            let mut skip = Vec::new();
+            if i == 0 {
+                match first.scanned_from.and(first.scan_slot) {
+                    Some(at) => skip.push(at),
+                    None => continue,
+                }
+            }
+            while budget > 0 {
+                budget -= 1;
+                let proc = self.procs.get_mut(&pid)?;
+                let again = unwind_user(proc, s, &skip, memo);
+                if has_junk(proc, &again) {
+                    break;
+                }
+                if again.rooted {
+                    let stack = self.unwound_frames(pid, &again, cat);
+                    if stack.evals == want {
+                        return Some((again, stack));
+                    }
+                }
+                match again.scanned_from.and(again.scan_slot) {
+                    Some(at) => skip.push(at),
+                    None => break,
+                }
+            }
+        }
+        None
+    }
+
     /// The classes `merge` needs of a sample's native frames, each found from its name once per
     /// frame id.
     fn classes_of(&mut self, native: &[(FrameId, Arc<str>)]) -> Vec<FrameClass> {
@@ -519,14 +617,14 @@ impl Collector {
             proc.ensure_maps(s.ip, s.time_ns, elves);
         }
         let mut unwound = if s.flags & profiler_common::SAMPLE_NO_USER == 0 && !replaced {
-            let mut u = unwind_user(proc, &s);
+            let mut u = unwind_user(proc, &s, &[], None);
             // A return address outside every known module: a library mapped since the maps
             // were read. Re-read them (rate-limited) and unwind again.
             if let Some(f) = u.frames.iter().find(|f| proc.module_for(f.addr).is_none()) {
                 let before = proc.modules.len();
                 proc.ensure_maps(f.addr, s.time_ns, elves);
                 if proc.modules.len() != before {
-                    u = unwind_user(proc, &s);
+                    u = unwind_user(proc, &s, &[], None);
                 }
             }
             // A return address in no module is junk the unwinder read where a frame without
@@ -555,13 +653,7 @@ impl Collector {
             }
             u
         } else {
-            crate::process::unwind::Unwound {
-                frames: Vec::new(),
-                truncated: false,
-                scanned_from: None,
-                late_from: None,
-                rooted: false,
-            }
+            crate::process::unwind::Unwound::empty()
         };
         // Python frames of this instant, resolved to names and lines.
         let py = self.python.resolve(&s, &mut PySink(&mut self.profile));
@@ -587,6 +679,21 @@ impl Collector {
             if !activations.is_empty() && s.flags & profiler_common::SAMPLE_NO_USER == 0 {
                 classes = self.classes_of(&native);
                 let mut evals = classes.iter().filter(|c| c.is_eval()).count();
+                // The interpreter's frames refute the unwind: other unwinds of the sample are
+                // tried (`Collector::reunwind`).
+                if evals != activations.len() {
+                    if let Some((again, stack)) =
+                        self.reunwind(pid, &s, &unwound, activations.len(), native_cat)
+                    {
+                        unwound = again;
+                        (native, classes, evals) = (stack.frames, stack.classes, stack.evals);
+                    }
+                }
+                if evals == activations.len() {
+                    if let Some(proc) = self.procs.get_mut(&pid) {
+                        unwound.keep_late(proc, s.tid);
+                    }
+                }
                 // A stack scan that skipped eval-loop frames (it found a stale return address
                 // that still leads to the root), or frames read after the sample that are not
                 // the sample's (the eval-loop frames do not pair with the activations), are

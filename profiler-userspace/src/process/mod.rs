@@ -60,6 +60,9 @@ pub struct Process {
     pub cfi_context: Box<gimli::UnwindContext<usize>>,
     /// Threads whose stack end the BPF side was given (`Collector::take_stack_tops`).
     pub stack_tops: rustc_hash::FxHashSet<u32>,
+    /// Per thread, the stack beyond a copy as read for the last unwinds the interpreter's
+    /// frames confirmed, oldest first (`unwind::LateMemo`).
+    pub late_memos: rustc_hash::FxHashMap<u32, Vec<unwind::LateMemo>>,
     maps_read_at: Option<Instant>,
     /// `CLOCK_MONOTONIC` ns of the last read of the mappings (samples carry the same clock).
     maps_read_ns: u64,
@@ -148,6 +151,14 @@ pub fn read_cmdline(pid: u32) -> Vec<String> {
 }
 
 impl Process {
+    /// The `unwind::LateMemo`s kept for thread `tid`, newest first.
+    pub fn late_memos_of(&self, tid: u32) -> Vec<unwind::LateMemo> {
+        self.late_memos
+            .get(&tid)
+            .map(|v| v.iter().rev().cloned().collect())
+            .unwrap_or_default()
+    }
+
     pub fn new(pid: u32, fallback_comm: &str) -> Process {
         Process {
             pid,
@@ -161,6 +172,7 @@ impl Process {
             leaf_cache: unwind::Cache::new(),
             roots: Default::default(),
             stack_tops: Default::default(),
+            late_memos: Default::default(),
             scan_hints: Default::default(),
             cfi_context: Box::new(gimli::UnwindContext::new()),
             maps_read_at: None,

@@ -115,12 +115,37 @@ const PAGE: u64 = 4096;
 /// thread's frames (the interpreter's activations) refutes them when they disagree
 /// (`Unwound::refute_late`).
 struct LateStack {
-    remote: Remote,
+    /// The live thread's memory; none when `pages` is a memo's (nothing else is read).
+    remote: Option<Remote>,
     /// The copy's end, and the farthest address read.
     from: u64,
     until: u64,
-    pages: rustc_hash::FxHashMap<u64, Option<Box<[u8]>>>,
+    pages: LatePages,
 }
+
+type LatePages = rustc_hash::FxHashMap<u64, Option<std::sync::Arc<[u8]>>>;
+
+/// The stack beyond a sample's copy as it was read for an unwind the interpreter's frames
+/// confirmed, kept per thread (`Process::late_memos`).
+///
+/// A loop that calls the same deep native code from the same Python line (`np.linalg.inv` in
+/// a loop: `dgetrf_parallel`'s 541 KiB frame puts its callers beyond any copy) has the same
+/// frames beyond the copy in every call. A sample read late, once the thread had left the
+/// call, finds other words there, and its unwind is refuted: 15-25% of such a loop's samples
+/// were cut so. Those are unwound again from the memo, when the frame at the copy's end is
+/// the same one (same return address at the same stack address) as when the memo was
+/// taken; the interpreter's frames check the result as they check any late read.
+#[derive(Clone)]
+pub struct LateMemo {
+    /// The frame at the copy's end: its address and stack pointer.
+    edge: (u64, u64),
+    pages: LatePages,
+}
+
+/// `LateMemo`s kept per thread (the newest, each at another frame), and threads a process
+/// keeps them for (then they are dropped and retaken).
+const LATE_MEMOS: usize = 4;
+const LATE_MEMO_THREADS: usize = 64;
 
 impl LateStack {
     fn read(&mut self, addr: u64) -> Option<u64> {
@@ -128,15 +153,15 @@ impl LateStack {
             return None;
         }
         let page = addr & !(PAGE - 1);
-        if !self.pages.contains_key(&page) && self.pages.len() >= LATE_PAGES {
-            return None;
+        if !self.pages.contains_key(&page) {
+            let remote = self.remote?;
+            if self.pages.len() >= LATE_PAGES {
+                return None;
+            }
+            let bytes = remote.read(page, PAGE as usize).map(Into::into);
+            self.pages.insert(page, bytes);
         }
-        let remote = self.remote;
-        let bytes = self
-            .pages
-            .entry(page)
-            .or_insert_with(|| remote.read(page, PAGE as usize).map(Vec::into_boxed_slice))
-            .as_deref()?;
+        let bytes = self.pages.get(&page)?.as_deref()?;
         let off = (addr - page) as usize;
         // A word across two pages is not needed: stack words are 8-aligned.
         Some(u64::from_le_bytes(
@@ -173,11 +198,50 @@ pub struct Unwound {
     pub scanned_from: Option<usize>,
     /// The first frame unwound from stack read after the sample (`LateStack`), if any.
     pub late_from: Option<usize>,
+    /// The stack slot whose return address the scan took (for `unwind_user`'s `skip`).
+    pub scan_slot: Option<u64>,
+    /// The stack beyond the copy that this unwind read, if any (to keep as a `LateMemo` once
+    /// the interpreter's frames confirm the unwind).
+    pub late_read: Option<LateMemo>,
     /// The unwind reached the thread's root (before any refutation).
     pub rooted: bool,
 }
 
 impl Unwound {
+    /// No user stack.
+    pub fn empty() -> Unwound {
+        Unwound {
+            frames: Vec::new(),
+            truncated: false,
+            scanned_from: None,
+            late_from: None,
+            scan_slot: None,
+            late_read: None,
+            rooted: false,
+        }
+    }
+
+    /// The stack beyond the copy this unwind read, kept for `tid`'s next samples that leave
+    /// the copy at the same frame: for a caller that found the unwind right (its eval-loop
+    /// frames pair with the interpreter's frames).
+    pub fn keep_late(&mut self, process: &mut Process, tid: u32) {
+        if self.late_from.is_none() {
+            return;
+        }
+        let Some(m) = self.late_read.take() else {
+            return;
+        };
+        if process.late_memos.len() >= LATE_MEMO_THREADS && !process.late_memos.contains_key(&tid) {
+            process.late_memos.clear();
+        }
+        let memos = process.late_memos.entry(tid).or_default();
+        memos.retain(|k| k.edge != m.edge);
+        if memos.len() == LATE_MEMOS {
+            memos.remove(0);
+        }
+        memos.push(m);
+    }
+
     /// Drops what the stack scan found: a caller that knows better (the interpreter's own
     /// frames disagree with the eval-loop frames found) keeps only what rules unwound.
     pub fn refute_scan(&mut self) {
@@ -240,28 +304,41 @@ struct Walker<'a, 'r> {
     cfi_context: &'a mut gimli::UnwindContext<usize>,
     /// Frames the scan's trials may still walk (`SCAN_FRAMES`).
     budget: usize,
-    /// Where the frames the scan found begin.
+    /// Where the frames the scan found begin, and the slot of the return address it took.
     scanned_from: Option<usize>,
+    scan_slot: Option<u64>,
+    /// Slots the scan passes over: their chains were refuted (`unwind_user`).
+    skip: &'r [u64],
+    /// The scan takes only a return address into the file of the frame it scans above.
+    same_file: bool,
     read: &'r mut dyn FnMut(u64) -> Option<u64>,
 }
 
-pub fn unwind_user(process: &mut Process, s: &RawSample) -> Unwound {
+/// Unwinds the sample's user stack. `skip`: stack slots the scan must not take (their return
+/// addresses led to chains the caller refuted; `Unwound::scan_slot`). `memo`: the stack beyond
+/// the copy is taken from it instead of the live thread, and the unwind counts only if it
+/// leaves the copy at the memo's edge. With either, the scan takes only a return address into
+/// the file of the frame it scans above: a function without unwind information is
+/// hand-written assembly its own library calls (OpenBLAS's kernels, under its drivers), and
+/// among the stale return addresses in a kernel's buffer, some into other files (numpy's ufunc
+/// loop, which called an earlier kernel through a pointer) still lead to the root with the
+/// eval-loop frames the interpreter's frames need, skipping every frame between.
+pub fn unwind_user(
+    process: &mut Process,
+    s: &RawSample,
+    skip: &[u64],
+    memo: Option<&LateMemo>,
+) -> Unwound {
     if s.ip == 0 {
-        return Unwound {
-            frames: Vec::new(),
-            truncated: false,
-            scanned_from: None,
-            late_from: None,
-            rooted: false,
-        };
+        return Unwound::empty();
     }
     let copy_end = s.sp.saturating_add(s.stack.len() as u64);
     // Only a copy cut at its size limit has more stack beyond it (a short one met the top).
     let mut late = (!s.stack.is_empty() && s.flags & SAMPLE_USTACK_SHORT == 0).then(|| LateStack {
-        remote: Remote { pid: s.pid },
+        remote: memo.is_none().then_some(Remote { pid: s.pid }),
         from: copy_end,
         until: s.sp.saturating_add(LATE_REACH),
-        pages: Default::default(),
+        pages: memo.map(|m| m.pages.clone()).unwrap_or_default(),
     });
     let mut read = |addr: u64| {
         s.read_stack(addr)
@@ -277,6 +354,9 @@ pub fn unwind_user(process: &mut Process, s: &RawSample) -> Unwound {
         cfi_context: &mut process.cfi_context,
         budget: SCAN_FRAMES,
         scanned_from: None,
+        scan_slot: None,
+        skip,
+        same_file: !skip.is_empty() || memo.is_some(),
         read: &mut read,
     };
     let mut frames = vec![Frame {
@@ -289,13 +369,27 @@ pub fn unwind_user(process: &mut Process, s: &RawSample) -> Unwound {
         },
     }];
     let rooted = w.walk(&mut frames, true);
-    let scanned_from = w.scanned_from;
+    let (scanned_from, scan_slot) = (w.scanned_from, w.scan_slot);
     // The first frame whose return address was read beyond the copy: its caller's stack
     // pointer (its CFA) is past the copy's end.
     let late_from = frames
         .iter()
         .position(|f| f.regs.sp >= copy_end.saturating_add(8))
         .filter(|_| late.as_ref().is_some_and(|l| !l.pages.is_empty()));
+    // The stack beyond the copy as read, and the last frame inside the copy.
+    let late_read = late.filter(|l| !l.pages.is_empty()).and_then(|l| {
+        let edge = frames.iter().rev().find(|f| f.regs.sp < copy_end)?;
+        Some(LateMemo {
+            edge: (edge.addr.address(), edge.regs.sp),
+            pages: l.pages,
+        })
+    });
+    let memo_kept = match (memo, &late_read) {
+        (None, _) => true,
+        (Some(m), Some(r)) => m.edge == r.edge,
+        (Some(_), None) => false,
+    };
+    let rooted = rooted && memo_kept;
     let mut u = Unwound {
         frames: frames
             .iter()
@@ -307,6 +401,8 @@ pub fn unwind_user(process: &mut Process, s: &RawSample) -> Unwound {
         truncated: !rooted,
         scanned_from,
         late_from,
+        scan_slot,
+        late_read,
         rooted,
     };
     // Frames read after the sample are believed only when they lead to the thread's root.
@@ -449,15 +545,23 @@ impl<'a> Walker<'a, '_> {
                 .filter(|&a| Some(a) != hint),
         );
         let callee = self.function_start(frames[s].addr.address_for_lookup());
+        let file = self
+            .module(frames[s].addr.address_for_lookup())
+            .map(|m| m.start);
         let mut tried = 0;
         for slot in slots {
+            if self.skip.contains(&slot) {
+                continue;
+            }
             let Some(word) = (self.read)(slot) else {
                 if Some(slot) == hint {
                     continue;
                 }
                 break;
             };
-            if !self.is_return_address(word, callee) {
+            if !self.is_return_address(word, callee)
+                || (self.same_file && self.module(word).map(|m| m.start) != file)
+            {
                 continue;
             }
             let Some(addr) = FrameAddress::from_return_address(word) else {
@@ -488,6 +592,7 @@ impl<'a> Walker<'a, '_> {
                 }
                 self.hints.insert(base.sp, slot);
                 self.scanned_from = Some(frames.len());
+                self.scan_slot = Some(slot);
                 frames.extend(trial);
                 frames.truncate(MAX_NATIVE_FRAMES);
                 return true;
