@@ -11,7 +11,7 @@ use crate::aggregate::{
     state, Category, Frame, FrameId, Func, LibId, Mode, Opcode, Profile, StackId,
 };
 use crate::capture::record::{Event, EventKind, RawSample};
-use crate::process::unwind::{unwind_user, LateMemo, Unwound, UserFrame};
+use crate::process::unwind::{unwind_user, LateMemo, Unwound, UserFrame, SCAN_FRAMES};
 use crate::process::Process;
 use crate::python::merge::FrameClass;
 use crate::python::{
@@ -349,8 +349,9 @@ impl Collector {
     ///   confirmed unwinds instead (`unwind::LateMemo`), each of which counts only where the
     ///   unwind leaves the copy at the frame it was taken at.
     ///
-    /// At most `REUNWINDS` unwinds in all. A chain that is not rooted, or holds an address in
-    /// no module, is never taken.
+    /// At most `REUNWINDS` unwinds in all, whose scans walk `SCAN_FRAMES` frames in all (one
+    /// unwind's). A chain that is not rooted, or holds an address in no module, is never
+    /// taken.
     fn reunwind(
         &mut self,
         pid: u32,
@@ -365,6 +366,7 @@ impl Collector {
             Vec::new()
         };
         let mut budget = REUNWINDS;
+        let mut scan_frames = SCAN_FRAMES;
         // The live thread's stack first (the first unwind's scan went on), then each memo.
         for (i, memo) in std::iter::once(None)
             .chain(memos.iter().map(Some))
@@ -377,10 +379,10 @@ impl Collector {
                     None => continue,
                 }
             }
-            while budget > 0 {
+            while budget > 0 && scan_frames > 0 {
                 budget -= 1;
                 let proc = self.procs.get_mut(&pid)?;
-                let again = unwind_user(proc, s, &skip, memo);
+                let again = unwind_user(proc, s, &skip, memo, &mut scan_frames);
                 if has_junk(proc, &again) {
                     break;
                 }
@@ -617,14 +619,14 @@ impl Collector {
             proc.ensure_maps(s.ip, s.time_ns, elves);
         }
         let mut unwound = if s.flags & profiler_common::SAMPLE_NO_USER == 0 && !replaced {
-            let mut u = unwind_user(proc, &s, &[], None);
+            let mut u = unwind_user(proc, &s, &[], None, &mut { SCAN_FRAMES });
             // A return address outside every known module: a library mapped since the maps
             // were read. Re-read them (rate-limited) and unwind again.
             if let Some(f) = u.frames.iter().find(|f| proc.module_for(f.addr).is_none()) {
                 let before = proc.modules.len();
                 proc.ensure_maps(f.addr, s.time_ns, elves);
                 if proc.modules.len() != before {
-                    u = unwind_user(proc, &s, &[], None);
+                    u = unwind_user(proc, &s, &[], None, &mut { SCAN_FRAMES });
                 }
             }
             // A return address in no module is junk the unwinder read where a frame without

@@ -97,7 +97,7 @@ const SCAN_WORDS: u64 = 8192;
 const SCAN_CANDIDATES: usize = 256;
 /// Scan hints kept per process (`Process::scan_hints`) before they are dropped and relearned.
 const SCAN_HINTS: usize = 4096;
-const SCAN_FRAMES: usize = 4096;
+pub const SCAN_FRAMES: usize = 4096;
 
 /// How far above the sampled stack pointer the stack may be read from the live thread when the
 /// copy ended at its size limit (`LateStack`), and the pages one sample may read so.
@@ -323,11 +323,16 @@ struct Walker<'a, 'r> {
 /// among the stale return addresses in a kernel's buffer, some into other files (numpy's ufunc
 /// loop, which called an earlier kernel through a pointer) still lead to the root with the
 /// eval-loop frames the interpreter's frames need, skipping every frame between.
+///
+/// `scan_frames`: the frames the scan's trials may walk, counted down (`SCAN_FRAMES` for one
+/// unwind; the unwinds of one sample that are tried in turn share theirs, as the stack they
+/// scan is the target's, and anything may be in it).
 pub fn unwind_user(
     process: &mut Process,
     s: &RawSample,
     skip: &[u64],
     memo: Option<&LateMemo>,
+    scan_frames: &mut usize,
 ) -> Unwound {
     if s.ip == 0 {
         return Unwound::empty();
@@ -352,7 +357,7 @@ pub fn unwind_user(
         roots: &mut process.roots,
         hints: &mut process.scan_hints,
         cfi_context: &mut process.cfi_context,
-        budget: SCAN_FRAMES,
+        budget: *scan_frames,
         scanned_from: None,
         scan_slot: None,
         skip,
@@ -370,6 +375,7 @@ pub fn unwind_user(
     }];
     let rooted = w.walk(&mut frames, true);
     let (scanned_from, scan_slot) = (w.scanned_from, w.scan_slot);
+    *scan_frames = w.budget;
     // The first frame whose return address was read beyond the copy: its caller's stack
     // pointer (its CFA) is past the copy's end.
     let late_from = frames
