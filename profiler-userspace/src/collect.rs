@@ -717,12 +717,8 @@ impl Collector {
                             unwound.refute_guesses(proc);
                         }
                     }
-                    native.clear();
-                    for uf in unwound.frames.iter().rev() {
-                        native.push(self.native_frame(pid, *uf, native_cat));
-                    }
-                    classes = self.classes_of(&native);
-                    evals = classes.iter().filter(|c| c.is_eval()).count();
+                    let stack = self.unwound_frames(pid, &unwound, native_cat);
+                    (native, classes, evals) = (stack.frames, stack.classes, stack.evals);
                 }
                 unwound.truncated |= evals < activations.len();
                 if evals != activations.len() && log::log_enabled!(log::Level::Debug) {
