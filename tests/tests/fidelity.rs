@@ -440,6 +440,79 @@ fn code_freed_moments_after_it_ran_is_named() {
     }
 }
 
+/// A module made, run and dropped over and over: each round's functions get the memory of
+/// an earlier round's (code objects and their name and file strings alike), and `gn_N` is a
+/// middle frame, whose code is not copied at the sample once user space has read it.
+const RECYCLED_CODE: &str = r#"
+def spin(k):
+    s = 0
+    for x in range(k):
+        s += x
+    return s
+for i in range(2000):
+    src = (f"def gn_{i}(k):\n    return spin(k)\n"
+           f"def fn_{i}(k):\n    return gn_{i}(k)\n"
+           f"fn_{i}(20000)\n")
+    exec(compile(src, f"/gen/m{i}.py", "exec"), {"spin": spin})
+"#;
+
+#[test]
+fn code_made_where_freed_code_was_keeps_its_own_name() {
+    require_root();
+    let dir = scratch("fidelity_recycled_code");
+    for label in ["3.11.7", "3.12.1", "3.13.0"] {
+        let out = dir.join(format!("{label}.folded"));
+        let py = python(label);
+        profile_quietly_at(
+            &out,
+            4000,
+            &[py.to_str().unwrap(), "-c", RECYCLED_CODE],
+            &[],
+        );
+        check(label, &out, 0.99);
+        // Every sample in a round's functions names that round's `fn_N` and `gn_N` and no
+        // other round's (a wrong name is an earlier round's, from the memory it left).
+        let text = std::fs::read_to_string(&out).unwrap();
+        let (mut inner, mut wrong, mut all) = (0u64, 0u64, 0u64);
+        let mut rounds = std::collections::BTreeSet::new();
+        for line in text.lines() {
+            let (stack, n) = line.rsplit_once(' ').unwrap();
+            let n: u64 = n.parse().unwrap();
+            all += n;
+            // (module, function kind, function round) of each generated frame.
+            let named: Vec<(&str, &str, &str)> = stack
+                .split(';')
+                .filter_map(|f| {
+                    let (m, rest) = f.strip_prefix('m')?.split_once(".py:")?;
+                    let (kind, rest) = rest.split_once('_')?;
+                    Some((m, kind, rest.split(':').next()?))
+                })
+                .collect();
+            if !named.iter().any(|f| f.1 == "gn") {
+                continue;
+            }
+            inner += n;
+            let round = named[0].0;
+            if named.iter().all(|&(m, _, r)| m == round && r == round) && named.len() == 2 {
+                rounds.insert(round.to_string());
+            } else {
+                wrong += n;
+                eprintln!("{label}: {n} wrong: {stack}");
+            }
+        }
+        eprintln!("{label}: {wrong} of {inner} samples in the rounds misnamed, of {all}");
+        assert!(
+            inner as f64 > 0.8 * all as f64 && rounds.len() >= 1000,
+            "{label}: {inner} of {all} samples in the rounds, {} rounds seen",
+            rounds.len()
+        );
+        assert!(
+            wrong * 1000 <= inner,
+            "{label}: {wrong} of {inner} samples in the rounds name another round's function"
+        );
+    }
+}
+
 #[test]
 fn numpy_kernels_without_unwind_rules() {
     require_root();

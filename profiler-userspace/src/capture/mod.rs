@@ -504,6 +504,41 @@ impl Capture {
         }
     }
 
+    /// Tells the frame walk that these code objects (`known_code_word`s) are gone: it copies
+    /// the heads of code at their addresses again. Only slots that hold the word are cleared
+    /// (one system call each); there are as many as code objects found freed or replaced in
+    /// one read of the ring, at most `MAX_FORGETS`.
+    pub fn forget_known_codes(&mut self, words: &[u64]) {
+        /// Slots cleared a call, at most (a bound on system calls; a slot left set names one
+        /// frame's code from what user space knew of it, as before the table).
+        const MAX_FORGETS: usize = 4096;
+        if self.known_codes.is_empty() {
+            return;
+        }
+        let Ok(mut m) = Array::<_, u64>::try_from(
+            self.bpf
+                .map_mut(names::MAP_KNOWN_CODES)
+                .expect("a map the object declares"),
+        ) else {
+            return;
+        };
+        let mut writes = 0;
+        for &w in words {
+            let slot = profiler_common::known_code_slot(w);
+            let held = &mut self.known_codes[slot as usize];
+            if *held != w {
+                continue;
+            }
+            if writes == MAX_FORGETS {
+                break;
+            }
+            writes += 1;
+            if m.set(slot, 0, 0).is_ok() {
+                *held = 0;
+            }
+        }
+    }
+
     /// Where a thread's stack mapping ends: its copies step over untouched pages below it.
     pub fn set_stack_top(&mut self, pid: u32, tid: u32, top: u64) -> Result<(), CaptureError> {
         self.insert(names::MAP_STACK_TOPS, thread_key(pid, tid), top)

@@ -116,6 +116,10 @@ const MAX_INTERPRETERS: usize = 64;
 const MAX_THREADS: usize = 4096;
 /// Code objects cached per process before the cache is cleared.
 const MAX_CODES: usize = 200_000;
+/// How long a code object is seen at its address (sample time) before the frame walk stops
+/// copying its head (`PyProcess::settled`): a function lives as long as the program, while code
+/// run by `exec` in a loop lives milliseconds, and its address goes to the next one.
+const SETTLED_NS: u64 = 1_000_000_000;
 /// A process with no runtime is looked at this many times, this far apart, before it is
 /// taken to be something else (its libraries may still be loading).
 const NO_RUNTIME_ATTEMPTS: u32 = 20;
@@ -222,6 +226,12 @@ pub struct PyProcess {
     /// sample's copy of a code head with that identity names its frame with them (line table
     /// included) after the object itself is gone.
     retired: FxHashMap<(u64, [u64; 3]), Arc<CodeInfo>>,
+    /// Code objects the frame walk copied, by address, with the time of the first sample that
+    /// showed that object there (`settled`).
+    young: FxHashMap<u64, (u64, Arc<CodeInfo>)>,
+    /// Addresses whose code object was found freed or replaced since the BPF side was last told
+    /// (`PythonRegistry::take_forgotten_codes`).
+    gone: Vec<u64>,
     /// Functions by code address and identity, with the name and file they were made for: an
     /// object made where a freed one was, with its strings where the freed one's were, has the
     /// same identity and other names.
@@ -424,6 +434,8 @@ impl PyProcess {
                 threads: HashMap::new(),
                 codes: FxHashMap::default(),
                 retired: FxHashMap::default(),
+                young: FxHashMap::default(),
+                gone: Vec::new(),
                 funcs: FxHashMap::default(),
                 frames: FxHashMap::default(),
                 pthread_tid_offset: None,
@@ -769,6 +781,11 @@ impl PyProcess {
         if heads.iter().any(Option::is_none) {
             heads = ranges.iter().map(|r| self.remote.read(r.0, r.1)).collect();
         }
+        // Entries whose identity (type, name and file addresses) still holds, and the head that
+        // showed it: their strings are read again before they are believed (below).
+        let mut same: Vec<(usize, Vec<u8>, [u64; 2])> = Vec::new();
+        // Heads that need a code object read in full.
+        let mut read: Vec<(usize, Vec<u8>)> = Vec::new();
         for (&i, head) in stale.iter().zip(heads) {
             let a = addrs[i];
             let code_type = self.code_type;
@@ -783,17 +800,61 @@ impl PyProcess {
                 // object known at the address is what ran there (a module body that ended
                 // moments ago); a copy of the head taken at the sample, where there is one, is
                 // checked against it. Only another code object there ends what is known.
-                out[i] = self.codes.get(&a).map(|(c, _)| c.clone());
+                // The frame walk must copy what runs there next: another code object may get
+                // the address.
+                out[i] = self.codes.get(&a).map(|(c, _)| {
+                    self.gone.push(a);
+                    c.clone()
+                });
                 continue;
             };
+            let known = code::ident(&self.layout, &head)
+                .is_some_and(|id| self.codes.get(&a).is_some_and(|(c, _)| c.ident == id));
+            if known {
+                let name = code::name_ptr(&self.layout, &head).unwrap_or(0);
+                let file = le_u64(&head, self.layout.code_filename).unwrap_or(0);
+                same.push((i, head, [name, file]));
+            } else {
+                read.push((i, head));
+            }
+        }
+        // The same identity is not the same object: code made and freed over and over (`exec`
+        // in a loop) gets the same memory, its strings included, with other contents. One read
+        // of the name and file strings of every such entry tells.
+        let strings: Vec<(u64, usize)> = same
+            .iter()
+            .flat_map(|&(_, _, [name, file])| {
+                [
+                    (name, profiler_common::PY_NAME_SNAP),
+                    (file, profiler_common::PY_FILE_SNAP),
+                ]
+            })
+            .collect();
+        let mut copies = self.remote.read_many(&strings);
+        if copies.iter().any(Option::is_none) {
+            copies = strings.iter().map(|r| self.remote.read(r.0, r.1)).collect();
+        }
+        for ((i, head, [name, file]), pair) in same.into_iter().zip(copies.chunks(2)) {
+            let a = addrs[i];
+            let Some((c, e)) = self.codes.get_mut(&a) else {
+                continue;
+            };
+            let l = &self.layout;
+            let agrees = |ptr: u64, copy: &Option<Vec<u8>>, known: &str| {
+                copy.as_deref()
+                    .is_none_or(|b| code::copy_agrees(l, ptr, b, self.str_type, known))
+            };
+            if agrees(name, &pair[0], &c.name) && agrees(file, &pair[1], &c.file) {
+                *e = epoch;
+                out[i] = Some(c.clone());
+            } else {
+                self.retire(a);
+                read.push((i, head));
+            }
+        }
+        for (i, head) in read {
+            let a = addrs[i];
             out[i] = (|| {
-                let id = code::ident(&self.layout, &head)?;
-                if let Some((c, e)) = self.codes.get_mut(&a) {
-                    if c.ident == id {
-                        *e = epoch;
-                        return Some(c.clone());
-                    }
-                }
                 let c = Arc::new(code::read_code(
                     &self.remote,
                     &self.layout,
@@ -818,9 +879,33 @@ impl PyProcess {
         out
     }
 
+    /// Whether code object `info` at `addr`, as the frame walk copied it at a sample at
+    /// `time_ns`, can go into the BPF side's `KNOWN_CODES` (which stops the copies): it is what
+    /// is at the address now (validated in `epoch`), and it has been there, the same object,
+    /// for `SETTLED_NS` of samples. Code made and freed over and over (`exec` in a loop) gets
+    /// the same addresses, its strings' included, and only a copy taken at the sample tells
+    /// one of these objects from the next: it is copied as long as it lives.
+    fn settled(&mut self, addr: u64, info: &Arc<CodeInfo>, time_ns: u64, epoch: u64) -> bool {
+        if !matches!(self.codes.get(&addr), Some((c, e)) if *e == epoch && Arc::ptr_eq(c, info)) {
+            return false;
+        }
+        if self.young.len() >= MAX_CODES {
+            self.young.clear();
+        }
+        match self.young.get(&addr) {
+            Some((t, c)) if Arc::ptr_eq(c, info) => time_ns.saturating_sub(*t) >= SETTLED_NS,
+            _ => {
+                self.young.insert(addr, (time_ns, info.clone()));
+                false
+            }
+        }
+    }
+
     /// Moves what was known at `a` to the retired code objects.
     fn retire(&mut self, a: u64) {
+        self.young.remove(&a);
         if let Some((c, _)) = self.codes.remove(&a) {
+            self.gone.push(a);
             if self.retired.len() >= MAX_CODES / 4 {
                 self.retired.clear();
             }
@@ -1138,6 +1223,25 @@ impl PythonRegistry {
     /// `KNOWN_CODES`, so that it stops copying them.
     pub fn take_known_codes(&mut self) -> Vec<u64> {
         let mut k = std::mem::take(&mut self.known);
+        k.sort_unstable();
+        k.dedup();
+        k
+    }
+
+    /// Code objects found freed or replaced since the last call, as `known_code_word`s: the BPF
+    /// side's `KNOWN_CODES` must stop naming them known, or the next code object at the address
+    /// is taken for them.
+    pub fn take_forgotten_codes(&mut self) -> Vec<u64> {
+        let mut k: Vec<u64> = self
+            .procs
+            .values_mut()
+            .flat_map(|p| {
+                let pid = p.pid;
+                std::mem::take(&mut p.gone)
+                    .into_iter()
+                    .map(move |a| profiler_common::known_code_word(pid, a))
+            })
+            .collect();
         k.sort_unstable();
         k.dedup();
         k
@@ -1569,7 +1673,10 @@ impl PythonRegistry {
             let info = match snap.checked_sub(1) {
                 Some(k) if k < s.code_snaps.len() => {
                     let info = p.sampled_code(f.code, &s.code_snaps[k], now);
-                    if info.is_some() {
+                    if info
+                        .as_ref()
+                        .is_some_and(|c| p.settled(f.code, c, s.time_ns, self.epoch))
+                    {
                         self.known
                             .push(profiler_common::known_code_word(s.pid, f.code));
                     }

@@ -32,6 +32,9 @@ pub trait Targets {
     /// Code objects user space has read (`profiler_common::known_code_word`s): the frame walk
     /// stops copying their heads.
     fn set_known_codes(&mut self, _words: &[u64]) {}
+    /// Code objects found freed or replaced (`known_code_word`s): the frame walk copies what
+    /// runs at their addresses again.
+    fn forget_known_codes(&mut self, _words: &[u64]) {}
     /// What the scheduler program holds and has not sent yet, by `thread_key`.
     fn sched_snapshot(&self) -> Vec<(u64, profiler_common::ThreadSched)> {
         Vec::new()
@@ -59,6 +62,9 @@ impl Targets for Capture {
     }
     fn set_known_codes(&mut self, words: &[u64]) {
         Capture::set_known_codes(self, words)
+    }
+    fn forget_known_codes(&mut self, words: &[u64]) {
+        Capture::forget_known_codes(self, words)
     }
     fn sched_snapshot(&self) -> Vec<(u64, profiler_common::ThreadSched)> {
         Capture::sched_snapshot(self)
@@ -308,6 +314,10 @@ impl<T: Targets> Session<T> {
             self.emptied = Some(Instant::now());
         }
 
+        let gone = self.collector.python.take_forgotten_codes();
+        if !gone.is_empty() {
+            self.targets.forget_known_codes(&gone);
+        }
         let known = self.collector.python.take_known_codes();
         if !known.is_empty() {
             self.targets.set_known_codes(&known);
