@@ -133,11 +133,14 @@ type LatePages = rustc_hash::FxHashMap<u64, Option<std::sync::Arc<[u8]>>>;
 /// frames beyond the copy in every call. A sample read late, once the thread had left the
 /// call, finds other words there, and its unwind is refuted: 15-25% of such a loop's samples
 /// were cut so. Those are unwound again from the memo, when the frame at the copy's end is
-/// the same one (same return address at the same stack address) as when the memo was
-/// taken; the interpreter's frames check the result as they check any late read.
+/// where it was when the memo was taken (the same stack pointer and CFA); the interpreter's
+/// frames check the result as they check any late read.
 #[derive(Clone)]
 pub struct LateMemo {
-    /// The frame at the copy's end: its address and stack pointer.
+    /// The frame at the copy's end: its stack pointer and its caller's (its CFA; 0 where the
+    /// unwind ended there). Not its address: a function with a frame that large (OpenBLAS's
+    /// `dgetrf_parallel`) calls several others, and the stack beyond it is the same whichever
+    /// one the sample was in.
     edge: (u64, u64),
     pages: LatePages,
 }
@@ -384,9 +387,10 @@ pub fn unwind_user(
         .filter(|_| late.as_ref().is_some_and(|l| !l.pages.is_empty()));
     // The stack beyond the copy as read, and the last frame inside the copy.
     let late_read = late.filter(|l| !l.pages.is_empty()).and_then(|l| {
-        let edge = frames.iter().rev().find(|f| f.regs.sp < copy_end)?;
+        let at = frames.iter().rposition(|f| f.regs.sp < copy_end)?;
+        let cfa = frames.get(at + 1).map_or(0, |f| f.regs.sp);
         Some(LateMemo {
-            edge: (edge.addr.address(), edge.regs.sp),
+            edge: (frames[at].regs.sp, cfa),
             pages: l.pages,
         })
     });
