@@ -270,10 +270,11 @@ fn pandas_and_numpy() {
     // so every frame above it is beyond the largest stack copy (64 KiB): the unwinder reads
     // them from the live thread, which is still in that call. Under CPU contention the main
     // thread waits there for its workers in up to 13% of the samples; those stacks were all
-    // `[truncated]` before. Measured 99.2-99.4% (the rest: samples taken as it returned),
-    // 98.4-99.3% before samples in the eval loop's first instructions walked the caller's
-    // frames (`c_calling_python_in_a_loop_keeps_every_frame`).
-    check("pandas", &folded, 0.985);
+    // `[truncated]` before. Measured 99.15-99.7% (the rest: OpenBLAS kernels whose callers the
+    // stack scan did not find), 98.4-99.3% before samples in the eval loop's first
+    // instructions walked the caller's frames (`c_calling_python_in_a_loop_keeps_every_frame`)
+    // and before refuted unwinds were retried (`openblas_threads_never_invent_frames`).
+    check("pandas", &folded, 0.99);
 }
 
 /// numpy's own native code, where the unwinder needs more than framehop's rules: its vectorized
