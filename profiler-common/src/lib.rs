@@ -120,14 +120,20 @@ pub mod names {
     /// `sched_switch`: modern (the `prev_state` argument) and compat.
     pub const PROG_SWITCH: &str = "tachyon_switch";
     pub const PROG_SWITCH_COMPAT: &str = "tachyon_switch_compat";
+    /// `sched_switch` for times only (`OFFCPU_TIMES`): no capture, so a small fraction of the
+    /// instructions for the verifier to walk at start-up.
+    pub const PROG_SWITCH_TIMES: &str = "tachyon_switch_times";
+    pub const PROG_SWITCH_TIMES_COMPAT: &str = "tachyon_switch_times_compat";
     pub const PROG_FORK: &str = "tachyon_fork";
     pub const PROG_EXEC: &str = "tachyon_exec";
     pub const PROG_EXIT: &str = "tachyon_exit";
-    pub const PROGRAMS: [&str; 7] = [
+    pub const PROGRAMS: [&str; 9] = [
         PROG_SAMPLE,
         PROG_SAMPLE_COMPAT,
         PROG_SWITCH,
         PROG_SWITCH_COMPAT,
+        PROG_SWITCH_TIMES,
+        PROG_SWITCH_TIMES_COMPAT,
         PROG_FORK,
         PROG_EXEC,
         PROG_EXIT,

@@ -224,14 +224,30 @@ fn sample<const MODERN: bool>(ctx: PerfEventContext) -> u32 {
 /// current. The modern set: captures use `bpf_loop` and `bpf_task_pt_regs` too.
 #[btf_tracepoint(function = "sched_switch")]
 pub fn tachyon_switch(ctx: BtfTracePointContext) -> u32 {
-    switch::<true>(&ctx);
+    switch::<true, true>(&ctx);
     0
 }
 
 /// `sched_switch(preempt, prev, next)` (before 5.18): the state is read from `prev`.
 #[btf_tracepoint(function = "sched_switch")]
 pub fn tachyon_switch_compat(ctx: BtfTracePointContext) -> u32 {
-    switch::<false>(&ctx);
+    switch::<false, true>(&ctx);
+    0
+}
+
+/// `tachyon_switch` for times only (`OFFCPU_TIMES`, cpu mode): the same accounting, and no
+/// capture of the threads that block, so that the verifier does not walk one at start-up (it
+/// took 60% of the start-up's CPU time).
+#[btf_tracepoint(function = "sched_switch")]
+pub fn tachyon_switch_times(ctx: BtfTracePointContext) -> u32 {
+    switch::<true, false>(&ctx);
+    0
+}
+
+/// `tachyon_switch_compat` for times only.
+#[btf_tracepoint(function = "sched_switch")]
+pub fn tachyon_switch_times_compat(ctx: BtfTracePointContext) -> u32 {
+    switch::<false, false>(&ctx);
     0
 }
 
@@ -263,8 +279,9 @@ const TASK_DEAD: u64 = 0x80;
 /// intervals (and the program does nothing for the thread coming in). A thread that leaves to
 /// block is captured only where it blocks at a point it has not blocked at recently (see
 /// `block_attr`).
+/// `STACKS`: blocked threads may be captured (`OFFCPU_STACKS`); without it, times only.
 #[inline(always)]
-fn switch<const MODERN: bool>(ctx: &BtfTracePointContext) -> Option<()> {
+fn switch<const MODERN: bool, const STACKS: bool>(ctx: &BtfTracePointContext) -> Option<()> {
     let cfg = CONFIG.get(0)?;
     let pid_tgid = bpf_get_current_pid_tgid();
     let pid = (pid_tgid >> 32) as u32;
@@ -323,7 +340,7 @@ fn switch<const MODERN: bool>(ctx: &BtfTracePointContext) -> Option<()> {
         }
     };
     close_intervals(st, key, now, sum);
-    st.attr = if cfg.offcpu != OFFCPU_STACKS {
+    st.attr = if !STACKS || cfg.offcpu != OFFCPU_STACKS {
         ATTR_NONE
     } else if prev_state == 0 {
         // Preempted while runnable: it stopped where it ran.

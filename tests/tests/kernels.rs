@@ -2,7 +2,8 @@
 //! 13's 6.12 and unstable's newest), each booted under qemu (TCG) with this machine's root
 //! shared read-only (see `xtask/src/kernels.rs`, which `cargo xtask` sets up).
 //!
-//! In each guest: `--all-pythons` over two running interpreters, `--pid` in wall mode on
+//! In each guest: `--all-pythons` in cpu mode over two running interpreters (the scheduler
+//! program for times only), `--pid` in wall mode on
 //! sleeping threads, and `-- COMMAND` on a script that times its own sleeps. Back on the host,
 //! every profile is read through the Firefox Profiler CLI: Python frames merged into the native
 //! stacks, off-CPU time where and as long as it happened, no BPF program left behind, and the
@@ -200,7 +201,7 @@ python3 $R/bpf_count.py > $R/bpf_before
 {py} $R/work.py busy {secs} & W1=$!
 {py} $R/work.py sleepy {secs} & W2=$!
 sleep 2
-{bin} -v -r $RATE --all-pythons -d 4 -o $R/all.json 2> $R/all.err; echo $? > $R/all.rc
+{bin} -v -r $RATE --all-pythons -m cpu -d 4 -o $R/all.json 2> $R/all.err; echo $? > $R/all.rc
 {bin} -v -r $RATE -p $W2 -m wall -d 3 -o $R/pid.json 2> $R/pid.err; echo $? > $R/pid.rc
 kill $W1 $W2
 wait
@@ -300,6 +301,20 @@ fn check_guest(g: &Guest, dir: &Path, expected_set: &str) -> Vec<String> {
     let kernel = &meta["meta"]["tachyon"]["kernel"];
     if kernel["release"] != g.release.as_str() || kernel["programs"] != expected_set {
         fail(format!("meta.tachyon.kernel is {kernel}"));
+    }
+    // Cpu mode ran the scheduler program that keeps times only, of the kernel's set.
+    let times = match expected_set {
+        "modern" => "tachyon_switch_times",
+        _ => "tachyon_switch_times_compat",
+    };
+    let programs = &meta["meta"]["tachyon"]["bpfPrograms"];
+    let full_ran = ["tachyon_switch", "tachyon_switch_compat"]
+        .iter()
+        .any(|p| !programs[p].is_null());
+    if programs[times]["runs"].as_u64().unwrap_or(0) == 0 || full_ran {
+        fail(format!(
+            "--all-pythons -m cpu: {times} did not run alone: {programs}"
+        ));
     }
 
     // --all-pythons: both interpreters, the busy one's Python frames merged.

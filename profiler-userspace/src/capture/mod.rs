@@ -16,8 +16,8 @@ use aya::programs::perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, S
 use aya::programs::{BtfTracePoint, PerfEvent, ProgramError};
 use aya::{Btf, Ebpf, EbpfLoader, VerifierLogLevel};
 use profiler_common::{
-    names, thread_key, Config, PyProcConfig, ThreadSched, MAX_USTACK, OFFCPU_NONE, STAT_COUNT,
-    USTACK_CHUNK,
+    names, thread_key, Config, PyProcConfig, ThreadSched, MAX_USTACK, OFFCPU_NONE, OFFCPU_STACKS,
+    STAT_COUNT, USTACK_CHUNK,
 };
 
 static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(env!("TACHYON_BPF_OBJECT"));
@@ -114,7 +114,10 @@ const LIFETIMES: [(&str, &str); 3] = [
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ProgramSet {
     pub sample: &'static str,
+    /// The scheduler program that captures blocked threads (`OFFCPU_STACKS`), and the one that
+    /// only accounts their times (`OFFCPU_TIMES`).
     pub switch: &'static str,
+    pub switch_times: &'static str,
 }
 
 impl ProgramSet {
@@ -123,12 +126,23 @@ impl ProgramSet {
             ProgramSet {
                 sample: names::PROG_SAMPLE,
                 switch: names::PROG_SWITCH,
+                switch_times: names::PROG_SWITCH_TIMES,
             }
         } else {
             ProgramSet {
                 sample: names::PROG_SAMPLE_COMPAT,
                 switch: names::PROG_SWITCH_COMPAT,
+                switch_times: names::PROG_SWITCH_TIMES_COMPAT,
             }
+        }
+    }
+
+    /// The scheduler program for off-CPU mode `offcpu` (`OFFCPU_*`).
+    pub fn switch_for(&self, offcpu: u32) -> &'static str {
+        if offcpu == OFFCPU_STACKS {
+            self.switch
+        } else {
+            self.switch_times
         }
     }
 }
@@ -287,7 +301,11 @@ impl Capture {
             .map(|&(n, tp)| (n, tp, "process lifetimes"))
             .collect();
         if opts.offcpu != OFFCPU_NONE {
-            tracepoints.push((programs.switch, "sched_switch", "off-CPU time"));
+            tracepoints.push((
+                programs.switch_for(opts.offcpu),
+                "sched_switch",
+                "off-CPU time",
+            ));
         }
         for (name, tp, purpose) in tracepoints {
             let prog: &mut BtfTracePoint = bpf
@@ -386,7 +404,7 @@ impl Capture {
     /// and the scheduler program when off-CPU time is recorded.
     pub fn attach(&mut self, rate_hz: u64) -> Result<(), CaptureError> {
         if self.offcpu != OFFCPU_NONE {
-            self.attach_tracepoint(self.programs.switch, "sched_switch")?;
+            self.attach_tracepoint(self.programs.switch_for(self.offcpu), "sched_switch")?;
         }
         let period_ns = (1_000_000_000 / rate_hz.max(1)).max(1);
         let prog: &mut PerfEvent = self
