@@ -389,9 +389,15 @@ impl KernelInfo {
 
     /// The running kernel, from `/sys/kernel/btf/vmlinux`.
     pub fn probe() -> Result<KernelInfo, BtfError> {
+        Ok(KernelInfo::probe_with_btf()?.0)
+    }
+
+    /// `probe`, and the BTF it was read from (for the loader: reading it again, 4 MiB from sysfs
+    /// in pages, costs as much as parsing it).
+    pub fn probe_with_btf() -> Result<(KernelInfo, Vec<u8>), BtfError> {
         let data = std::fs::read("/sys/kernel/btf/vmlinux").map_err(BtfError::Read)?;
-        let btf = Btf::parse(&data)?;
-        KernelInfo::from_btf(&btf, kernel_release())
+        let info = KernelInfo::from_btf(&Btf::parse(&data)?, kernel_release())?;
+        Ok((info, data))
     }
 }
 

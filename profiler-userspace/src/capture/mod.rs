@@ -229,7 +229,7 @@ impl Capture {
         let ring = opts.ring_bytes.next_power_of_two().max(1 << 20);
         let possible =
             aya::util::nr_cpus().map_err(|(s, e)| CaptureError::Cpus(format!("{s}: {e}")))?;
-        let kernel = btf::KernelInfo::probe()?;
+        let (kernel, btf_data) = btf::KernelInfo::probe_with_btf()?;
         if !kernel.has_ringbuf {
             return Err(CaptureError::Missing {
                 kernel: kernel.release.clone(),
@@ -240,7 +240,8 @@ impl Capture {
         kernel.modern = kernel.modern && !opts.force_compat;
         let programs = ProgramSet::for_kernel(&kernel);
         // Parsed once, for the loader and the tracepoints (it is most of the load's CPU time).
-        let kernel_btf = Btf::from_sys_fs().map_err(load_error)?;
+        let kernel_btf = Btf::parse(&btf_data, aya::Endianness::default()).map_err(load_error)?;
+        drop(btf_data);
         let log_level = if opts.full_verifier_log {
             VerifierLogLevel::DEBUG | VerifierLogLevel::STATS
         } else {
