@@ -1624,11 +1624,11 @@ fn step<const CALLEES: bool>(index: u64) -> i64 {
         } else {
             0
         };
-        // The code head is copied for the innermost frame and for frames with locals of their
-        // own (module and class bodies, `exec`): their code runs once and may be freed before
-        // user space reads it, while a function's code lives as long as the function. Without
-        // the offset, the innermost frames are copied. (With `bpf_loop`, so is code user space
-        // has not read yet: `unknown`.)
+        // The code head is copied for frames with locals of their own (module and class
+        // bodies, `exec`): their code runs once and may be freed before user space reads it,
+        // while a function's code lives as long as the function. Without the offset, the
+        // innermost frames are copied. Without `bpf_loop`, so is the innermost frame's; with
+        // it, any code user space has not settled (`unknown`), the innermost frame's included.
         w.once = if pc.frame_locals != NO_OFFSET {
             (frame_u64(fbuf, pc.frame_locals) != 0) as u32
         } else {
@@ -1678,7 +1678,9 @@ fn step<const CALLEES: bool>(index: u64) -> i64 {
             // the two tests in a way older verifiers follow into impossible bounds.
             // SAFETY: a read of the field written above.
             let k = unsafe { core::ptr::read_volatile(&w.snaps) } as usize;
-            if (k == 0 || once != 0) && k < PY_CODE_SNAPS {
+            // The innermost frame's is copied here only without `bpf_loop`: with it, `unknown`
+            // copies it unless user space has settled that code (`KNOWN_CODES`).
+            if ((k == 0 && !CALLEES) || once != 0) && k < PY_CODE_SNAPS {
                 w.snap_code[k & (PY_CODE_SNAPS - 1)] = code;
                 w.snap_at[k & (PY_CODE_SNAPS - 1)] = i as u32;
                 w.snaps = k as u32 + 1;
