@@ -485,7 +485,7 @@ impl Capture {
         self.insert(names::MAP_PY_THREADS, thread_key(pid, tid), tstate)
     }
 
-    /// Tells the frame walk that user space has read these code objects (`known_code_word`s):
+    /// Tells the frame walk that user space has settled these code objects (`known_code_word`s):
     /// it stops copying their heads. A word whose slot already holds it is not written again,
     /// and at most `KNOWN_WRITES` are written a call (one system call each: a process's start
     /// names thousands of code objects, and the reader must not stall on them). The compat set
@@ -493,7 +493,24 @@ impl Capture {
     pub fn set_known_codes(&mut self, words: &[u64]) {
         /// Writes to `KNOWN_CODES` a call, at most.
         const KNOWN_WRITES: usize = 256;
-        if self.programs.sample != names::PROG_SAMPLE {
+        self.write_known_codes(words, false, KNOWN_WRITES);
+    }
+
+    /// Tells the frame walk that these code objects (`known_code_word`s) are gone: it copies
+    /// the heads of code at their addresses again. Only slots that hold the word are cleared;
+    /// there are as many as code objects found freed or replaced in one read of the ring, at
+    /// most `MAX_FORGETS`.
+    pub fn forget_known_codes(&mut self, words: &[u64]) {
+        /// Slots cleared a call, at most (a bound on system calls; a slot left set names one
+        /// frame's code from what user space knew of it, as before the table).
+        const MAX_FORGETS: usize = 4096;
+        self.write_known_codes(words, true, MAX_FORGETS);
+    }
+
+    /// Writes each word to its `KNOWN_CODES` slot (`forget`: clears the slot that holds it),
+    /// where that changes the slot, `max` writes at most. `known_codes` mirrors the table.
+    fn write_known_codes(&mut self, words: &[u64], forget: bool, max: usize) {
+        if self.programs.sample != names::PROG_SAMPLE || (forget && self.known_codes.is_empty()) {
             return;
         }
         let Ok(mut m) = Array::<_, u64>::try_from(
@@ -510,50 +527,16 @@ impl Capture {
         for &w in words {
             let slot = profiler_common::known_code_slot(w);
             let held = &mut self.known_codes[slot as usize];
-            if *held == w {
+            let value = if forget { 0 } else { w };
+            if (*held == w) != forget {
                 continue;
             }
-            if writes == KNOWN_WRITES {
+            if writes == max {
                 break;
             }
             writes += 1;
-            if m.set(slot, w, 0).is_ok() {
-                *held = w;
-            }
-        }
-    }
-
-    /// Tells the frame walk that these code objects (`known_code_word`s) are gone: it copies
-    /// the heads of code at their addresses again. Only slots that hold the word are cleared
-    /// (one system call each); there are as many as code objects found freed or replaced in
-    /// one read of the ring, at most `MAX_FORGETS`.
-    pub fn forget_known_codes(&mut self, words: &[u64]) {
-        /// Slots cleared a call, at most (a bound on system calls; a slot left set names one
-        /// frame's code from what user space knew of it, as before the table).
-        const MAX_FORGETS: usize = 4096;
-        if self.known_codes.is_empty() {
-            return;
-        }
-        let Ok(mut m) = Array::<_, u64>::try_from(
-            self.bpf
-                .map_mut(names::MAP_KNOWN_CODES)
-                .expect("a map the object declares"),
-        ) else {
-            return;
-        };
-        let mut writes = 0;
-        for &w in words {
-            let slot = profiler_common::known_code_slot(w);
-            let held = &mut self.known_codes[slot as usize];
-            if *held != w {
-                continue;
-            }
-            if writes == MAX_FORGETS {
-                break;
-            }
-            writes += 1;
-            if m.set(slot, 0, 0).is_ok() {
-                *held = 0;
+            if m.set(slot, value, 0).is_ok() {
+                *held = value;
             }
         }
     }
