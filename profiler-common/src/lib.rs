@@ -309,7 +309,10 @@ pub struct Config {
     /// whole blocked interval's stack, an exec or exit event a process's life). Each sample
     /// not sent counts as lost.
     pub sample_stop_bytes: u32,
-    pub _pad: u32,
+    /// Byte offset of `start_stack` in `mm_struct` (where the main thread's stack began: its
+    /// outermost frame is below it, and only the program's arguments, environment and auxiliary
+    /// vector are above), or 0: a main thread's copy then goes on to the end of its mapping.
+    pub mm_start_stack_off: u32,
 }
 
 /// Where a Python process keeps what the frame walk needs. Offsets are byte offsets into the

@@ -609,6 +609,41 @@ pub fn tachyon_exit(_ctx: BtfTracePointContext) -> u32 {
     0
 }
 
+/// Where the stack the current thread uses ends, or 0 when not known (its copy then goes on to
+/// the end of its mapping or its size limit): for a process's main thread, a little above
+/// `mm->start_stack`, the stack pointer the program started with (its outermost frame is below
+/// it; above it are only the program's arguments, environment and auxiliary vector, 4-12 KiB);
+/// for another thread, its thread pointer (glibc puts the thread's control block there, and its
+/// thread-local storage beside it, above the thread's frames), when that is above the stack
+/// pointer and within a copy's reach. A subprogram: it returns one word.
+#[inline(never)]
+fn stack_in_use_end(cfg: &Config, pid: u32, tid: u32, sp: u64) -> u64 {
+    // SAFETY: helper without preconditions.
+    let task = unsafe { bpf_get_current_task() };
+    let end = if pid == tid {
+        if cfg.task_mm_off == 0 || cfg.mm_start_stack_off == 0 {
+            return 0;
+        }
+        let Some(mm) = read_kernel::<u64>(task + cfg.task_mm_off as u64).filter(|&m| m != 0) else {
+            return 0;
+        };
+        // `argc` and the first argument pointers too: no unwind reads above them.
+        read_kernel::<u64>(mm + cfg.mm_start_stack_off as u64).unwrap_or(0) + STACK_END_SLACK
+    } else {
+        if cfg.task_fsbase_off == 0 {
+            return 0;
+        }
+        read_kernel::<u64>(task + cfg.task_fsbase_off as u64).unwrap_or(0)
+    };
+    if end <= sp || end - sp > MAX_USTACK as u64 {
+        return 0;
+    }
+    end
+}
+
+/// Bytes of a main thread's stack copied above `mm->start_stack`.
+const STACK_END_SLACK: u64 = 64;
+
 /// Whether the current process's executable mappings changed since its previous record (or it
 /// has none): `mm->exec_vm` counts the pages mapped executable, so a library loaded or unloaded
 /// changes it, and anonymous memory (the allocators' arenas) does not.
@@ -1047,8 +1082,18 @@ fn capture<const MODERN: bool>(
         SampleHeader::SIZE + py_len * core::mem::size_of::<PyFrame>() + snaps * CodeSnap::SIZE;
     let mut copied_total: usize = 0;
     if flags & SAMPLE_NO_USER == 0 && hdr.sp != 0 {
-        let want = cfg.ustack_size as usize;
         let sp = hdr.sp;
+        let mut want = cfg.ustack_size as usize;
+        // The stack in use ends below the thread's outermost frame: copied up to the page
+        // boundary after that, not to the end of its mapping. (Whole pages: a last chunk of
+        // any length would have the verifier walk each step of this loop many times over.)
+        let end = stack_in_use_end(cfg, pid, tid, sp);
+        if end > sp {
+            let upto = ((end + USTACK_CHUNK as u64 - 1) & !(USTACK_CHUNK as u64 - 1)) - sp;
+            if upto < want as u64 {
+                want = upto as usize;
+            }
+        }
         let mut top: u64 = 0;
         for k in 0..(MAX_USTACK / USTACK_CHUNK) {
             // Read back through memory: LLVM would otherwise fold the offset into an induction

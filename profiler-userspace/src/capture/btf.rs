@@ -298,6 +298,8 @@ pub struct KernelInfo {
     /// struct), or 0 for both when the kernel's layout differs (library loads then go unwatched).
     pub task_mm: u32,
     pub mm_exec_vm: u32,
+    /// Offset of `start_stack` in `mm_struct` (inside its anonymous struct), or 0.
+    pub mm_start_stack: u32,
     /// BPF helpers the kernel knows.
     pub has_bpf_loop: bool,
     pub has_task_pt_regs: bool,
@@ -351,6 +353,13 @@ impl KernelInfo {
                     .or_else(|| btf.member_path_offset("mm_struct", &["exec_vm"])),
             )
             .unwrap_or((0, 0));
+        let mm_start_stack = if exec_vm.0 == 0 {
+            0
+        } else {
+            btf.member_path_offset("mm_struct", &["", "start_stack"])
+                .or_else(|| btf.member_path_offset("mm_struct", &["start_stack"]))
+                .unwrap_or(0)
+        };
         let switch = btf
             .tracepoint_args("sched_switch")
             .ok_or(BtfError::NoTracepoint("sched_switch"))?;
@@ -375,6 +384,7 @@ impl KernelInfo {
             task_prev_sum_exec: se + sums["prev_sum_exec_runtime"],
             task_mm: exec_vm.0,
             mm_exec_vm: exec_vm.1,
+            mm_start_stack,
             has_bpf_loop,
             has_task_pt_regs,
             has_current_task_btf,
@@ -491,6 +501,10 @@ mod tests {
         assert!(
             k.task_prev_sum_exec > k.task_sum_exec && k.task_prev_sum_exec <= k.task_sum_exec + 16
         );
+        // `start_stack` follows `exec_vm` in `mm_struct` (the counters, then the bounds of the
+        // code, data, heap and stack).
+        assert!(k.mm_exec_vm != 0 && k.mm_start_stack > k.mm_exec_vm);
+        assert!(k.mm_start_stack < k.mm_exec_vm + 256);
         assert!(
             k.signal_live < 64,
             "live is near the start of signal_struct"

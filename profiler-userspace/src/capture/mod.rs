@@ -280,7 +280,7 @@ impl Capture {
             task_prev_sum_exec_off: kernel.task_prev_sum_exec,
             task_mm_off: kernel.task_mm,
             mm_exec_vm_off: kernel.mm_exec_vm,
-            _pad: 0,
+            mm_start_stack_off: kernel.mm_start_stack,
         };
         let mut arr: Array<_, Config> =
             Array::try_from(bpf.map_mut(names::MAP_CONFIG).expect("CONFIG map"))
