@@ -404,7 +404,7 @@ fn add_interval(st: &mut ThreadSched, key: u64, t0: u64, t1: u64, on: u64) {
 }
 
 /// Sends the open span of short intervals, if any, and empties it.
-#[inline(always)]
+#[inline(never)]
 fn flush(st: &mut ThreadSched, pid: u32, tid: u32) {
     if st.span_start == 0 {
         return;
@@ -1094,47 +1094,57 @@ fn capture<const MODERN: bool>(
                 want = upto as usize;
             }
         }
-        let mut top: u64 = 0;
-        for k in 0..(MAX_USTACK / USTACK_CHUNK) {
-            // Read back through memory: LLVM would otherwise fold the offset into an induction
-            // variable whose bounds the verifier cannot follow.
-            // SAFETY: a local.
-            let copied_now = unsafe { core::ptr::read_volatile(&copied_total) };
-            let copied = copied_now;
-            let chunk = if k == 0 {
-                USTACK_CHUNK - (sp as usize & (USTACK_CHUNK - 1))
-            } else {
-                USTACK_CHUNK
-            };
-            if copied + chunk > want || copied > MAX_USTACK - USTACK_CHUNK || chunk > USTACK_CHUNK {
-                break;
-            }
-            // SAFETY: area + copied + chunk <= SCRATCH_SIZE (bounded above); the source is a
-            // user address read through the checked helper.
-            let r = unsafe {
-                bpf_probe_read_user(
-                    base.add(area + copied) as *mut c_void,
-                    chunk as u32,
-                    (sp + copied as u64) as *const c_void,
-                )
-            };
-            if r != 0 {
-                // A page never touched reads as zeros (the helper clears the chunk) when the
-                // thread's stack is known to go on above it; anywhere else the copy ends.
-                if top == 0 {
-                    // SAFETY: a plain map lookup; the value is copied out at once.
-                    top = unsafe { STACK_TOPS.get(thread_key(hdr.pid, hdr.tid)) }
-                        .copied()
-                        .unwrap_or(1);
-                }
-                if sp + (copied + chunk) as u64 > top {
-                    flags |= SAMPLE_USTACK_SHORT;
+        if MODERN {
+            // One chunk a `bpf_loop` step: the verifier walks the step once, where it walked
+            // each of the unrolled loop's 16 steps (two-thirds of the sampler's instructions
+            // verified, and of the scheduler program's capture).
+            copied_total = copy_stack(cpu, pid, tid, sp, area, want, &mut flags);
+        } else {
+            let mut top: u64 = 0;
+            for k in 0..(MAX_USTACK / USTACK_CHUNK) {
+                // Read back through memory: LLVM would otherwise fold the offset into an induction
+                // variable whose bounds the verifier cannot follow.
+                // SAFETY: a local.
+                let copied_now = unsafe { core::ptr::read_volatile(&copied_total) };
+                let copied = copied_now;
+                let chunk = if k == 0 {
+                    USTACK_CHUNK - (sp as usize & (USTACK_CHUNK - 1))
+                } else {
+                    USTACK_CHUNK
+                };
+                if copied + chunk > want
+                    || copied > MAX_USTACK - USTACK_CHUNK
+                    || chunk > USTACK_CHUNK
+                {
                     break;
                 }
-                flags |= SAMPLE_USTACK_HOLE;
+                // SAFETY: area + copied + chunk <= SCRATCH_SIZE (bounded above); the source is a
+                // user address read through the checked helper.
+                let r = unsafe {
+                    bpf_probe_read_user(
+                        base.add(area + copied) as *mut c_void,
+                        chunk as u32,
+                        (sp + copied as u64) as *const c_void,
+                    )
+                };
+                if r != 0 {
+                    // A page never touched reads as zeros (the helper clears the chunk) when the
+                    // thread's stack is known to go on above it; anywhere else the copy ends.
+                    if top == 0 {
+                        // SAFETY: a plain map lookup; the value is copied out at once.
+                        top = unsafe { STACK_TOPS.get(thread_key(hdr.pid, hdr.tid)) }
+                            .copied()
+                            .unwrap_or(1);
+                    }
+                    if sp + (copied + chunk) as u64 > top {
+                        flags |= SAMPLE_USTACK_SHORT;
+                        break;
+                    }
+                    flags |= SAMPLE_USTACK_HOLE;
+                }
+                // SAFETY: a local.
+                unsafe { core::ptr::write_volatile(&mut copied_total, copied + chunk) };
             }
-            // SAFETY: a local.
-            unsafe { core::ptr::write_volatile(&mut copied_total, copied + chunk) };
         }
     }
     // SAFETY: a local.
@@ -1211,6 +1221,106 @@ fn has_exception(pc: &PyProcConfig, tstate: u64) -> bool {
     false
 }
 
+/// The user stack copy of the modern set: `sp`'s stack, `want` bytes at most, into this CPU's
+/// scratch buffer after its first `area` bytes, one chunk a `bpf_loop` step (`copy_step`, the
+/// unrolled loop's steps). Returns the bytes copied; adds `SAMPLE_USTACK_*` to `flags`.
+#[inline(always)]
+fn copy_stack(
+    cpu: u32,
+    pid: u32,
+    tid: u32,
+    sp: u64,
+    area: usize,
+    want: usize,
+    flags: &mut u32,
+) -> usize {
+    let Some(w) = WALK.get_ptr_mut(0) else {
+        return 0;
+    };
+    // SAFETY: this CPU's walk state; the frame walk that also uses it is over (see `capture`).
+    unsafe {
+        let w = &mut *w;
+        w.cpu = cpu;
+        w.pid = pid;
+        w.copy_tid = tid;
+        w.copy_sp = sp;
+        w.copy_top = 0;
+        w.copy_area = area as u32;
+        w.copy_want = want as u32;
+        w.copy_done = 0;
+        w.copy_flags = 0;
+        // SAFETY: the callback has the signature bpf_loop expects; it takes no context.
+        bpf_loop(
+            (MAX_USTACK / USTACK_CHUNK) as u32,
+            copy_step as *mut c_void,
+            core::ptr::null_mut(),
+            0,
+        );
+        *flags |= core::ptr::read_volatile(&w.copy_flags);
+        core::ptr::read_volatile(&w.copy_done) as usize
+    }
+}
+
+/// The most the header, Python frames and code heads take before the stack copy.
+const COPY_AREA_MAX: usize = SampleHeader::SIZE
+    + MAX_PY_FRAMES * core::mem::size_of::<PyFrame>()
+    + PY_CODE_SNAPS * CodeSnap::SIZE;
+
+/// One chunk of `copy_stack`: to the next page boundary first, then whole pages. 1 ends the
+/// loop: the copy has what it wants, or met the top of the stack.
+extern "C" fn copy_step(index: u64, _ctx: *mut c_void) -> i64 {
+    let Some(w) = WALK.get_ptr_mut(0) else {
+        return 1;
+    };
+    // SAFETY: this CPU's walk state (see `copy_stack`).
+    let w = unsafe { &mut *w };
+    let Some(scratch) = SCRATCH.get_ptr_mut(w.cpu) else {
+        return 1;
+    };
+    let base = scratch as *mut u8;
+    let sp = w.copy_sp;
+    let copied = w.copy_done as usize;
+    let area = w.copy_area as usize;
+    let chunk = if index == 0 {
+        USTACK_CHUNK - (sp as usize & (USTACK_CHUNK - 1))
+    } else {
+        USTACK_CHUNK
+    };
+    if area > COPY_AREA_MAX
+        || copied + chunk > w.copy_want as usize
+        || copied > MAX_USTACK - USTACK_CHUNK
+        || chunk > USTACK_CHUNK
+    {
+        return 1;
+    }
+    // SAFETY: area + copied + chunk <= SCRATCH_SIZE (bounded above); the source is a user
+    // address read through the checked helper.
+    let r = unsafe {
+        bpf_probe_read_user(
+            base.add(area + copied) as *mut c_void,
+            chunk as u32,
+            (sp + copied as u64) as *const c_void,
+        )
+    };
+    if r != 0 {
+        // As in `capture`'s loop: a page never touched reads as zeros when the thread's stack
+        // is known to go on above it; anywhere else the copy ends.
+        if w.copy_top == 0 {
+            // SAFETY: a plain map lookup; the value is copied out at once.
+            w.copy_top = unsafe { STACK_TOPS.get(thread_key(w.pid, w.copy_tid)) }
+                .copied()
+                .unwrap_or(1);
+        }
+        if sp + (copied + chunk) as u64 > w.copy_top {
+            w.copy_flags |= SAMPLE_USTACK_SHORT;
+            return 1;
+        }
+        w.copy_flags |= SAMPLE_USTACK_HOLE;
+    }
+    w.copy_done = (copied + chunk) as u32;
+    0
+}
+
 /// State of one frame walk (in the `WALK` map). Scalars only: a step looks the buffers up
 /// itself.
 #[repr(C)]
@@ -1247,6 +1357,15 @@ struct Walk {
     walks: u32,
     /// The first copy `snap_more_step` takes (those `unknown` chose).
     snap_from: u32,
+    /// `copy_stack`'s state: the thread, its stack pointer, the top of its stack once looked
+    /// up (0: not yet), where the copy goes, how much it wants and has, and its flags.
+    copy_tid: u32,
+    copy_sp: u64,
+    copy_top: u64,
+    copy_area: u32,
+    copy_want: u32,
+    copy_done: u32,
+    copy_flags: u32,
 }
 
 /// Slots of `Walk::copied_code` (a power of two).
