@@ -13,7 +13,7 @@ pub const MAX_EXPANDED_FRAMES: u64 = 200_000_000;
 pub mod markers;
 pub mod timeline;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 use rustc_hash::FxHashMap;
 use std::sync::Arc;
@@ -367,7 +367,7 @@ pub struct Profile {
     pub retired: Vec<ProcessData>,
     /// Creation times of tasks not yet seen, by (pid, tid).
     #[serde(skip)]
-    births: HashMap<(u32, u32), f64>,
+    births: FxHashMap<(u32, u32), f64>,
     pub counters: Counters,
     pub mode: Mode,
     /// One sampling period.
@@ -389,7 +389,7 @@ impl Profile {
             stack_ids: FxHashMap::default(),
             processes: BTreeMap::new(),
             retired: Vec::new(),
-            births: HashMap::new(),
+            births: FxHashMap::default(),
             counters: Counters::default(),
             mode,
             interval_ms,

@@ -3,7 +3,7 @@
 //! file name and line and are marked `isJS`/`relevantForJS`, so the profiler's "JavaScript only"
 //! view becomes a Python-only view; native frames keep their library and symbol.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 
 use serde_json::{json, Value};
 
@@ -19,7 +19,7 @@ const RESOURCE_LIBRARY: u32 = 1;
 #[derive(Default)]
 struct Strings {
     list: Vec<String>,
-    ids: HashMap<String, usize>,
+    ids: FxHashMap<String, usize>,
 }
 
 impl Strings {
@@ -52,15 +52,15 @@ struct Context {
 struct ThreadTables {
     /// Native frames that are not in a Python process are "User", as perf calls them.
     python_process: bool,
-    stack_map: HashMap<StackId, usize>,
+    stack_map: FxHashMap<StackId, usize>,
     stack_ctx: Vec<Context>,
     /// A frame of the profile gets one row per colour it is drawn in (the same function is
     /// interpreter work under a Python frame and plain native code at startup); the rows share
     /// the function, so the call tree is not split.
-    frame_map: HashMap<(FrameId, u32, u32), usize>,
-    func_map: HashMap<FuncId, usize>,
-    res_map: HashMap<(Option<usize>, Option<String>), usize>,
-    sym_map: HashMap<(usize, u64), usize>,
+    frame_map: FxHashMap<(FrameId, u32, u32), usize>,
+    func_map: FxHashMap<FuncId, usize>,
+    res_map: FxHashMap<(Option<usize>, Option<String>), usize>,
+    sym_map: FxHashMap<(usize, u64), usize>,
     stack_frame: Vec<usize>,
     stack_prefix: Vec<Option<usize>>,
     stack_cat: Vec<u32>,
@@ -332,7 +332,7 @@ fn opcode_schema() -> Value {
 /// The opcode markers of a thread (`--opcodes`): each run of kept samples whose innermost Python
 /// frame has the same function, line and instruction, from its first sample to the next run's.
 fn opcode_markers(p: &Profile, t: &ThreadData) -> Vec<(String, f64, f64, Value)> {
-    let mut leaf: HashMap<StackId, Option<FrameId>> = HashMap::new();
+    let mut leaf: FxHashMap<StackId, Option<FrameId>> = FxHashMap::default();
     let mut out = Vec::new();
     let mut open: Option<(FrameId, f64)> = None;
     let mut last_end = 0.0;
@@ -518,7 +518,7 @@ fn marker_data(
     p: &Profile,
     t: &ThreadData,
     m: &Marker,
-    cache: &mut HashMap<StackId, StackFacts>,
+    cache: &mut FxHashMap<StackId, StackFacts>,
 ) -> MarkerOut {
     let kind = MARKER_TYPES.iter().find(|k| k.1 == m.name);
     let mut data = MarkerData {
@@ -720,7 +720,7 @@ fn thread_json(
     let mut m_end = Vec::new();
     let mut m_cat = Vec::new();
     let mut m_data = Vec::new();
-    let mut marker_cache = HashMap::new();
+    let mut marker_cache = FxHashMap::default();
     for m in &t.markers {
         m_name.push(strings.id(m.name));
         m_start.push(m.start_ms);
