@@ -364,29 +364,43 @@ fn close_intervals(st: &mut ThreadSched, key: u64, now: u64, sum: u64) {
     }
     let back = now - on;
     if st.attr != ATTR_UNKNOWN && back > since {
-        add_interval(st, key, since, back, 0);
+        interval(st, key, since, back, 0);
     }
     if on > 0 {
-        add_interval(st, key, back, now, 1);
+        interval(st, key, back, now, 1);
     }
 }
 
+/// `add_interval`, then what it says to send. The sending is a subprogram of its own, called
+/// from here rather than from `add_interval`: three frames deep (the switch program's, then
+/// two), the 5.10 verifier's rounding of each frame's stack takes the chain past its 512 bytes.
+#[inline(always)]
+fn interval(st: &mut ThreadSched, key: u64, t0: u64, t1: u64, on: u64) {
+    let send = add_interval(st, key, t0, t1, on);
+    if send != SEND_NONE {
+        emit(st, key, t0, t1, send | on);
+    }
+}
+
+/// What `add_interval` leaves to send: nothing, the open span, or the open span and then the
+/// interval alone (or'ed with `on`, the low bit, for `emit`).
+const SEND_NONE: u64 = 0;
+const SEND_SPAN: u64 = 2;
+const SEND_ALONE: u64 = 4;
+
 /// One interval of the thread (`key`), `t0..t1`, on CPU (`on` 1) or off (charged to
 /// `st.attr`): a long one (a sampling period or more) is sent alone, after the open span; a
-/// short one joins the span, which is sent once it covers a sampling period. A subprogram, not
-/// inlined: its two call sites would otherwise multiply the paths the verifier walks (and its
-/// time at start-up) in every program that closes intervals.
+/// short one joins the span, which is sent once it covers a sampling period. Returns what to
+/// send (`SEND_*`). A subprogram, not inlined: its two call sites would otherwise multiply the
+/// paths the verifier walks (and its time at start-up) in every program that closes intervals.
 #[inline(never)]
-fn add_interval(st: &mut ThreadSched, key: u64, t0: u64, t1: u64, on: u64) {
+fn add_interval(st: &mut ThreadSched, _key: u64, t0: u64, t1: u64, on: u64) -> u64 {
     let Some(cfg) = CONFIG.get(0) else {
-        return;
+        return SEND_NONE;
     };
-    let (pid, tid) = ((key >> 32) as u32, key as u32);
     let d = t1.saturating_sub(t0);
     if d >= cfg.sched_span_ns {
-        flush(st, pid, tid);
-        send_interval(st, pid, tid, t0, t1, on != 0);
-        return;
+        return SEND_ALONE;
     }
     if st.span_start == 0 {
         st.span_start = t0;
@@ -399,12 +413,26 @@ fn add_interval(st: &mut ThreadSched, key: u64, t0: u64, t1: u64, on: u64) {
         *o += d;
     }
     if t1.saturating_sub(st.span_start) >= cfg.sched_span_ns {
-        flush(st, pid, tid);
+        return SEND_SPAN;
+    }
+    SEND_NONE
+}
+
+/// Sends the thread's open span, if any (and empties it), then with `SEND_ALONE` in `what` the
+/// interval `t0..t1` alone (on CPU when `what`'s low bit is set). One subprogram for every
+/// record the accounting sends: the verifier walks its ring-buffer code once a call site, not
+/// once per path of its callers.
+#[inline(never)]
+fn emit(st: &mut ThreadSched, key: u64, t0: u64, t1: u64, what: u64) {
+    let (pid, tid) = ((key >> 32) as u32, key as u32);
+    flush(st, pid, tid);
+    if what & SEND_ALONE != 0 {
+        send_interval(st, pid, tid, t0, t1, what & 1 != 0);
     }
 }
 
 /// Sends the open span of short intervals, if any, and empties it.
-#[inline(never)]
+#[inline(always)]
 fn flush(st: &mut ThreadSched, pid: u32, tid: u32) {
     if st.span_start == 0 {
         return;
@@ -502,7 +530,7 @@ fn block_attr<const MODERN: bool>(
     let slot = (st.next_slot as usize) % SCHED_SLOTS;
     if st.off_ns[slot] != 0 {
         // The open span charges time to the capture this slot is about to forget.
-        flush(st, pid, tid);
+        emit(st, thread_key(pid, tid), 0, 0, SEND_SPAN);
     }
     if !capture::<MODERN>(ctx, cfg, RECORD_SWITCH_OUT, pid, tid, now, None, prev_state) {
         count(STAT_OFF_UNCAPTURED);
@@ -592,7 +620,7 @@ pub fn tachyon_exit(_ctx: BtfTracePointContext) -> u32 {
         if let Some(sum) = read_kernel::<u64>(task + cfg.task_sum_exec_off as u64) {
             close_intervals(st, key, now, sum);
         }
-        flush(st, pid, tid);
+        emit(st, key, 0, 0, SEND_SPAN);
     }
     let _ = SCHED.remove(key);
     event(RECORD_EXIT, pid, tid, now, group_dead, 0);
