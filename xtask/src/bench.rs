@@ -742,10 +742,21 @@ pub fn bench(tachyon: &Path, tools: &Path) -> Result<()> {
     for name in &names {
         let (mut per_sample, mut per_run, mut runs) = (Vec::new(), Vec::new(), Vec::new());
         for m in &mixed {
+            // A program that did not run in a run (a fork in one of them) counts as 0 there.
             let p = &m["bpfPrograms"][name.as_str()];
-            per_sample.push(1000.0 * f(&p["ms"]) / f(&m["samples"]).max(1.0));
-            per_run.push(1000.0 * f(&p["ms"]) / f(&p["runs"]).max(1.0));
-            runs.push(f(&p["runs"]));
+            let (ms, n) = (
+                p["ms"].as_f64().unwrap_or(0.0),
+                p["runs"].as_f64().unwrap_or(0.0),
+            );
+            per_sample.push(1000.0 * ms / f(&m["samples"]).max(1.0));
+            if n > 0.0 {
+                per_run.push(1000.0 * ms / n);
+            }
+            runs.push(n);
+        }
+        // Programs that ran now and then (forks, execs) are not where the time goes.
+        if median(per_sample.clone()) < 0.01 {
+            continue;
         }
         by_program.push(format!(
             "`{name}` {:.2} µs per sample ({:.0} runs, {:.2} µs each)",
