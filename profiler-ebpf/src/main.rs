@@ -18,9 +18,10 @@
 //! One object for every kernel from 5.10 (ring buffers 5.8, BTF tracepoints 5.5, bounded loops
 //! 5.3). Where kernels differ, the object holds two variants of a program, built from the same
 //! code by a const parameter, and userspace loads the one the running kernel's BTF says fits:
-//! - `tachyon_sample` walks Python frames with `bpf_loop` (5.17+) and reads the user registers of
-//!   a task in kernel mode with `bpf_task_pt_regs` (5.15+); `tachyon_sample_compat` walks with a
-//!   bounded loop and finds the registers at the top of the task's kernel stack.
+//! - `tachyon_sample` walks Python frames and copies the user stack with `bpf_loop` (5.17+), and
+//!   reads the user registers of a task in kernel mode with `bpf_task_pt_regs` (5.15+);
+//!   `tachyon_sample_compat` walks and copies with bounded loops and finds the registers at the
+//!   top of the task's kernel stack.
 //! - `tachyon_switch` takes the task state from `sched_switch`'s `prev_state` argument (5.18+);
 //!   `tachyon_switch_compat` reads it from the task, as those kernels' own tracepoint did. Its
 //!   off-CPU capture is the compat sampler's, and it reads the user registers from the kernel
