@@ -46,6 +46,10 @@ pub struct ElfFile {
     split: &'static [&'static str],
     /// A separate debug file opened for this one (see `debug_file`), read with the symbols.
     debug: Mutex<Option<File>>,
+    /// `find_symbols`' answers, by the names asked. A process that maps a runtime and has not
+    /// started it (a debugger, an editor's plugin host) is looked at again on every scan, and
+    /// a search of a large `.symtab` takes about a millisecond.
+    found: Mutex<Vec<(Vec<String>, FoundSymbols)>>,
     /// The ELF entry point (SVMA): where a program, or the dynamic loader, starts.
     pub entry: u64,
     /// (p_vaddr, p_offset, p_filesz) of each segment.
@@ -63,6 +67,12 @@ const UNWIND_SECTIONS: [&str; 5] = [
     ".got",
     ".debug_frame",
 ];
+
+/// SVMAs by symbol name, as `find_symbols` answers.
+type FoundSymbols = HashMap<String, u64>;
+
+/// `find_symbols` answers kept per file.
+const FOUND_MEMO: usize = 8;
 
 /// Largest file mapped for symbols and unwind tables (a target could name anything).
 const MAX_ELF_BYTES: u64 = 4 << 30;
@@ -197,6 +207,7 @@ impl ElfFile {
             own_rules: OnceLock::new(),
             split,
             debug: Mutex::new(None),
+            found: Mutex::new(Vec::new()),
             entry,
             segments,
             sections,
@@ -277,6 +288,23 @@ impl ElfFile {
 
     /// SVMAs of the named symbols (any kind), from `.dynsym`, then `.symtab` for those missing.
     pub fn find_symbols(&self, names: &[&str]) -> HashMap<String, u64> {
+        let mut found = self.found.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, out)) = found
+            .iter()
+            .find(|(asked, _)| asked.iter().eq(names.iter()))
+        {
+            return out.clone();
+        }
+        let out = self.search_symbols(names);
+        // A handful of distinct questions are ever asked of one file.
+        if found.len() < FOUND_MEMO {
+            found.push((names.iter().map(|n| n.to_string()).collect(), out.clone()));
+        }
+        out
+    }
+
+    /// `find_symbols` without the memo.
+    fn search_symbols(&self, names: &[&str]) -> HashMap<String, u64> {
         use object::ObjectSymbol;
         let mut out = HashMap::new();
         let Ok(file) = object::File::parse(&self.map[..]) else {
@@ -486,5 +514,24 @@ impl std::io::Write for LimitedWriter<'_> {
 
     fn flush(&mut self) -> std::io::Result<()> {
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn symbol_searches_are_remembered_by_the_names_asked() {
+        let exe = std::env::current_exe().unwrap();
+        let elf = ElfFile::from_file(&exe, File::open(&exe).unwrap(), &[]).unwrap();
+        let first = elf.find_symbols(&["main", "no_such_symbol_here"]);
+        assert!(first.get("main").is_some_and(|&a| a != 0), "{first:?}");
+        assert!(!first.contains_key("no_such_symbol_here"));
+        // Asked again: the same answer; other names: their own answer, not the one kept.
+        assert_eq!(elf.find_symbols(&["main", "no_such_symbol_here"]), first);
+        assert!(elf.find_symbols(&["no_such_symbol_here"]).is_empty());
+        assert_eq!(elf.find_symbols(&["main"]), elf.search_symbols(&["main"]));
+        assert_eq!(elf.found.lock().unwrap().len(), 3);
     }
 }
