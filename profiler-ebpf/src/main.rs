@@ -1130,49 +1130,19 @@ fn capture<const MODERN: bool>(
             copied_total = copy_stack(cpu, pid, tid, sp, area, want, &mut flags);
         } else {
             let mut top: u64 = 0;
+            let key = thread_key(pid, tid);
             for k in 0..(MAX_USTACK / USTACK_CHUNK) {
                 // Read back through memory: LLVM would otherwise fold the offset into an induction
                 // variable whose bounds the verifier cannot follow.
                 // SAFETY: a local.
-                let copied_now = unsafe { core::ptr::read_volatile(&copied_total) };
-                let copied = copied_now;
-                let chunk = if k == 0 {
-                    USTACK_CHUNK - (sp as usize & (USTACK_CHUNK - 1))
-                } else {
-                    USTACK_CHUNK
-                };
-                if copied + chunk > want
-                    || copied > MAX_USTACK - USTACK_CHUNK
-                    || chunk > USTACK_CHUNK
-                {
+                let copied = unsafe { core::ptr::read_volatile(&copied_total) };
+                let Some(next) = copy_chunk(
+                    base, area, sp, k as u64, copied, want, key, &mut top, &mut flags,
+                ) else {
                     break;
-                }
-                // SAFETY: area + copied + chunk <= SCRATCH_SIZE (bounded above); the source is a
-                // user address read through the checked helper.
-                let r = unsafe {
-                    bpf_probe_read_user(
-                        base.add(area + copied) as *mut c_void,
-                        chunk as u32,
-                        (sp + copied as u64) as *const c_void,
-                    )
                 };
-                if r != 0 {
-                    // A page never touched reads as zeros (the helper clears the chunk) when the
-                    // thread's stack is known to go on above it; anywhere else the copy ends.
-                    if top == 0 {
-                        // SAFETY: a plain map lookup; the value is copied out at once.
-                        top = unsafe { STACK_TOPS.get(thread_key(hdr.pid, hdr.tid)) }
-                            .copied()
-                            .unwrap_or(1);
-                    }
-                    if sp + (copied + chunk) as u64 > top {
-                        flags |= SAMPLE_USTACK_SHORT;
-                        break;
-                    }
-                    flags |= SAMPLE_USTACK_HOLE;
-                }
                 // SAFETY: a local.
-                unsafe { core::ptr::write_volatile(&mut copied_total, copied + chunk) };
+                unsafe { core::ptr::write_volatile(&mut copied_total, next) };
             }
         }
     }
@@ -1306,24 +1276,57 @@ extern "C" fn copy_step(index: u64, _ctx: *mut c_void) -> i64 {
     let Some(scratch) = SCRATCH.get_ptr_mut(w.cpu) else {
         return 1;
     };
-    let base = scratch as *mut u8;
-    let sp = w.copy_sp;
-    let copied = w.copy_done as usize;
     let area = w.copy_area as usize;
+    if area > COPY_AREA_MAX {
+        return 1;
+    }
+    match copy_chunk(
+        scratch as *mut u8,
+        area,
+        w.copy_sp,
+        index,
+        w.copy_done as usize,
+        w.copy_want as usize,
+        thread_key(w.pid, w.copy_tid),
+        &mut w.copy_top,
+        &mut w.copy_flags,
+    ) {
+        Some(next) => {
+            w.copy_done = next as u32;
+            0
+        }
+        None => 1,
+    }
+}
+
+/// Chunk `index` of a user-stack copy: `sp`'s stack after the `copied` bytes already copied,
+/// into `base + area + copied`; to the next page boundary first, then whole pages, `want` bytes
+/// at most. Returns the bytes copied once it is done, or `None` when the copy ends: it has what
+/// it wants, or met the top of the stack (`SAMPLE_USTACK_SHORT` in `flags`). `top` is the
+/// thread's (`key`) known stack top, looked up on first need (0: not yet).
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn copy_chunk(
+    base: *mut u8,
+    area: usize,
+    sp: u64,
+    index: u64,
+    copied: usize,
+    want: usize,
+    key: u64,
+    top: &mut u64,
+    flags: &mut u32,
+) -> Option<usize> {
     let chunk = if index == 0 {
         USTACK_CHUNK - (sp as usize & (USTACK_CHUNK - 1))
     } else {
         USTACK_CHUNK
     };
-    if area > COPY_AREA_MAX
-        || copied + chunk > w.copy_want as usize
-        || copied > MAX_USTACK - USTACK_CHUNK
-        || chunk > USTACK_CHUNK
-    {
-        return 1;
+    if copied + chunk > want || copied > MAX_USTACK - USTACK_CHUNK || chunk > USTACK_CHUNK {
+        return None;
     }
-    // SAFETY: area + copied + chunk <= SCRATCH_SIZE (bounded above); the source is a user
-    // address read through the checked helper.
+    // SAFETY: area + copied + chunk <= SCRATCH_SIZE (the callers bound `area`, and `copied` and
+    // `chunk` are bounded above); the source is a user address read through the checked helper.
     let r = unsafe {
         bpf_probe_read_user(
             base.add(area + copied) as *mut c_void,
@@ -1332,22 +1335,19 @@ extern "C" fn copy_step(index: u64, _ctx: *mut c_void) -> i64 {
         )
     };
     if r != 0 {
-        // As in `capture`'s loop: a page never touched reads as zeros when the thread's stack
-        // is known to go on above it; anywhere else the copy ends.
-        if w.copy_top == 0 {
+        // A page never touched reads as zeros (the helper clears the chunk) when the thread's
+        // stack is known to go on above it; anywhere else the copy ends.
+        if *top == 0 {
             // SAFETY: a plain map lookup; the value is copied out at once.
-            w.copy_top = unsafe { STACK_TOPS.get(thread_key(w.pid, w.copy_tid)) }
-                .copied()
-                .unwrap_or(1);
+            *top = unsafe { STACK_TOPS.get(key) }.copied().unwrap_or(1);
         }
-        if sp + (copied + chunk) as u64 > w.copy_top {
-            w.copy_flags |= SAMPLE_USTACK_SHORT;
-            return 1;
+        if sp + (copied + chunk) as u64 > *top {
+            *flags |= SAMPLE_USTACK_SHORT;
+            return None;
         }
-        w.copy_flags |= SAMPLE_USTACK_HOLE;
+        *flags |= SAMPLE_USTACK_HOLE;
     }
-    w.copy_done = (copied + chunk) as u32;
-    0
+    Some(copied + chunk)
 }
 
 /// State of one frame walk (in the `WALK` map). Scalars only: a step looks the buffers up
