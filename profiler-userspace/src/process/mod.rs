@@ -63,6 +63,9 @@ pub struct Process {
     /// Per thread, the stack beyond a copy as read for the last unwinds the interpreter's
     /// frames confirmed, oldest first (`unwind::LateMemo`).
     pub late_memos: rustc_hash::FxHashMap<u32, Vec<unwind::LateMemo>>,
+    /// Per thread, its last unwind that rules alone took to the root (`unwind::SuffixMemo`);
+    /// emptied when the modules change.
+    pub suffixes: rustc_hash::FxHashMap<u32, unwind::SuffixMemo>,
     maps_read_at: Option<Instant>,
     /// `CLOCK_MONOTONIC` ns of the last read of the mappings (samples carry the same clock).
     maps_read_ns: u64,
@@ -173,6 +176,7 @@ impl Process {
             roots: Default::default(),
             stack_tops: Default::default(),
             late_memos: Default::default(),
+            suffixes: Default::default(),
             scan_hints: Default::default(),
             cfi_context: Box::new(gimli::UnwindContext::new()),
             maps_read_at: None,
@@ -316,6 +320,7 @@ impl Process {
         self.modules_gen = next_modules_gen();
         self.roots.clear();
         self.scan_hints.clear();
+        self.suffixes.clear();
         self.mappings = mappings;
     }
 

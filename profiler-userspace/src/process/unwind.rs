@@ -173,6 +173,45 @@ impl LateStack {
     }
 }
 
+/// The last unwind of a thread that its rules alone took to the root, with the stack copy it
+/// read (`Process::suffixes`).
+///
+/// A thread's outer frames stay while its inner ones change: under a Python thread's
+/// innermost eval loop, the interpreter's start-up calls down to `_start` are the same frames
+/// at the same stack pointers in every sample. A frame whose registers equal one of the memo's,
+/// above which the copy holds the same bytes as the memo's (up to the same end), has the same
+/// callers: a step reads only the registers and the stack above the frame, so each step from
+/// there would find what the memo's did. Its callers are taken from the memo instead of being
+/// unwound again (half of the handler's instructions went to unwinding).
+pub struct SuffixMemo {
+    frames: Vec<Frame>,
+    /// The copy's stack pointer and bytes.
+    sp: u64,
+    stack: Vec<u8>,
+}
+
+impl SuffixMemo {
+    /// The memo's callers of `f`, when `f` is one of its frames with the same stack above it
+    /// in the copy at `sp` (which must end where the memo's does).
+    fn callers(&self, f: &Frame, sp: u64, stack: &[u8]) -> Option<&[Frame]> {
+        let j = self
+            .frames
+            .iter()
+            .position(|m| m.regs == f.regs && m.addr == f.addr)?;
+        if self.sp.checked_add(self.stack.len() as u64)? != sp.checked_add(stack.len() as u64)? {
+            return None;
+        }
+        let here = stack.get(usize::try_from(f.regs.sp.checked_sub(sp)?).ok()?..)?;
+        let then = self
+            .stack
+            .get(usize::try_from(f.regs.sp.checked_sub(self.sp)?).ok()?..)?;
+        (here == then).then(|| &self.frames[j + 1..])
+    }
+}
+
+/// Threads a process keeps a `SuffixMemo` for (then they are dropped and retaken).
+const SUFFIX_THREADS: usize = 256;
+
 /// A user-space frame address.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct UserFrame {
@@ -315,6 +354,11 @@ struct Walker<'a, 'r> {
     /// The scan takes only a return address into the file of the frame it scans above.
     same_file: bool,
     read: &'r mut dyn FnMut(u64) -> Option<u64>,
+    /// The thread's last rule-only unwind, and the sample's copy (`SuffixMemo::callers`).
+    suffix: Option<&'a SuffixMemo>,
+    copy: (u64, &'r [u8]),
+    /// The unwind ended with the memo's frames.
+    suffix_used: bool,
 }
 
 /// Unwinds the sample's user stack. `skip`: stack slots the scan must not take (their return
@@ -366,6 +410,12 @@ pub fn unwind_user(
         skip,
         same_file: !skip.is_empty() || memo.is_some(),
         read: &mut read,
+        // Only for the first unwind of a sample: the others differ from a plain one.
+        suffix: (skip.is_empty() && memo.is_none())
+            .then(|| process.suffixes.get(&s.tid))
+            .flatten(),
+        copy: (s.sp, &s.stack),
+        suffix_used: false,
     };
     let mut frames = vec![Frame {
         addr: FrameAddress::InstructionPointer(s.ip),
@@ -378,6 +428,7 @@ pub fn unwind_user(
     }];
     let rooted = w.walk(&mut frames, true);
     let (scanned_from, scan_slot) = (w.scanned_from, w.scan_slot);
+    let suffix_used = w.suffix_used;
     *scan_frames = w.budget;
     // The first frame whose return address was read beyond the copy: its caller's stack
     // pointer (its CFA) is past the copy's end.
@@ -400,6 +451,18 @@ pub fn unwind_user(
         (Some(_), None) => false,
     };
     let rooted = rooted && memo_kept;
+    // An unwind its rules alone took to the root, from the copy alone: the thread's memo.
+    if rooted
+        && !suffix_used
+        && skip.is_empty()
+        && memo.is_none()
+        && scanned_from.is_none()
+        && late_read.is_none()
+        && late_from.is_none()
+        && frames.len() > 2
+    {
+        keep_suffix(process, s, &frames);
+    }
     let mut u = Unwound {
         frames: frames
             .iter()
@@ -420,6 +483,24 @@ pub fn unwind_user(
         u.refute_late();
     }
     u
+}
+
+/// Keeps `frames`, a rule-only unwind of `s` to the root, as its thread's `SuffixMemo`.
+fn keep_suffix(process: &mut Process, s: &RawSample, frames: &[Frame]) {
+    if process.suffixes.len() >= SUFFIX_THREADS && !process.suffixes.contains_key(&s.tid) {
+        process.suffixes.clear();
+    }
+    let m = process.suffixes.entry(s.tid).or_insert_with(|| SuffixMemo {
+        frames: Vec::new(),
+        sp: 0,
+        stack: Vec::new(),
+    });
+    // The memo's buffers are reused: a thread whose outer frames change takes a new one often.
+    m.frames.clear();
+    m.frames.extend_from_slice(frames);
+    m.sp = s.sp;
+    m.stack.clear();
+    m.stack.extend_from_slice(&s.stack);
 }
 
 /// Whether a unwind rule of the frame's file covers it (its own, or an `.eh_frame` entry).
@@ -449,6 +530,17 @@ impl<'a> Walker<'a, '_> {
             let Some(&f) = frames.last() else {
                 return false;
             };
+            if let Some(rest) = self
+                .suffix
+                .and_then(|m| m.callers(&f, self.copy.0, self.copy.1))
+            {
+                // As the memo's unwind ended: at the root, within the frame limit.
+                if frames.len() + rest.len() <= MAX_NATIVE_FRAMES {
+                    frames.extend_from_slice(rest);
+                    self.suffix_used = true;
+                    return true;
+                }
+            }
             if !scan {
                 if self.budget == 0 {
                     return false;
@@ -665,5 +757,70 @@ impl<'a> Walker<'a, '_> {
         let elf = m.elf.as_ref()?;
         let (start, _) = elf.symbols().lookup(addr.wrapping_sub(m.bias))?;
         Some(start.wrapping_add(m.bias))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(ret: bool, ip: u64, sp: u64, bp: u64) -> Frame {
+        let addr = if ret {
+            FrameAddress::from_return_address(ip).unwrap()
+        } else {
+            FrameAddress::InstructionPointer(ip)
+        };
+        Frame {
+            addr,
+            regs: Regs { ip, sp, bp, lr: 0 },
+        }
+    }
+
+    #[test]
+    fn a_suffix_is_taken_only_where_registers_and_the_stack_above_agree() {
+        let sp = 0x7000;
+        let stack: Vec<u8> = (0..512u32).map(|i| (i * 7) as u8).collect();
+        let memo = SuffixMemo {
+            frames: vec![
+                frame(false, 0x1000, sp, 0x7100),
+                frame(true, 0x2000, sp + 0x40, 0x7100),
+                frame(true, 0x3000, sp + 0x100, 0x7180),
+                frame(true, 0x4000, sp + 0x180, 0),
+            ],
+            sp,
+            stack: stack.clone(),
+        };
+        // Another sample, deeper in the same caller: its leaf is new, its caller's frame and
+        // everything above it are the memo's.
+        let sp2 = sp - 0x20;
+        let mut stack2 = vec![0xaa; 0x20];
+        stack2.extend_from_slice(&stack);
+        stack2[0x20 + 0x10] ^= 1; // below the caller's frame: the leaf's own words
+        let caller = frame(true, 0x2000, sp + 0x40, 0x7100);
+        let rest = memo.callers(&caller, sp2, &stack2).unwrap();
+        assert_eq!(rest.len(), 2);
+        assert_eq!(rest[0].addr, memo.frames[2].addr);
+        assert!(memo
+            .callers(&frame(false, 0x1111, sp2, 0), sp2, &stack2)
+            .is_none());
+
+        // A word above the frame changed (a suspended caller's local): not the memo's callers.
+        let mut changed = stack2.clone();
+        changed[0x20 + 0x80] ^= 1;
+        assert!(memo.callers(&caller, sp2, &changed).is_none());
+        // ... but above a frame beyond that word, still the same.
+        let outer = frame(true, 0x3000, sp + 0x100, 0x7180);
+        assert_eq!(memo.callers(&outer, sp2, &changed).unwrap().len(), 1);
+        // Other registers (a frame pointer restored from below the frame): no.
+        assert!(memo
+            .callers(&frame(true, 0x2000, sp + 0x40, 0x7108), sp2, &stack2)
+            .is_none());
+        // A copy that ends elsewhere read other words beyond the memo's end: no.
+        let mut longer = stack2.clone();
+        longer.extend_from_slice(&[0; 64]);
+        assert!(memo.callers(&caller, sp2, &longer).is_none());
+        // The root itself: nothing follows it.
+        let root = frame(true, 0x4000, sp + 0x180, 0);
+        assert_eq!(memo.callers(&root, sp2, &stack2).unwrap().len(), 0);
     }
 }
