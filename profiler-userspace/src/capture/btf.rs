@@ -245,6 +245,70 @@ impl<'a> Btf<'a> {
             })
     }
 
+    /// A BTF blob that gives each raw tracepoint of `tracepoints` (`btf_trace_NAME`, a typedef)
+    /// the type id it has in this one, and holds nothing else of use: placeholders (pointers to
+    /// `void`) take every other id up to the last one named.
+    ///
+    /// aya's `BtfTracePoint::load` asks for a whole parsed `aya::Btf` only to look up that
+    /// typedef's id. Its parse of the kernel's BTF (130,000 types, members and all) took a sixth
+    /// of the profiler's start-up, and the loader makes one of its own anyway; this blob is
+    /// parsed in a small fraction of that. `None` when a tracepoint is missing.
+    pub fn tracepoint_btf(&self, tracepoints: &[&str]) -> Option<Vec<u8>> {
+        let names: Vec<String> = tracepoints
+            .iter()
+            .map(|tp| format!("btf_trace_{tp}"))
+            .collect();
+        let mut ids = vec![0u32; names.len()];
+        for (i, &p) in self.types.iter().enumerate() {
+            let info = u32_at(self.data, p + 4)?;
+            if (info >> 24) & 0x1f != KIND_TYPEDEF {
+                continue;
+            }
+            let name = self.name(u32_at(self.data, p)?);
+            if let Some(k) = names.iter().position(|n| n.as_bytes() == name) {
+                if ids[k] == 0 {
+                    ids[k] = i as u32 + 1;
+                }
+            }
+        }
+        if ids.contains(&0) {
+            return None;
+        }
+        let last = *ids.iter().max()?;
+        let mut strings = vec![0u8];
+        let mut name_off = Vec::new();
+        for n in &names {
+            name_off.push(strings.len() as u32);
+            strings.extend_from_slice(n.as_bytes());
+            strings.push(0);
+        }
+        let mut types = Vec::with_capacity(last as usize * 12);
+        for id in 1..=last {
+            let (name, kind) = match ids.iter().position(|&t| t == id) {
+                Some(k) => (name_off[k], KIND_TYPEDEF),
+                None => (0, KIND_PTR),
+            };
+            for word in [name, kind << 24, 0] {
+                types.extend_from_slice(&word.to_le_bytes());
+            }
+        }
+        let mut blob = Vec::with_capacity(24 + types.len() + strings.len());
+        blob.extend_from_slice(&BTF_MAGIC.to_le_bytes());
+        blob.extend_from_slice(&[1, 0]); // version 1, no flags
+        for word in [
+            24,
+            0,
+            types.len() as u32,
+            types.len() as u32,
+            strings.len() as u32,
+        ] {
+            blob.extend_from_slice(&word.to_le_bytes());
+        }
+        blob.extend_from_slice(&types);
+        blob.extend_from_slice(&strings);
+        Some(blob)
+    }
+
     /// How many arguments a raw tracepoint passes (`typedef void (*btf_trace_NAME)(void *,
     /// args...)`), not counting the leading context pointer; `None` when the kernel has no such
     /// tracepoint. (The prototype's parameters carry no names in the kernel's BTF.)
@@ -399,15 +463,26 @@ impl KernelInfo {
 
     /// The running kernel, from `/sys/kernel/btf/vmlinux`.
     pub fn probe() -> Result<KernelInfo, BtfError> {
-        Ok(KernelInfo::probe_with_btf()?.0)
+        let data = std::fs::read("/sys/kernel/btf/vmlinux").map_err(BtfError::Read)?;
+        KernelInfo::from_btf(&Btf::parse(&data)?, kernel_release())
     }
 
-    /// `probe`, and the BTF it was read from (for the loader: reading it again, 4 MiB from sysfs
-    /// in pages, costs as much as parsing it).
-    pub fn probe_with_btf() -> Result<(KernelInfo, Vec<u8>), BtfError> {
+    /// `probe`, and a BTF blob for loading the raw `tracepoints` (`Btf::tracepoint_btf`).
+    pub fn probe_with_tracepoints(
+        tracepoints: &[&'static str],
+    ) -> Result<(KernelInfo, Vec<u8>), BtfError> {
         let data = std::fs::read("/sys/kernel/btf/vmlinux").map_err(BtfError::Read)?;
-        let info = KernelInfo::from_btf(&Btf::parse(&data)?, kernel_release())?;
-        Ok((info, data))
+        let btf = Btf::parse(&data)?;
+        let info = KernelInfo::from_btf(&btf, kernel_release())?;
+        let blob = btf.tracepoint_btf(tracepoints).ok_or_else(|| {
+            let missing = tracepoints
+                .iter()
+                .find(|tp| btf.tracepoint_btf(&[tp]).is_none())
+                .copied()
+                .unwrap_or("?");
+            BtfError::NoTracepoint(missing)
+        })?;
+        Ok((info, blob))
     }
 }
 
@@ -449,6 +524,34 @@ mod tests {
         out.extend_from_slice(&types);
         out.extend_from_slice(strings);
         out
+    }
+
+    #[test]
+    fn the_tracepoint_blob_gives_aya_the_kernels_ids() {
+        use aya::{Btf as AyaBtf, Endianness};
+        let data = std::fs::read("/sys/kernel/btf/vmlinux").unwrap();
+        let full = AyaBtf::parse(&data, Endianness::default()).unwrap();
+        let tps = ["sched_switch", "sched_process_exit", "sched_process_fork"];
+        let blob = Btf::parse(&data).unwrap().tracepoint_btf(&tps).unwrap();
+        let small = AyaBtf::parse(&blob, Endianness::default()).unwrap();
+        for tp in tps {
+            let name = format!("btf_trace_{tp}");
+            let id = |b: &AyaBtf| b.id_by_type_name_kind(&name, aya_obj::btf::BtfKind::Typedef);
+            let want = id(&full).unwrap();
+            assert!(want > 0);
+            assert_eq!(id(&small).unwrap(), want, "{tp}");
+        }
+        // A blob a fraction of the kernel's, and no tracepoint the kernel lacks.
+        assert!(
+            blob.len() < data.len() / 2,
+            "{} of {}",
+            blob.len(),
+            data.len()
+        );
+        assert!(Btf::parse(&data)
+            .unwrap()
+            .tracepoint_btf(&["sched_switch", "no_such_tracepoint"])
+            .is_none());
     }
 
     #[test]

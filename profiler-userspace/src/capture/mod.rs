@@ -103,6 +103,14 @@ pub struct CaptureOptions {
     pub full_verifier_log: bool,
 }
 
+/// Every raw tracepoint a program attaches to.
+const TRACEPOINTS: [&str; 4] = [
+    "sched_process_fork",
+    "sched_process_exec",
+    "sched_process_exit",
+    "sched_switch",
+];
+
 /// The lifetime programs: (program name, tracepoint). The scheduler program is chosen per kernel.
 const LIFETIMES: [(&str, &str); 3] = [
     (names::PROG_FORK, "sched_process_fork"),
@@ -229,7 +237,7 @@ impl Capture {
         let ring = opts.ring_bytes.next_power_of_two().max(1 << 20);
         let possible =
             aya::util::nr_cpus().map_err(|(s, e)| CaptureError::Cpus(format!("{s}: {e}")))?;
-        let (kernel, btf_data) = btf::KernelInfo::probe_with_btf()?;
+        let (kernel, tracepoint_btf) = btf::KernelInfo::probe_with_tracepoints(&TRACEPOINTS)?;
         if !kernel.has_ringbuf {
             return Err(CaptureError::Missing {
                 kernel: kernel.release.clone(),
@@ -239,16 +247,15 @@ impl Capture {
         let mut kernel = kernel;
         kernel.modern = kernel.modern && !opts.force_compat;
         let programs = ProgramSet::for_kernel(&kernel);
-        // Parsed once, for the loader and the tracepoints (it is most of the load's CPU time).
-        let kernel_btf = Btf::parse(&btf_data, aya::Endianness::default()).map_err(load_error)?;
-        drop(btf_data);
+        // The loader parses the kernel's BTF itself; the tracepoints' loads need only their ids.
+        let tracepoint_btf =
+            Btf::parse(&tracepoint_btf, aya::Endianness::default()).map_err(load_error)?;
         let log_level = if opts.full_verifier_log {
             VerifierLogLevel::DEBUG | VerifierLogLevel::STATS
         } else {
             VerifierLogLevel::STATS
         };
         let mut bpf = EbpfLoader::new()
-            .btf(Some(&kernel_btf))
             .verifier_log_level(log_level)
             .map_max_entries(names::MAP_SAMPLES, ring)
             .map_max_entries(names::MAP_SCRATCH, possible as u32)
@@ -314,7 +321,8 @@ impl Capture {
                 .expect("tracepoint program")
                 .try_into()
                 .map_err(load_error)?;
-            prog.load(tp, &kernel_btf).map_err(refused(name, purpose))?;
+            prog.load(tp, &tracepoint_btf)
+                .map_err(refused(name, purpose))?;
         }
         let cpus =
             aya::util::online_cpus().map_err(|(s, e)| CaptureError::Cpus(format!("{s}: {e}")))?;
