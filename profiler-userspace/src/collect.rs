@@ -843,6 +843,9 @@ impl Collector {
                 child_tid,
             } => {
                 self.profile.task_born(child_pid, child_tid, t_ms);
+                if child_pid == e.pid {
+                    self.python.threads_changed(e.pid);
+                }
                 if child_pid == child_tid && child_pid != e.pid {
                     // A new process: nothing known about the pid before is valid.
                     self.forget_process(child_pid);
@@ -870,6 +873,7 @@ impl Collector {
                     }
                 }
                 self.profile.task_exit(e.pid, e.tid, t_ms, group_dead);
+                self.python.threads_changed(e.pid);
             }
         }
     }

@@ -19,7 +19,7 @@ pub mod threads;
 
 use std::collections::{HashMap, HashSet};
 
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHashSet};
 use std::sync::Arc;
 
 use profiler_common::{
@@ -220,6 +220,12 @@ pub struct PyProcess {
     pub ready: bool,
     /// Host tid -> thread state, as last pushed to the BPF map.
     pub threads: HashMap<u32, u64>,
+    /// When `threads` was last read, and whether a thread has started or ended since, or ran
+    /// Python code without being in it (`PythonRegistry::threads_due`).
+    threads_read: Option<std::time::Instant>,
+    threads_changed: bool,
+    /// The tids `/proc` listed for it at that read.
+    listed: FxHashSet<u32>,
     /// Code objects by address, with the epoch they were last validated in.
     codes: FxHashMap<u64, (Arc<CodeInfo>, u64)>,
     /// Code objects that were at an address before another took it, by address and identity: a
@@ -432,6 +438,9 @@ impl PyProcess {
                 config,
                 ready,
                 threads: HashMap::new(),
+                threads_read: None,
+                threads_changed: false,
+                listed: FxHashSet::default(),
                 codes: FxHashMap::default(),
                 retired: FxHashMap::default(),
                 young: FxHashMap::default(),
@@ -700,6 +709,7 @@ impl PyProcess {
     /// The thread -> thread-state map as it is now: host tids as keys.
     pub fn current_threads(&mut self) -> HashMap<u32, u64> {
         let tasks = task_ids(self.pid, &mut self.ns_tids);
+        self.listed = tasks.iter().map(|&(host, _)| host).collect();
         let ns_to_host: HashMap<u32, u32> = tasks.iter().map(|&(host, ns)| (ns, host)).collect();
         let states = self.thread_states();
         let mut candidates: HashMap<u32, Vec<u64>> = HashMap::new();
@@ -1153,6 +1163,9 @@ pub struct ThreadChanges {
 /// Reads of a thread's name tried before giving up (a thread seen before its bootstrap frame
 /// is pushed gets another try at the next look; one started from C never has a name).
 const NAME_TRIES: u8 = 4;
+/// A process's thread map is read again at least this often when nothing says its threads
+/// changed (`PythonRegistry::threads_due`).
+const THREADS_QUIET: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// A function frame made for a code object, with the name and file it was made for.
 type MadeFunction = (FrameRef, Arc<str>, Arc<str>);
@@ -1533,11 +1546,35 @@ impl PythonRegistry {
         self.procs.keys().copied().collect()
     }
 
+    /// Whether `pid`'s thread map is due to be read again. Each read lists its tasks in `/proc`
+    /// and walks its interpreter's thread states (about 20 system calls), so a process whose
+    /// threads keep running is not read on every look: only when a thread started or ended in
+    /// it, or ran Python code without being in the map (`threads_changed`), while a thread's
+    /// name is still being read, or once every `THREADS_QUIET` (a thread state that changed
+    /// under a thread that stays: C code calling into Python from its own threads). The BPF
+    /// side finds a thread missing from the map by itself meanwhile (`thread_state`).
+    pub fn threads_due(&self, pid: u32) -> bool {
+        self.procs.get(&pid).is_some_and(|p| {
+            p.threads_changed
+                || p.name_tries.values().any(|&n| n < NAME_TRIES)
+                || p.threads_read.is_none_or(|t| t.elapsed() >= THREADS_QUIET)
+        })
+    }
+
+    /// A sign that `pid`'s threads changed (see `threads_due`).
+    pub fn threads_changed(&mut self, pid: u32) {
+        if let Some(p) = self.procs.get_mut(&pid) {
+            p.threads_changed = true;
+        }
+    }
+
     /// Reads `pid`'s threads again: the threads whose thread state is new or changed, and the
     /// threads that are gone, since the last call. `None` for an unknown process.
     pub fn sync_threads(&mut self, pid: u32) -> Option<ThreadChanges> {
         let p = self.procs.get_mut(&pid)?;
         let now = p.current_threads();
+        p.threads_read = Some(std::time::Instant::now());
+        p.threads_changed = false;
         let set = now
             .iter()
             .filter(|(tid, ts)| p.threads.get(tid) != Some(ts))
@@ -1589,6 +1626,15 @@ impl PythonRegistry {
         let p = self.procs.get_mut(&s.pid)?;
         if s.flags & SAMPLE_PY_MISS != 0 {
             out.count(PyEvent::ThreadMiss);
+        }
+        // Signs that the thread map is behind (`threads_due`): a thread state the BPF side
+        // found by itself, or a thread with none that the last read did not list (a thread
+        // listed then without one is a native thread, and stays one until the next quiet read).
+        let unknown = !p.threads.contains_key(&s.tid);
+        if (s.flags & SAMPLE_PY_THREAD != 0 && unknown)
+            || (s.flags & SAMPLE_PY_MISS != 0 && unknown && !p.listed.contains(&s.tid))
+        {
+            p.threads_changed = true;
         }
         if s.flags & SAMPLE_PY_THREAD == 0 {
             return Some(PythonFrames {

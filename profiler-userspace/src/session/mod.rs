@@ -530,7 +530,7 @@ impl<T: Targets> Session<T> {
         let pids = if refresh_threads {
             self.collector.python.pids()
         } else {
-            found
+            found.clone()
         };
         for pid in pids {
             if !alive(pid) {
@@ -544,6 +544,9 @@ impl<T: Targets> Session<T> {
                 if let Err(e) = self.targets.set_py_proc(pid, &cfg) {
                     log::warn!("pid {pid}: {e}");
                 }
+            }
+            if !found.contains(&pid) && !self.collector.python.threads_due(pid) {
+                continue;
             }
             let Some(changes) = self.collector.python.sync_threads(pid) else {
                 continue;
