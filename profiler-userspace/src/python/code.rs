@@ -20,6 +20,8 @@ pub struct CodeInfo {
     pub linetable: Vec<u8>,
     /// What the cache validates a hit with: the type, file and name pointers.
     pub ident: [u64; 3],
+    /// The name it was given (`name_ptr`: the qualified name where there is one).
+    pub name_ptr: u64,
     /// `line_of`'s answers so far, by instruction: a hot function's few instructions are sampled
     /// over and over, and its table was decoded again for each (a tenth of the instructions
     /// user space spent per sample).
@@ -339,6 +341,7 @@ pub fn read_code(
         firstlineno: firstlineno.max(0) as u32,
         linetable,
         ident: id,
+        name_ptr,
         lines: Default::default(),
     })
 }
@@ -536,6 +539,7 @@ mod tests {
             firstlineno: first,
             linetable: table,
             ident: [0; 3],
+            name_ptr: 0,
             lines: Default::default(),
         }
     }

@@ -786,10 +786,26 @@ impl PyProcess {
             return out;
         }
         let len = code::header_len(&self.layout);
-        let ranges: Vec<(u64, usize)> = stale.iter().map(|&i| (addrs[i], len)).collect();
-        let mut heads = self.remote.read_many(&ranges);
+        let mut ranges: Vec<(u64, usize)> = stale.iter().map(|&i| (addrs[i], len)).collect();
+        // The strings of each cached entry are read with the heads, where they were: an entry
+        // whose head still points there (nearly every one) is checked with this one read.
+        let mut guessed: FxHashMap<usize, ([u64; 2], usize)> = FxHashMap::default();
+        for &i in &stale {
+            if let Some((c, _)) = self.codes.get(&addrs[i]) {
+                // Where its pair lands among the reads after the heads.
+                guessed.insert(i, ([c.name_ptr, c.ident[1]], ranges.len() - stale.len()));
+                ranges.push((c.name_ptr, profiler_common::PY_NAME_SNAP));
+                ranges.push((c.ident[1], profiler_common::PY_FILE_SNAP));
+            }
+        }
+        let mut read_now = self.remote.read_many(&ranges);
+        let guesses = read_now.split_off(stale.len());
+        let mut heads = read_now;
         if heads.iter().any(Option::is_none) {
-            heads = ranges.iter().map(|r| self.remote.read(r.0, r.1)).collect();
+            heads = ranges[..stale.len()]
+                .iter()
+                .map(|r| self.remote.read(r.0, r.1))
+                .collect();
         }
         // Entries whose identity (type, name and file addresses) still holds, and the head that
         // showed it: their strings are read again before they are believed (below).
@@ -831,18 +847,40 @@ impl PyProcess {
         // The same identity is not the same object: code made and freed over and over (`exec`
         // in a loop) gets the same memory, its strings included, with other contents. One read
         // of the name and file strings of every such entry tells.
-        let strings: Vec<(u64, usize)> = same
-            .iter()
-            .flat_map(|&(_, _, [name, file])| {
-                [
-                    (name, profiler_common::PY_NAME_SNAP),
-                    (file, profiler_common::PY_FILE_SNAP),
-                ]
-            })
-            .collect();
-        let mut copies = self.remote.read_many(&strings);
-        if copies.iter().any(Option::is_none) {
-            copies = strings.iter().map(|r| self.remote.read(r.0, r.1)).collect();
+        let mut copies: Vec<Option<Vec<u8>>> = Vec::with_capacity(same.len() * 2);
+        let mut unread = Vec::new();
+        for (k, &(i, _, pointers)) in same.iter().enumerate() {
+            let guess = guessed
+                .get(&i)
+                .filter(|(at, _)| *at == pointers)
+                .and_then(|&(_, g)| Some((guesses.get(g)?.clone()?, guesses.get(g + 1)?.clone()?)));
+            match guess {
+                Some((name, file)) => copies.extend([Some(name), Some(file)]),
+                None => {
+                    copies.extend([None, None]);
+                    unread.push(k);
+                }
+            }
+        }
+        if !unread.is_empty() {
+            let strings: Vec<(u64, usize)> = unread
+                .iter()
+                .flat_map(|&k| {
+                    let [name, file] = same[k].2;
+                    [
+                        (name, profiler_common::PY_NAME_SNAP),
+                        (file, profiler_common::PY_FILE_SNAP),
+                    ]
+                })
+                .collect();
+            let mut more = self.remote.read_many(&strings);
+            if more.iter().any(Option::is_none) {
+                more = strings.iter().map(|r| self.remote.read(r.0, r.1)).collect();
+            }
+            for (&k, pair) in unread.iter().zip(more.chunks(2)) {
+                copies[2 * k] = pair[0].clone();
+                copies[2 * k + 1] = pair.get(1).cloned().flatten();
+            }
         }
         for ((i, head, [name, file]), pair) in same.into_iter().zip(copies.chunks(2)) {
             let a = addrs[i];
