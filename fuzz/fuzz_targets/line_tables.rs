@@ -18,6 +18,7 @@ fuzz_target!(|data: &[u8]| {
         firstlineno: first,
         linetable: data[6..].to_vec(),
         ident: [0; 3],
+        name_ptr: 0,
         lines: Default::default(),
     };
     for minor in [8, 9, 10, 11, 12, 13, 14] {
