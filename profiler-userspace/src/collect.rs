@@ -874,6 +874,9 @@ impl Collector {
                 }
                 self.profile.task_exit(e.pid, e.tid, t_ms, group_dead);
                 self.python.threads_changed(e.pid);
+                if let Some(p) = self.procs.get_mut(&e.pid) {
+                    p.suffixes.remove(&e.tid);
+                }
             }
         }
     }

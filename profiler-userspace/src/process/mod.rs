@@ -64,7 +64,7 @@ pub struct Process {
     /// frames confirmed, oldest first (`unwind::LateMemo`).
     pub late_memos: rustc_hash::FxHashMap<u32, Vec<unwind::LateMemo>>,
     /// Per thread, its last unwind that rules alone took to the root (`unwind::SuffixMemo`);
-    /// emptied when the modules change.
+    /// emptied when the modules change, and a thread's dropped when it exits.
     pub suffixes: rustc_hash::FxHashMap<u32, unwind::SuffixMemo>,
     maps_read_at: Option<Instant>,
     /// `CLOCK_MONOTONIC` ns of the last read of the mappings (samples carry the same clock).

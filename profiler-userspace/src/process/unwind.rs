@@ -209,8 +209,11 @@ impl SuffixMemo {
     }
 }
 
-/// Threads a process keeps a `SuffixMemo` for (then they are dropped and retaken).
-const SUFFIX_THREADS: usize = 256;
+/// Threads a process keeps a `SuffixMemo` for (then they are dropped and retaken), and the
+/// largest copy kept as one (a Python thread's stack in use is a few KiB): 2 MiB a process at
+/// most, whatever its threads.
+const SUFFIX_THREADS: usize = 64;
+const SUFFIX_BYTES: usize = 32 << 10;
 
 /// A user-space frame address.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -460,6 +463,7 @@ pub fn unwind_user(
         && late_read.is_none()
         && late_from.is_none()
         && frames.len() > 2
+        && s.stack.len() <= SUFFIX_BYTES
     {
         keep_suffix(process, s, &frames);
     }
