@@ -129,6 +129,12 @@ impl Started {
         self.held = held.is_some();
         if self.tx.is_some() && !self.held {
             log::debug!("pid {}: not held at its entry point", self.pid);
+        } else if self.held {
+            log::debug!(
+                "pid {}: held at the entry point of {:?}",
+                self.pid,
+                std::fs::read_link(format!("/proc/{}/exe", self.pid)).unwrap_or_default()
+            );
         }
     }
 

@@ -617,8 +617,11 @@ fn convert_diff(
 /// Programs a launched command may exec through before Python (`env`, a shell, pyenv's shim
 /// and `pyenv exec`), and how long each may take to exec the next. pyenv's take 10-20 ms each
 /// here, but far longer on a loaded host (they run a few subprocesses each); a wrapper that
-/// does not exec in time is let go and runs on.
-const MAX_WRAPPERS: usize = 6;
+/// does not exec in time is let go and runs on. `env PYENV_VERSION=X shim` alone is seven
+/// programs before Python: `env`, then the shim, `pyenv` and `pyenv-exec`, each a
+/// `#!/usr/bin/env bash` script (`env`, then `bash`). A chain longer than this is let go at its
+/// end, and its Python is found as it starts, some of its start-up sampled without names.
+const MAX_WRAPPERS: usize = 16;
 const WRAPPER_EXEC_WITHIN: Duration = Duration::from_secs(1);
 
 /// `dump --pid P`: a short wall-mode run on the process (see `tachyon_bpf::dump`).
