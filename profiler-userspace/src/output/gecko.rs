@@ -3,6 +3,9 @@
 //! file name and line and are marked `isJS`/`relevantForJS`, so the profiler's "JavaScript only"
 //! view becomes a Python-only view; native frames keep their library and symbol.
 
+use std::borrow::Cow;
+use std::rc::Rc;
+
 use rustc_hash::FxHashMap;
 
 use serde_json::{json, Value};
@@ -438,7 +441,7 @@ fn marker_types_schema() -> Value {
 
 /// Why a thread was off CPU, read from the stack it blocked in: the system call (or kernel path)
 /// it waited in, and its kind.
-fn wait_of(p: &Profile, stack: StackId) -> Option<(String, &'static str)> {
+fn wait_of(p: &Profile, stack: StackId) -> Option<(Rc<str>, &'static str)> {
     let frames = p.stack_root_first(stack);
     let names: Vec<&str> = frames
         .iter()
@@ -478,7 +481,7 @@ fn wait_of(p: &Profile, stack: StackId) -> Option<(String, &'static str)> {
             let sleeping = names[..first_kernel]
                 .iter()
                 .any(|n| matches!(*n, "time_sleep" | "pysleep"));
-            return Some((call.to_string(), if sleeping { "sleep" } else { kind }));
+            return Some((call.into(), if sleeping { "sleep" } else { kind }));
         }
     }
     let path = &names[first_kernel..];
@@ -498,20 +501,22 @@ fn wait_of(p: &Profile, stack: StackId) -> Option<(String, &'static str)> {
 }
 
 /// The innermost Python function of a stack.
-fn python_function(p: &Profile, stack: StackId) -> Option<String> {
+fn python_function(p: &Profile, stack: StackId) -> Option<Rc<str>> {
     let mut cur = Some(stack);
     while let Some(s) = cur {
         let f = &p.funcs[p.frames[p.stacks[s].0].func];
         if f.is_python {
-            return Some(f.name.to_string());
+            return Some(f.name.as_ref().into());
         }
         cur = p.stacks[s].1;
     }
     None
 }
 
-/// What a marker says of the stack at its start: the Python function, and the wait.
-type StackFacts = (Option<String>, Option<(String, &'static str)>);
+/// What a marker says of the stack at its start: the Python function, and the wait. Shared by
+/// the markers that start at one stack (most of a thread's), so that building them allocates
+/// no string.
+type StackFacts = (Option<Rc<str>>, Option<(Rc<str>, &'static str)>);
 
 /// The fields of a marker, from the thread's sample at its start.
 fn marker_data(
@@ -522,7 +527,10 @@ fn marker_data(
 ) -> MarkerOut {
     let kind = MARKER_TYPES.iter().find(|k| k.1 == m.name);
     let mut data = MarkerData {
-        kind: kind.map_or_else(|| m.name.replace(' ', ""), |k| k.0.to_string()),
+        kind: kind.map_or_else(
+            || Cow::Owned(m.name.replace(' ', "")),
+            |k| Cow::Borrowed(k.0),
+        ),
         tid: t.tid,
         duration: m.end_ms - m.start_ms,
         color: kind.map_or("grey", |k| k.3),
@@ -564,14 +572,14 @@ struct MarkerData {
     color: &'static str,
     duration: f64,
     #[serde(skip_serializing_if = "Option::is_none")]
-    function: Option<String>,
+    function: Option<Rc<str>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     reason: Option<&'static str>,
     tid: u32,
     #[serde(rename = "type")]
-    kind: String,
+    kind: Cow<'static, str>,
     #[serde(rename = "waitedOn", skip_serializing_if = "Option::is_none")]
-    waited_on: Option<String>,
+    waited_on: Option<Rc<str>>,
 }
 
 #[derive(serde::Serialize)]
