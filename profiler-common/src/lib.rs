@@ -44,6 +44,9 @@ pub const RECORD_FORK: u32 = 5;
 pub const RECORD_EXEC: u32 = 6;
 /// A thread exited: an [`EventRecord`], `arg0` = 1 when it was the last thread of its process.
 pub const RECORD_EXIT: u32 = 7;
+/// What the scheduler program held of a thread as it exited: an [`ExitSchedRecord`], sent just
+/// before the thread's `RECORD_EXIT`. User space closes its last intervals.
+pub const RECORD_EXIT_SCHED: u32 = 8;
 
 /// The sample interrupted the thread in kernel mode; the user registers came from the task.
 pub const SAMPLE_KERNEL_MODE: u32 = 1 << 0;
@@ -603,6 +606,27 @@ pub struct ThreadSched {
     pub slot_cap: [u64; SCHED_SLOTS],
     /// Capture rate limiter: when the next capture is due at the allowed rate.
     pub tat: u64,
+}
+
+/// A thread's [`ThreadSched`] as it exited at `time_ns` with CPU time `sum_ns`
+/// (`RECORD_EXIT_SCHED`): its open span, and since its last switch-out (`sched.since_ns`; 0 when
+/// its CPU time could not be read) off CPU, then on CPU for `sum_ns - sched.last_sum`. Closed in
+/// user space as at the end of a run: the exit program copies the state instead of closing the
+/// intervals itself, which kept the verifier on it for a fifth of the BPF load at start-up.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ExitSchedRecord {
+    pub kind: u32,
+    pub cpu: u32,
+    pub pid: u32,
+    pub tid: u32,
+    pub time_ns: u64,
+    pub sum_ns: u64,
+    pub sched: ThreadSched,
+}
+
+impl ExitSchedRecord {
+    pub const SIZE: usize = core::mem::size_of::<ExitSchedRecord>();
 }
 
 /// One thread's scheduler accounting from `t0_ns` to `t1_ns` (`RECORD_SCHED`). With

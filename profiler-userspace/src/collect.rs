@@ -4,7 +4,7 @@
 use rustc_hash::FxHashMap;
 use std::sync::Arc;
 
-use profiler_common::{thread_key, SchedRecord, ThreadSched, ATTR_UNKNOWN};
+use profiler_common::{thread_key, ExitSchedRecord, SchedRecord, ThreadSched, ATTR_UNKNOWN};
 
 use crate::aggregate::timeline::Window;
 use crate::aggregate::{
@@ -934,52 +934,14 @@ impl Collector {
             if !known {
                 continue;
             }
-            if st.span_start != 0 {
-                let w = Window {
-                    t0: Some(self.time_ms(st.span_start)),
-                    t1: self.time_ms(st.span_end),
-                    on_ms: st.on_ns as f64 / 1e6,
-                    off_ms: st.off_ns.map(|n| n as f64 / 1e6),
-                    slot_cap: st.slot_cap,
-                    switches: st.switches.max(1),
-                    attr: 0,
-                };
-                self.account(pid, tid, &w);
-            }
-            if st.since_ns != 0 {
-                // Off CPU since its last switch-out, then on CPU (until now) for the CPU time
-                // it has used since, as the BPF side would count it at its next switch-out.
-                let since = self.time_ms(st.since_ns);
-                let used = crate::process::thread_cpu_ns(pid, tid)
-                    .map_or(0, |s| s.saturating_sub(st.last_sum));
-                let on_ms = (used as f64 / 1e6).clamp(0.0, (now - since).max(0.0));
-                let back = now - on_ms;
-                let base = Window {
-                    slot_cap: st.slot_cap,
-                    attr: st.attr,
-                    ..Default::default()
-                };
-                if st.attr != ATTR_UNKNOWN && back > since {
-                    let mut w = Window {
-                        t0: Some(since),
-                        t1: back,
-                        ..base
-                    };
-                    if let Some(o) = w.off_ms.get_mut(st.attr as usize) {
-                        *o = back - since;
-                    }
-                    self.account(pid, tid, &w);
-                }
-                if on_ms > 0.0 {
-                    let w = Window {
-                        t0: Some(back),
-                        t1: now,
-                        on_ms,
-                        ..base
-                    };
-                    self.account(pid, tid, &w);
-                }
-            }
+            // On CPU since its last switch-out for the CPU time it has used since, as the BPF
+            // side would count it at its next switch-out.
+            let used = match st.since_ns {
+                0 => 0,
+                _ => crate::process::thread_cpu_ns(pid, tid)
+                    .map_or(0, |s| s.saturating_sub(st.last_sum)),
+            };
+            self.close_sched(pid, tid, &st, now_ns, used);
             if let Some(t) = self
                 .profile
                 .processes
@@ -988,6 +950,63 @@ impl Collector {
             {
                 t.sched.settle(now);
             }
+        }
+    }
+
+    /// A thread exited: what the BPF side held of it, closed at its exit with its exact CPU
+    /// time (its `RECORD_EXIT` follows).
+    pub fn handle_exit_sched(&mut self, r: &ExitSchedRecord) {
+        let used = r.sum_ns.saturating_sub(r.sched.last_sum);
+        self.close_sched(r.pid, r.tid, &r.sched, r.time_ns, used);
+    }
+
+    /// Charges a thread's open span in `st`, then its intervals since its last switch-out up to
+    /// `now_ns`: off CPU, then on CPU for the `used` nanoseconds of CPU time it had meanwhile
+    /// (the BPF side's `close_intervals`, with the same clamping).
+    fn close_sched(&mut self, pid: u32, tid: u32, st: &ThreadSched, now_ns: u64, used: u64) {
+        let now = self.time_ms(now_ns);
+        if st.span_start != 0 {
+            let w = Window {
+                t0: Some(self.time_ms(st.span_start)),
+                t1: self.time_ms(st.span_end),
+                on_ms: st.on_ns as f64 / 1e6,
+                off_ms: st.off_ns.map(|n| n as f64 / 1e6),
+                slot_cap: st.slot_cap,
+                switches: st.switches.max(1),
+                attr: 0,
+            };
+            self.account(pid, tid, &w);
+        }
+        if st.since_ns == 0 {
+            return;
+        }
+        let since = self.time_ms(st.since_ns);
+        let on_ms = (used as f64 / 1e6).clamp(0.0, (now - since).max(0.0));
+        let back = now - on_ms;
+        let base = Window {
+            slot_cap: st.slot_cap,
+            attr: st.attr,
+            ..Default::default()
+        };
+        if st.attr != ATTR_UNKNOWN && back > since {
+            let mut w = Window {
+                t0: Some(since),
+                t1: back,
+                ..base
+            };
+            if let Some(o) = w.off_ms.get_mut(st.attr as usize) {
+                *o = back - since;
+            }
+            self.account(pid, tid, &w);
+        }
+        if on_ms > 0.0 {
+            let w = Window {
+                t0: Some(back),
+                t1: now,
+                on_ms,
+                ..base
+            };
+            self.account(pid, tid, &w);
         }
     }
 

@@ -6,9 +6,9 @@
 use std::borrow::Cow;
 
 use profiler_common::{
-    CodeSnap, EventRecord, PyFrame, SampleHeader, SchedRecord, MAX_KSTACK, MAX_PY_FRAMES,
-    MAX_USTACK, PY_CODE_SNAPS, RECORD_EXEC, RECORD_EXIT, RECORD_FORK, RECORD_SAMPLE, RECORD_SCHED,
-    RECORD_SWITCH_OUT,
+    CodeSnap, EventRecord, ExitSchedRecord, PyFrame, SampleHeader, SchedRecord, MAX_KSTACK,
+    MAX_PY_FRAMES, MAX_USTACK, PY_CODE_SNAPS, RECORD_EXEC, RECORD_EXIT, RECORD_EXIT_SCHED,
+    RECORD_FORK, RECORD_SAMPLE, RECORD_SCHED, RECORD_SWITCH_OUT,
 };
 
 /// One ring-buffer record.
@@ -17,6 +17,8 @@ pub enum Record<'a> {
     Sample(RawSample<'a>),
     /// A thread's scheduler accounting over a window (see `profiler_common::SchedRecord`).
     Sched(SchedRecord),
+    /// What the BPF side held of a thread as it exited (see `profiler_common::ExitSchedRecord`).
+    ExitSched(ExitSchedRecord),
     Event(Event),
 }
 
@@ -55,6 +57,16 @@ impl<'a> Record<'a> {
             let r: SchedRecord =
                 unsafe { std::ptr::read_unaligned(bytes.as_ptr() as *const SchedRecord) };
             return Ok(Record::Sched(r));
+        }
+        if kind == RECORD_EXIT_SCHED {
+            if bytes.len() < ExitSchedRecord::SIZE {
+                return Err(RecordError::Short(bytes.len()));
+            }
+            // SAFETY: the length was checked; ExitSchedRecord is plain old data valid for any
+            // bytes.
+            let r: ExitSchedRecord =
+                unsafe { std::ptr::read_unaligned(bytes.as_ptr() as *const ExitSchedRecord) };
+            return Ok(Record::ExitSched(r));
         }
         if bytes.len() < EventRecord::SIZE {
             return Err(RecordError::Short(bytes.len()));

@@ -330,6 +330,7 @@ impl<T: Targets> Session<T> {
         match record {
             Ok(Record::Sample(s)) => self.collector.handle(s),
             Ok(Record::Sched(r)) => self.collector.handle_sched(&r),
+            Ok(Record::ExitSched(r)) => self.collector.handle_exit_sched(&r),
             Ok(Record::Event(e)) => self.collector.handle_event(e),
             Err(e) => {
                 log::debug!("bad record: {e}");

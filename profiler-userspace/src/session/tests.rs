@@ -303,3 +303,88 @@ fn records_that_do_not_decode_are_counted_and_skipped() {
     assert!(q.is_empty());
     assert_eq!(s.collector.profile.counters.bad_records, 3);
 }
+
+/// A thread's exit closes what the BPF side held of it as the switch program would have: its
+/// open span, then off CPU from its last switch-out and on CPU for the CPU time it used since,
+/// up to the exit; the CPU time is clamped to the time that passed.
+#[test]
+fn an_exiting_threads_held_intervals_are_closed_at_its_exit() {
+    use profiler_common::{
+        ExitSchedRecord, ThreadSched, ATTR_UNCAPTURED, ATTR_UNKNOWN, RECORD_EXIT_SCHED,
+    };
+    let bytes = |r: &ExitSchedRecord| {
+        // SAFETY: viewing a repr(C) value as bytes.
+        unsafe {
+            std::slice::from_raw_parts(r as *const _ as *const u8, ExitSchedRecord::SIZE).to_vec()
+        }
+    };
+    let mut s = session(Scope::default());
+    // Off-CPU time without a capture: a sample of its own.
+    let t0 = crate::collect::monotonic_ns() + 10_000_000;
+    let ms = 1_000_000;
+    let (pid, tid) = (4_000_001, 4_000_002);
+    let mut sched = ThreadSched {
+        since_ns: t0 + 2 * ms,
+        last_sum: 5 * ms,
+        attr: ATTR_UNCAPTURED,
+        span_start: t0,
+        span_end: t0 + 2 * ms,
+        on_ns: ms / 2,
+        switches: 3,
+        ..Default::default()
+    };
+    sched.off_ns[ATTR_UNCAPTURED as usize] = 3 * ms / 2;
+    let exit = |sched, tid, at, sum| ExitSchedRecord {
+        kind: RECORD_EXIT_SCHED,
+        pid,
+        tid,
+        time_ns: at,
+        sum_ns: sum,
+        sched,
+        ..Default::default()
+    };
+    // Exits at t0 + 5 ms, having used 1 ms of CPU since t0 + 2 ms.
+    let mut q = VecDeque::from([
+        bytes(&exit(sched, tid, t0 + 5 * ms, 6 * ms)),
+        // Its CPU time says more than the time that passed: all of it on CPU. Its interval
+        // since an unknown switch-out (`ATTR_UNKNOWN`) is not charged off CPU.
+        bytes(&exit(
+            ThreadSched {
+                attr: ATTR_UNKNOWN,
+                span_start: 0,
+                ..sched
+            },
+            tid + 1,
+            t0 + 5 * ms,
+            50 * ms,
+        )),
+        // Its CPU time could not be read: the span only.
+        bytes(&exit(
+            ThreadSched {
+                since_ns: 0,
+                ..sched
+            },
+            tid + 2,
+            t0 + 5 * ms,
+            0,
+        )),
+    ]);
+    assert_eq!(s.drain(&mut q), 3);
+    let p = &s.collector.profile.processes[&pid];
+    let totals = |tid: u32| {
+        let t = &p.threads[&tid];
+        let off: f64 = t.samples.iter().map(|s| s.weight_ms).sum();
+        let on: f64 = t.sched.oncpu.iter().map(|(a, b)| b - a).sum::<f64>()
+            + t.sched
+                .spans
+                .iter()
+                .map(|(a, b, f)| (b - a) * f)
+                .sum::<f64>();
+        (on, off)
+    };
+    let close = |a: (f64, f64), b: (f64, f64)| (a.0 - b.0).abs() < 1e-6 && (a.1 - b.1).abs() < 1e-6;
+    // Span: 0.5 on, 1.5 off; then 2 off and 1 on.
+    assert!(close(totals(tid), (1.5, 3.5)), "{:?}", totals(tid));
+    assert!(close(totals(tid + 1), (3.0, 0.0)), "{:?}", totals(tid + 1));
+    assert!(close(totals(tid + 2), (0.5, 1.5)), "{:?}", totals(tid + 2));
+}
