@@ -214,10 +214,18 @@ fn sample<const MODERN: bool>(ctx: PerfEventContext) -> u32 {
     }
     // SAFETY: the context of a perf_event program is a bpf_perf_event_data.
     let regs: &arch::Regs = unsafe { &(*ctx.ctx).regs };
-    let user = arch::user(regs);
     // SAFETY: helper without preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
-    capture::<MODERN>(ctx.as_ptr(), cfg, RECORD_SAMPLE, pid, tid, now, user, 0);
+    capture::<MODERN>(
+        ctx.as_ptr(),
+        cfg,
+        RECORD_SAMPLE,
+        pid,
+        tid,
+        now,
+        Some(regs),
+        0,
+    );
     0
 }
 
@@ -1015,9 +1023,9 @@ fn event(kind: u32, pid: u32, tid: u32, now: u64, arg0: u64, arg1: u64) {
     }
 }
 
-/// Assembles one sample record of the current thread and sends it. `user` holds the user
-/// registers when the thread was interrupted in user mode; otherwise they come from
-/// the task and the kernel stack is recorded. Returns whether the record was written.
+/// Assembles one sample record of the current thread and sends it. `regs`: the registers the
+/// thread was interrupted with (a sample's); when they are not user mode's (or there are none,
+/// a switch's), the user registers come from the task and the kernel stack is recorded. Returns whether the record was written.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn capture<const MODERN: bool>(
@@ -1027,7 +1035,7 @@ fn capture<const MODERN: bool>(
     pid: u32,
     tid: u32,
     now: u64,
-    user: Option<UserRegs>,
+    regs: Option<&arch::Regs>,
     sched_state: u64,
 ) -> bool {
     // SAFETY: helper without preconditions.
@@ -1067,7 +1075,11 @@ fn capture<const MODERN: bool>(
     zero(&mut hdr.bp);
     zero(&mut hdr.lr);
 
-    if let Some(u) = user {
+    // The registers are read from the context here, where they are used: read at the start
+    // and kept on the stack, their words were written only when in user mode, and kernels
+    // before 6.4 (which cannot tell that the second test of the mode agrees with the first)
+    // refused the read of them as a read of uninitialised stack.
+    if let Some(u) = regs.and_then(arch::user) {
         hdr.ip = u.ip;
         hdr.sp = u.sp;
         hdr.bp = u.bp;
