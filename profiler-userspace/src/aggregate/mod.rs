@@ -468,7 +468,7 @@ impl Profile {
 
     /// Frames of a stack, root first.
     pub fn stack_root_first(&self, stack: StackId) -> Vec<FrameId> {
-        let mut out = Vec::new();
+        let mut out = Vec::with_capacity(64);
         let mut s = Some(stack);
         while let Some(i) = s {
             out.push(self.stacks[i].0);

@@ -723,11 +723,12 @@ fn thread_json(
     }
     let pid = proc.pid;
     let proc_name = proc.name.as_str();
-    let mut m_name = Vec::new();
-    let mut m_start = Vec::new();
-    let mut m_end = Vec::new();
-    let mut m_cat = Vec::new();
-    let mut m_data = Vec::new();
+    let n = t.markers.len();
+    let mut m_name = Vec::with_capacity(n);
+    let mut m_start = Vec::with_capacity(n);
+    let mut m_end = Vec::with_capacity(n);
+    let mut m_cat = Vec::with_capacity(n);
+    let mut m_data = Vec::with_capacity(n);
     let mut marker_cache = FxHashMap::default();
     for m in &t.markers {
         m_name.push(strings.id(m.name));

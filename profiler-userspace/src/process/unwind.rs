@@ -420,7 +420,10 @@ pub fn unwind_user(
         copy: (s.sp, &s.stack),
         suffix_used: false,
     };
-    let mut frames = vec![Frame {
+    // Sized for a Python thread's usual depth: grown from one, it was reallocated and copied
+    // five times a sample.
+    let mut frames = Vec::with_capacity(64);
+    frames.push(Frame {
         addr: FrameAddress::InstructionPointer(s.ip),
         regs: Regs {
             ip: s.ip,
@@ -428,7 +431,7 @@ pub fn unwind_user(
             bp: s.bp,
             lr: s.lr,
         },
-    }];
+    });
     let rooted = w.walk(&mut frames, true);
     let (scanned_from, scan_slot) = (w.scanned_from, w.scan_slot);
     let suffix_used = w.suffix_used;

@@ -1742,8 +1742,9 @@ impl PythonRegistry {
         let coro_code = chain.as_ref().map(|c| c.coro_code);
         let mut task_from = None;
 
-        let mut activations: Vec<Vec<FrameRef>> = Vec::new();
-        let mut cur: Vec<FrameRef> = Vec::new(); // innermost first
+        // Sized up front: grown from empty, they were reallocated two or three times a sample.
+        let mut activations: Vec<Vec<FrameRef>> = Vec::with_capacity(8);
+        let mut cur: Vec<FrameRef> = Vec::with_capacity(py_frames.len()); // innermost first
         let mut leaf = self.opcodes;
         for (f, (_, shim)) in py_frames.iter().zip(&real) {
             if *shim {
