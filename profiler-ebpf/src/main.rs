@@ -606,6 +606,7 @@ fn fork(ctx: &BtfTracePointContext) -> Option<()> {
         now,
         cpid as u64,
         ctid as u64,
+        wake_flags(),
     );
     Some(())
 }
@@ -621,7 +622,18 @@ pub fn tachyon_exec(_ctx: BtfTracePointContext) -> u32 {
     if cfg.exec_all != 0 || targeted(cfg, pid) {
         // SAFETY: helper without preconditions.
         let now = unsafe { bpf_ktime_get_ns() };
-        event(RECORD_EXEC, pid, pid_tgid as u32, now, 0, 0);
+        // At once: a program that starts now (an interpreter among them) is looked at as soon
+        // as user space reads this, and a polled read came up to a tick later, when a Python
+        // program's start-up (20-30 ms) was often over. Execs are rare enough to wake for.
+        event(
+            RECORD_EXEC,
+            pid,
+            pid_tgid as u32,
+            now,
+            0,
+            0,
+            BPF_RB_FORCE_WAKEUP as u64,
+        );
     }
     0
 }
@@ -686,7 +698,7 @@ pub fn tachyon_exit(_ctx: BtfTracePointContext) -> u32 {
         }
     }
     let _ = SCHED.remove(key);
-    event(RECORD_EXIT, pid, tid, now, group_dead, 0);
+    event(RECORD_EXIT, pid, tid, now, group_dead, 0, wake_flags());
     // A thread state the BPF side found itself (`thread_state`) is not user space's to remove.
     let _ = PY_THREADS.remove(thread_key(pid, tid));
     let _ = STACK_TOPS.remove(key);
@@ -1000,7 +1012,7 @@ fn is_kthread(cfg: &Config, task: u64) -> bool {
 }
 
 #[inline(always)]
-fn event(kind: u32, pid: u32, tid: u32, now: u64, arg0: u64, arg1: u64) {
+fn event(kind: u32, pid: u32, tid: u32, now: u64, arg0: u64, arg1: u64, wake: u64) {
     let mut rec = core::mem::MaybeUninit::<EventRecord>::uninit();
     let r = rec.as_mut_ptr();
     // SAFETY: every field is written (the record has no padding); `comm` by the helper, which
@@ -1018,7 +1030,7 @@ fn event(kind: u32, pid: u32, tid: u32, now: u64, arg0: u64, arg1: u64) {
         bpf_get_current_comm(core::ptr::addr_of_mut!((*r).comm) as *mut c_void, 16);
         rec.assume_init_ref()
     };
-    if SAMPLES.output::<EventRecord>(rec, wake_flags()).is_err() {
+    if SAMPLES.output::<EventRecord>(rec, wake).is_err() {
         count(STAT_EVENTS_LOST);
     }
 }

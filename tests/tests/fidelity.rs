@@ -785,6 +785,55 @@ fn check_startup(label: &str, folded: &Path) {
     no_wrong_names(label, &f);
 }
 
+/// `--all-pythons`: an interpreter started during the run is found while it starts (its exec
+/// wakes the reader at once), so its start-up is sampled, with its Python frames. Before, the
+/// exec was read at the next poll, up to a tick later, and most launches had no start-up
+/// samples at all: the whole start-up (20-30 ms) was over before the process was a target.
+#[test]
+fn a_python_started_during_an_all_pythons_run_has_its_start() {
+    require_root();
+    let dir = scratch("fidelity_all_pythons_start");
+    let out = dir.join("all.folded");
+    let mut prof = Command::new(profiler_bin())
+        .args(["--all-pythons", "-m", "cpu", "-r", "10000", "-d", "6"])
+        .args(["-f", "collapsed", "-q", "-o", out.to_str().unwrap()])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    let py = python("3.12.1");
+    let pids: Vec<u32> = (0..3)
+        .map(|_| {
+            let mut c = Command::new(&py)
+                .args(["-c", "import json, email.parser"])
+                .spawn()
+                .unwrap();
+            let pid = c.id();
+            assert!(c.wait().unwrap().success());
+            std::thread::sleep(Duration::from_millis(200));
+            pid
+        })
+        .collect();
+    wait_timeout(&mut prof, Duration::from_secs(60));
+    let text = std::fs::read_to_string(&out).unwrap();
+    for pid in pids {
+        let label = format!("launch {pid}");
+        let own: String = text
+            .lines()
+            .filter(|l| {
+                l.split(';')
+                    .next()
+                    .unwrap_or("")
+                    .ends_with(&format!("[pid {pid}]"))
+            })
+            .map(|l| format!("{l}\n"))
+            .collect();
+        let path = dir.join(format!("{pid}.folded"));
+        std::fs::write(&path, own).unwrap();
+        check_startup(&label, &path);
+    }
+}
+
 /// The interpreter's own start (its `encodings` and `site` imports, before `Py_RunMain`)
 /// is Python code too. A launched command is held at its program's entry point until its
 /// runtime is known, so those samples have their Python frames. Before, the first 5-10 ms of
