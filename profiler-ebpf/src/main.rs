@@ -1037,7 +1037,8 @@ fn event(kind: u32, pid: u32, tid: u32, now: u64, arg0: u64, arg1: u64, wake: u6
 
 /// Assembles one sample record of the current thread and sends it. `regs`: the registers the
 /// thread was interrupted with (a sample's); when they are not user mode's (or there are none,
-/// a switch's), the user registers come from the task and the kernel stack is recorded. Returns whether the record was written.
+/// a switch's), the user registers come from the task and the kernel stack is recorded.
+/// Returns whether the record was written.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn capture<const MODERN: bool>(
@@ -1088,8 +1089,8 @@ fn capture<const MODERN: bool>(
     zero(&mut hdr.lr);
 
     // The registers are read from the context here, where they are used: read at the start
-    // and kept on the stack, their words were written only when in user mode, and kernels
-    // before 6.4 (which cannot tell that the second test of the mode agrees with the first)
+    // and kept on the stack, their words were written only when in user mode, and 6.1's
+    // verifier (which did not carry what the first test of the mode proved to the second)
     // refused the read of them as a read of uninitialised stack.
     if let Some(u) = regs.and_then(arch::user) {
         hdr.ip = u.ip;
