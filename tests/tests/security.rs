@@ -669,8 +669,11 @@ fn a_forged_kernel_symbol_cache_is_never_believed() {
         let stack = line.rsplit_once(' ').map_or(line, |l| l.0);
         let innermost = stack.rsplit(';').next().unwrap_or("");
         assert!(
-            !innermost.starts_with("bpf_prog_")
-                && !(stack.contains("bpf_prog_") && stack.contains("__schedule")),
+            !innermost.starts_with("bpf_prog_"),
+            "a stack ending in the profiler's program: {line}"
+        );
+        assert!(
+            !(stack.contains("bpf_prog_") && stack.contains("__schedule")),
             "an off-CPU capture with the profiler's frames: {line}"
         );
         assert!(
