@@ -50,30 +50,15 @@ impl<'a> Record<'a> {
             return RawSample::parse(bytes).map(Record::Sample);
         }
         if kind == RECORD_SCHED {
-            if bytes.len() < SchedRecord::SIZE {
-                return Err(RecordError::Short(bytes.len()));
-            }
-            // SAFETY: the length was checked; SchedRecord is plain old data valid for any bytes.
-            let r: SchedRecord =
-                unsafe { std::ptr::read_unaligned(bytes.as_ptr() as *const SchedRecord) };
-            return Ok(Record::Sched(r));
+            // SAFETY: SchedRecord is plain old data, valid for any bytes.
+            return unsafe { read_record(bytes) }.map(Record::Sched);
         }
         if kind == RECORD_EXIT_SCHED {
-            if bytes.len() < ExitSchedRecord::SIZE {
-                return Err(RecordError::Short(bytes.len()));
-            }
-            // SAFETY: the length was checked; ExitSchedRecord is plain old data valid for any
-            // bytes.
-            let r: ExitSchedRecord =
-                unsafe { std::ptr::read_unaligned(bytes.as_ptr() as *const ExitSchedRecord) };
-            return Ok(Record::ExitSched(r));
+            // SAFETY: ExitSchedRecord is plain old data, valid for any bytes.
+            return unsafe { read_record(bytes) }.map(Record::ExitSched);
         }
-        if bytes.len() < EventRecord::SIZE {
-            return Err(RecordError::Short(bytes.len()));
-        }
-        // SAFETY: the length was checked; EventRecord is plain old data valid for any bytes.
-        let e: EventRecord =
-            unsafe { std::ptr::read_unaligned(bytes.as_ptr() as *const EventRecord) };
+        // SAFETY: EventRecord is plain old data, valid for any bytes.
+        let e: EventRecord = unsafe { read_record(bytes) }?;
         let kind = match kind {
             RECORD_FORK => EventKind::Fork {
                 child_pid: e.arg0 as u32,
@@ -93,6 +78,18 @@ impl<'a> Record<'a> {
             comm: comm_string(&e.comm),
         }))
     }
+}
+
+/// A fixed-size record read from the start of `bytes`, which must hold it whole.
+///
+/// # Safety
+/// `T` is plain old data (`repr(C)` integers and arrays): every bit pattern is a valid `T`.
+unsafe fn read_record<T: Copy>(bytes: &[u8]) -> Result<T, RecordError> {
+    if bytes.len() < std::mem::size_of::<T>() {
+        return Err(RecordError::Short(bytes.len()));
+    }
+    // SAFETY: the length was checked; the caller vouches that any bytes are a valid `T`.
+    Ok(unsafe { std::ptr::read_unaligned(bytes.as_ptr() as *const T) })
 }
 
 /// One sample as the BPF program captured it. Its user stack is borrowed from the record
