@@ -611,6 +611,10 @@ fn fork(ctx: &BtfTracePointContext) -> Option<()> {
     Some(())
 }
 
+/// A name that starts with `python`, as its first word (little-endian) shows.
+const PYTHON_NAME: u64 = u64::from_le_bytes(*b"python\0\0");
+const PYTHON_MASK: u64 = 0xffff_ffff_ffff;
+
 /// `sched_process_exec(p, old_pid, bprm)`, in the process after the new program is loaded.
 #[btf_tracepoint(function = "sched_process_exec")]
 pub fn tachyon_exec(_ctx: BtfTracePointContext) -> u32 {
@@ -622,18 +626,26 @@ pub fn tachyon_exec(_ctx: BtfTracePointContext) -> u32 {
     if cfg.exec_all != 0 || targeted(cfg, pid) {
         // SAFETY: helper without preconditions.
         let now = unsafe { bpf_ktime_get_ns() };
-        // At once: a program that starts now (an interpreter among them) is looked at as soon
-        // as user space reads this, and a polled read came up to a tick later, when a Python
-        // program's start-up (20-30 ms) was often over. Execs are rare enough to wake for.
-        event(
-            RECORD_EXEC,
-            pid,
-            pid_tgid as u32,
-            now,
-            0,
-            0,
-            BPF_RB_FORCE_WAKEUP as u64,
-        );
+        // A Python interpreter that starts now is looked at at once: a polled read came up to
+        // a tick later, when its start-up (20-30 ms) was often over. Other programs wait for
+        // the poll: a host may start hundreds a second (shell commands, health checks), and a
+        // wakeup each would cost the reader more than all it does for them. The name is the
+        // one the program was started by (a script's interpreter's, after `#!`), as user
+        // space's check of the executable's name (`exe_mentions_python`) mostly agrees.
+        // Not zeroed first: zeroing is a call to `memset` (see `zero`), and the helper
+        // writes every byte (zeroes when it fails).
+        let mut comm = core::mem::MaybeUninit::<[u64; 2]>::uninit();
+        // SAFETY: 16 writable bytes, all written by the helper.
+        let first = unsafe {
+            bpf_get_current_comm(comm.as_mut_ptr() as *mut c_void, 16);
+            comm.assume_init()[0]
+        };
+        let wake = if first & PYTHON_MASK == PYTHON_NAME {
+            BPF_RB_FORCE_WAKEUP as u64
+        } else {
+            wake_flags()
+        };
+        event(RECORD_EXEC, pid, pid_tgid as u32, now, 0, 0, wake);
     }
     0
 }

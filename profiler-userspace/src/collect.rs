@@ -53,7 +53,8 @@ pub struct Collector {
     /// Processes that exec'd since the caller last looked (their Python state is stale).
     /// The command this run launched (`Session::started`).
     pub launched: Option<u32>,
-    execs: Vec<u32>,
+    /// With each, whether the new program is named like a Python interpreter.
+    execs: Vec<(u32, bool)>,
     /// New child processes of targets since the caller last looked.
     children: Vec<u32>,
     /// (pid, tid, end of the stack mapping) of threads whose stack copy stopped at a page never
@@ -858,7 +859,8 @@ impl Collector {
                 // was after this exec, it is known as the new program already.
                 if self.launched != Some(e.pid) || !self.known_since(e.pid, e.time_ns) {
                     self.forget_process(e.pid);
-                    self.execs.push(e.pid);
+                    self.execs
+                        .push((e.pid, crate::python::python_name(&e.comm)));
                 }
             }
             EventKind::Exit { group_dead } => {
@@ -1050,7 +1052,7 @@ impl Collector {
     }
 
     /// Processes that exec'd, and new children of targets, since the last call.
-    pub fn take_lifetimes(&mut self) -> (Vec<u32>, Vec<u32>) {
+    pub fn take_lifetimes(&mut self) -> (Vec<(u32, bool)>, Vec<u32>) {
         (
             std::mem::take(&mut self.execs),
             std::mem::take(&mut self.children),

@@ -1212,11 +1212,11 @@ type MadeFunction = (FrameRef, Arc<str>, Arc<str>);
 #[derive(Default)]
 pub struct PythonRegistry {
     procs: HashMap<u32, PyProcess>,
-    /// Processes found not to be Python, by pid, start time and executable, so a reused pid or
-    /// an exec is looked at again.
-    /// Attempts so far and when the last one was; a process that is still loading its
-    /// libraries is looked at again a few times.
-    not_python: HashMap<(u32, u64, String), (u32, std::time::Instant)>,
+    /// Processes found not to be Python, by pid: the process as it was then (`process_key`: a
+    /// reused pid or an exec is looked at again), attempts so far and when the last one was; a
+    /// process that is still loading its libraries is looked at again a few times. By pid
+    /// first, so that asking about a process never looked at reads nothing.
+    not_python: HashMap<u32, ((u64, String), u32, std::time::Instant)>,
     reported: HashSet<u32>,
     pub show_internal: bool,
     /// Name the instruction of each sample's innermost Python frame (`--opcodes`).
@@ -1256,11 +1256,12 @@ pub fn process_age(pid: u32) -> Option<std::time::Duration> {
     Some(std::time::Duration::from_secs_f64(age.max(0.0)))
 }
 
-fn process_key(pid: u32) -> (u32, u64, String) {
+/// The process `pid` is now: its start time and executable.
+fn process_key(pid: u32) -> (u64, String) {
     let exe = std::fs::read_link(format!("/proc/{pid}/exe"))
         .map(|p| p.to_string_lossy().into_owned())
         .unwrap_or_default();
-    (pid, start_time(pid).unwrap_or(0), exe)
+    (start_time(pid).unwrap_or(0), exe)
 }
 
 impl PythonRegistry {
@@ -1300,26 +1301,30 @@ impl PythonRegistry {
 
     /// Known not to be Python (as the process is now).
     pub fn known_not_python(&self, pid: u32) -> bool {
-        match self.not_python.get(&process_key(pid)) {
-            Some((n, at)) => *n >= NO_RUNTIME_ATTEMPTS || at.elapsed() < NO_RUNTIME_RETRY,
-            None => false,
+        match self.not_python.get(&pid) {
+            Some((key, n, at)) if *key == process_key(pid) => {
+                *n >= NO_RUNTIME_ATTEMPTS || at.elapsed() < NO_RUNTIME_RETRY
+            }
+            _ => false,
         }
     }
 
     /// Known for good not to be Python (as the process is now): no more attempts.
     pub fn finally_not_python(&self, pid: u32) -> bool {
         self.not_python
-            .get(&process_key(pid))
-            .is_some_and(|(n, _)| *n >= NO_RUNTIME_ATTEMPTS)
+            .get(&pid)
+            .is_some_and(|(key, n, _)| *n >= NO_RUNTIME_ATTEMPTS && *key == process_key(pid))
     }
 
-    fn not_python_again(&mut self, key: (u32, u64, String), final_: bool) {
-        let e = self
-            .not_python
-            .entry(key)
-            .or_insert((0, std::time::Instant::now()));
-        e.0 = if final_ { NO_RUNTIME_ATTEMPTS } else { e.0 + 1 };
-        e.1 = std::time::Instant::now();
+    fn not_python_again(&mut self, pid: u32, key: (u64, String), final_: bool) {
+        let now = std::time::Instant::now();
+        let e = self.not_python.entry(pid).or_insert((key.clone(), 0, now));
+        if e.0 != key {
+            // Another program (an exec, a reused pid) since: its own attempts.
+            *e = (key, 0, now);
+        }
+        e.1 = if final_ { NO_RUNTIME_ATTEMPTS } else { e.1 + 1 };
+        e.2 = now;
     }
 }
 
@@ -1337,14 +1342,14 @@ pub fn maps_mention_python(pid: u32) -> bool {
         .unwrap_or(false)
 }
 
-/// Whether `pid`'s executable is a Python interpreter by its name (a link read, far cheaper
-/// than its mappings: it decides whether a process that just exec'd is watched closely).
-pub fn exe_mentions_python(pid: u32) -> bool {
-    std::fs::read_link(format!("/proc/{pid}/exe")).is_ok_and(|p| {
-        p.file_name()
-            .and_then(|f| f.to_str())
-            .is_some_and(|f| f.starts_with("python"))
-    })
+/// Whether a program that has just exec'd is named like a Python interpreter, by the name it
+/// was started by (its exec record's `comm`: the executable's file name, or a script's
+/// interpreter's): it decides whether the process is watched closely, and the BPF side woke the
+/// reader for it by the same test. Nothing is read: a host may exec hundreds of programs a
+/// second. An interpreter started by another name (a link named otherwise) is found at the
+/// first regular look instead, within a tick.
+pub fn python_name(comm: &str) -> bool {
+    comm.starts_with("python")
 }
 
 impl PythonRegistry {
@@ -1362,10 +1367,11 @@ impl PythonRegistry {
         if self.procs.contains_key(&proc.pid) {
             return None;
         }
-        let key = process_key(proc.pid);
         if self.known_not_python(proc.pid) {
             return None;
         }
+        // Before the look: a verdict is about the program looked at.
+        let key = process_key(proc.pid);
         match PyProcess::discover(proc) {
             Ok(mut p) => {
                 if self.async_aware && p.layout.minor >= 14 {
@@ -1399,7 +1405,7 @@ impl PythonRegistry {
                     proc.pid,
                     proc.modules.len()
                 );
-                self.not_python_again(key, false);
+                self.not_python_again(proc.pid, key, false);
                 None
             }
             Err(NotPython::Unsupported(what)) => {
@@ -1409,7 +1415,7 @@ impl PythonRegistry {
                         proc.pid
                     );
                 }
-                self.not_python_again(key, true);
+                self.not_python_again(proc.pid, key, true);
                 None
             }
         }
@@ -1417,7 +1423,7 @@ impl PythonRegistry {
 
     /// Forgets the not-Python verdicts of processes that are gone.
     pub fn sweep(&mut self, gone: &mut impl FnMut(u32) -> bool) {
-        self.not_python.retain(|k, _| !gone(k.0));
+        self.not_python.retain(|&pid, _| !gone(pid));
         self.reported.retain(|&pid| !gone(pid));
     }
 

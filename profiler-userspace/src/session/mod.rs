@@ -105,8 +105,65 @@ const SCAN_TICKS: u64 = 50;
 const THREAD_TICKS: u64 = 5;
 /// Dead processes are forgotten every 5 s.
 const SWEEP_TICKS: u64 = 250;
-/// New processes looked at on every tick at most (a fork storm waits for the periodic scan).
-const MAX_PENDING: usize = 256;
+/// New processes watched at most (a fork storm waits for the periodic scan). A process that is
+/// not Python costs only its few looks (`Pending::due`), so this can cover a host that starts
+/// hundreds of programs a second.
+const MAX_PENDING: usize = 1024;
+/// A process watched for 2 s is left to the periodic scan.
+const PENDING_FOR: Duration = Duration::from_secs(2);
+/// The first gap between two looks at a watched process that is not named like a Python
+/// interpreter; each gap doubles (looks at about 0, 10, 30, 70, 150, 310, 630 and 1270 ms).
+/// Such a program becomes Python only by mapping libpython: its dynamic loader does that before
+/// the program's first instruction, or the program loads it later. Every look reads the
+/// process's whole mappings, and most programs a host starts are not Python (shell commands,
+/// health checks): looking at each one on every tick for 2 s was the profiler's main cost on
+/// such a host.
+const FIRST_GAP: Duration = Duration::from_millis(10);
+
+/// A process that has just started (exec'd or forked during an --all/--all-pythons run, or the
+/// launched command), watched until it is found to be Python, known not to be, gone, or
+/// `PENDING_FOR` old.
+#[derive(Clone, Copy, Debug)]
+struct Pending {
+    pid: u32,
+    since: Instant,
+    /// Looked at every `YOUNG_TICK` while young (see `awaiting_young`): named like a Python
+    /// interpreter, or the launched command.
+    fast: bool,
+    /// When it is looked at next (not `fast`: see `FIRST_GAP`).
+    next: Instant,
+    gap: Duration,
+}
+
+impl Pending {
+    fn new(pid: u32, fast: bool) -> Pending {
+        let now = Instant::now();
+        Pending {
+            pid,
+            since: now,
+            fast,
+            next: now,
+            gap: FIRST_GAP,
+        }
+    }
+
+    fn young(&self) -> bool {
+        self.since.elapsed() < YOUNG
+    }
+
+    /// Whether it is to be looked at now; if so, when next.
+    fn due(&mut self, now: Instant) -> bool {
+        if self.fast && self.young() {
+            return true;
+        }
+        if now < self.next {
+            return false;
+        }
+        self.next = now + self.gap;
+        self.gap *= 2;
+        true
+    }
+}
 /// A process the scan found not to be Python is looked at again every this many scans (30 s),
 /// not on every one: a program changes by exec (which the BPF side reports at once) and rarely
 /// loads Python later (an application embedding it). So the scan's cost follows the processes
@@ -126,11 +183,11 @@ pub struct Session<T: Targets> {
     pub targets: T,
     pub collector: Collector,
     scope: Scope,
-    /// Processes that exec'd or forked during an --all/--all-pythons run, looked at on every
-    /// tick for a while.
-    /// With each: since when, and whether it is looked at every `YOUNG_TICK` (see
-    /// `awaiting_young`).
-    pending: Vec<(u32, Instant, bool)>,
+    /// Processes that exec'd or forked during an --all/--all-pythons run, and the launched
+    /// command, looked at often for a while.
+    pending: Vec<Pending>,
+    /// Looks at watched processes so far (each reads the process's mappings).
+    looks: u64,
     /// Processes the scan found not to be Python, with the scan that looked.
     not_python: std::collections::HashMap<u32, u64>,
     scans: u64,
@@ -160,8 +217,19 @@ const READ_AHEAD_RECORDS: u32 = 16;
 /// waiting (a reader that never catches up).
 const DEAD_KEPT: Duration = Duration::from_secs(30);
 
+/// Whether a process (or thread) `pid` exists: signal 0 tests for it without a path lookup in
+/// /proc (ten times the cost, paid for every program a host starts while it is watched).
 fn alive(pid: u32) -> bool {
-    std::path::Path::new(&format!("/proc/{pid}")).exists()
+    let Ok(pid) = i32::try_from(pid) else {
+        return false;
+    };
+    // 0 would mean this process group. EPERM: it exists (root is not refused; a capability-
+    // limited profiler may be).
+    pid > 0
+        && !matches!(
+            nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None),
+            Err(nix::errno::Errno::ESRCH)
+        )
 }
 
 /// Whether `pid` is gone, and no record of its can still be waiting to be read: it was found
@@ -204,6 +272,7 @@ impl<T: Targets> Session<T> {
             collector,
             scope,
             pending: Vec::new(),
+            looks: 0,
             not_python: std::collections::HashMap::new(),
             scans: 0,
             ticks: 0,
@@ -360,7 +429,7 @@ impl<T: Targets> Session<T> {
         };
         self.pending
             .iter()
-            .any(|&(pid, since, fast)| fast && since.elapsed() < YOUNG && waiting(pid))
+            .any(|p| p.fast && p.young() && waiting(p.pid))
     }
 
     /// A process started now (the launched command, released to exec): looked at at once
@@ -368,10 +437,7 @@ impl<T: Targets> Session<T> {
     /// run), then every `YOUNG_TICK` until found.
     pub fn started(&mut self, pid: u32, held: bool) {
         // Again after a wrapper's exec: young from now.
-        match self.pending.iter_mut().find(|p| p.0 == pid) {
-            Some(p) => *p = (pid, Instant::now(), true),
-            None => self.pending.push((pid, Instant::now(), true)),
-        }
+        self.watch(Pending::new(pid, true));
         self.collector.launched = Some(pid);
         if held {
             self.discover_among(false, false, true);
@@ -403,21 +469,29 @@ impl<T: Targets> Session<T> {
         }
         let (execs, children) = self.collector.take_lifetimes();
         let everything = self.scope.all_pythons || self.scope.all;
-        for pid in execs {
+        for (pid, python_name) in execs {
             self.forget_python(pid);
             self.not_python.remove(&pid);
-            if everything && !self.scope.explicit.contains(&pid) && self.pending.len() < MAX_PENDING
-            {
-                self.pending
-                    .push((pid, Instant::now(), crate::python::exe_mentions_python(pid)));
+            if everything && !self.scope.explicit.contains(&pid) {
+                self.watch(Pending::new(pid, python_name));
             }
         }
         for pid in children {
             if self.scope.subprocesses && !self.scope.explicit.contains(&pid) {
                 self.scope.explicit.push(pid);
-            } else if everything && self.pending.len() < MAX_PENDING {
-                self.pending.push((pid, Instant::now(), false));
+            } else if everything {
+                self.watch(Pending::new(pid, false));
             }
+        }
+    }
+
+    /// Watches a process that has just started (anew after another exec).
+    fn watch(&mut self, p: Pending) {
+        match self.pending.iter().position(|q| q.pid == p.pid) {
+            Some(i) => self.pending[i] = p,
+            // The launched command always.
+            None if self.pending.len() < MAX_PENDING || p.fast => self.pending.push(p),
+            None => {}
         }
     }
 
@@ -443,26 +517,39 @@ impl<T: Targets> Session<T> {
     fn discover_among(&mut self, scan: bool, refresh_threads: bool, young_only: bool) {
         let me = std::process::id();
         let python = &self.collector.python;
-        // Pending processes stay until found, known not to be Python, gone, or two seconds old
-        // (the periodic scan looks at them from then on).
-        self.pending.retain(|&(pid, since, _)| {
-            (!python.contains(pid) || python.starting(pid))
-                && !python.finally_not_python(pid)
-                && since.elapsed() < Duration::from_secs(2)
-                && alive(pid)
-        });
+        // Pending processes stay until found, known not to be Python, gone, or `PENDING_FOR` old
+        // (the periodic scan looks at them from then on). Each is looked at when due only (see
+        // `Pending::due`): between its looks it costs nothing, not even a read of its files.
         let mut candidates: Vec<(u32, bool)> = if young_only {
             Vec::new()
         } else {
             self.scope.explicit.iter().map(|&p| (p, false)).collect()
         };
-        candidates.extend(
-            self.pending
-                .iter()
-                .filter(|p| !young_only || (p.2 && p.1.elapsed() < YOUNG))
-                .filter(|p| young_only || !self.scope.explicit.contains(&p.0))
-                .map(|p| (p.0, false)),
-        );
+        let now = Instant::now();
+        let explicit = &self.scope.explicit;
+        let mut looks = 0;
+        self.pending.retain_mut(|p| {
+            if p.since.elapsed() >= PENDING_FOR
+                || (python.contains(p.pid) && !python.starting(p.pid))
+            {
+                return false;
+            }
+            let elsewhere = if young_only {
+                !(p.fast && p.young())
+            } else {
+                explicit.contains(&p.pid)
+            };
+            if elsewhere || !p.due(now) {
+                return true;
+            }
+            if !alive(p.pid) || python.finally_not_python(p.pid) {
+                return false;
+            }
+            candidates.push((p.pid, false));
+            looks += 1;
+            true
+        });
+        self.looks += looks;
         if scan && (self.scope.all || self.scope.all_pythons) {
             self.scans += 1;
             let pids = list_pids();
@@ -489,7 +576,7 @@ impl<T: Targets> Session<T> {
                 // (looked for while it is young, then on each scan: an application may load
                 // Python and start it much later).
                 let due = scan
-                    || self.pending.iter().any(|p| p.0 == pid)
+                    || self.pending.iter().any(|p| p.pid == pid)
                     || crate::python::process_age(pid).is_some_and(|a| a < YOUNG);
                 if !due {
                     continue;
@@ -512,10 +599,7 @@ impl<T: Targets> Session<T> {
                 continue;
             }
             // Just exec'd, forked or launched: its libraries may still be loading.
-            let young = self
-                .pending
-                .iter()
-                .any(|&(p, since, _)| p == pid && since.elapsed() < YOUNG)
+            let young = self.pending.iter().any(|p| p.pid == pid && p.young())
                 || (self.scope.explicit.contains(&pid)
                     && crate::python::process_age(pid).is_some_and(|a| a < YOUNG));
             if let Some(cfg) = self.collector.try_python(pid, young) {

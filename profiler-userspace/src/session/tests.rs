@@ -114,6 +114,17 @@ fn event(kind: u32, pid: u32, arg0: u64, arg1: u64) -> Vec<u8> {
 }
 
 fn event_at(kind: u32, pid: u32, arg0: u64, arg1: u64, time_ns: u64) -> Vec<u8> {
+    event_of(
+        kind,
+        pid,
+        arg0,
+        arg1,
+        time_ns,
+        *b"python3\0\0\0\0\0\0\0\0\0",
+    )
+}
+
+fn event_of(kind: u32, pid: u32, arg0: u64, arg1: u64, time_ns: u64, comm: [u8; 16]) -> Vec<u8> {
     let e = EventRecord {
         kind,
         cpu: 0,
@@ -122,7 +133,7 @@ fn event_at(kind: u32, pid: u32, arg0: u64, arg1: u64, time_ns: u64) -> Vec<u8> 
         time_ns,
         arg0,
         arg1,
-        comm: *b"python3\0\0\0\0\0\0\0\0\0",
+        comm,
     };
     // SAFETY: viewing a repr(C) value as bytes.
     unsafe { std::slice::from_raw_parts(&e as *const _ as *const u8, EventRecord::SIZE).to_vec() }
@@ -162,6 +173,50 @@ fn a_process_that_is_not_python_is_left_alone() {
         s.tick(&mut VecDeque::new());
     }
     assert!(s.targets.procs.is_empty() && s.targets.threads.is_empty());
+    sleeper.kill().unwrap();
+    sleeper.wait().unwrap();
+}
+
+/// A program started during an --all-pythons run that is not named like Python (most of what a
+/// host starts) is looked at a few times, more and more apart, not on every tick; one named
+/// like Python is watched closely.
+#[test]
+fn a_new_program_not_named_python_is_looked_at_a_few_times() {
+    let mut sleeper = Command::new("sleep").arg("30").spawn().unwrap();
+    let pid = sleeper.id();
+    let mut s = session(Scope {
+        all_pythons: true,
+        ..Scope::default()
+    });
+    let now = crate::collect::monotonic_ns();
+    s.drain(&mut VecDeque::from([event_of(
+        RECORD_EXEC,
+        pid,
+        0,
+        0,
+        now,
+        *b"sleep\0\0\0\0\0\0\0\0\0\0\0",
+    )]));
+    assert!(
+        !s.awaiting_young(),
+        "a program not named like Python is not watched closely"
+    );
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_millis(400) {
+        s.tick(&mut VecDeque::new());
+        std::thread::sleep(TICK);
+    }
+    // Due at 0, 10, 30, 70, 150 and 310 ms, on 20 ticks or so.
+    assert!((4..=6).contains(&s.looks), "{} looks in 400 ms", s.looks);
+    assert!(s.targets.procs.is_empty());
+    // Named like Python: every young tick.
+    s.drain(&mut VecDeque::from([event(RECORD_EXEC, pid, 0, 0)]));
+    assert!(s.awaiting_young());
+    let before = s.looks;
+    for _ in 0..5 {
+        s.tick_young(&mut VecDeque::new());
+    }
+    assert_eq!(s.looks - before, 5);
     sleeper.kill().unwrap();
     sleeper.wait().unwrap();
 }
