@@ -316,6 +316,9 @@ pub struct Config {
     /// outermost frame is below it, and only the program's arguments, environment and auxiliary
     /// vector are above), or 0: a main thread's copy then goes on to the end of its mapping.
     pub mm_start_stack_off: u32,
+    /// Non-zero: a new process forked by a Python process becomes a target (`--all-pythons`: a
+    /// server's or a pool's workers are Python without an exec).
+    pub follow_python_forks: u32,
 }
 
 /// Where a Python process keeps what the frame walk needs. Offsets are byte offsets into the

@@ -594,8 +594,23 @@ fn fork(ctx: &BtfTracePointContext) -> Option<()> {
         return None;
     }
     let (cpid, ctid) = task_ids(cfg, ctx.arg::<u64>(1))?;
-    if cfg.follow_children != 0 && cpid == ctid && cpid != pid {
-        let _ = TARGETS.insert(cpid, 1, 0);
+    let mut wake = wake_flags();
+    if cpid == ctid && cpid != pid {
+        // A new process. Forked by a Python process, it runs the same interpreter at the same
+        // addresses: it is walked as its parent is from its first sample, and the reader is
+        // woken to name it (a pool's worker may live a few ms).
+        let python = PY_PROCS.get_ptr(pid);
+        let follow = cfg.follow_children != 0 || (cfg.follow_python_forks != 0 && python.is_some());
+        if follow {
+            let _ = TARGETS.insert(cpid, 1, 0);
+        }
+        if let Some(pc) = python.filter(|_| follow || cfg.all != 0) {
+            // By reference to the map value: a copy by value would take 176 bytes of stack.
+            // SAFETY: a live map value, copied at once by the helper.
+            #[allow(clippy::needless_borrows_for_generic_args)]
+            let _ = PY_PROCS.insert(cpid, unsafe { &*pc }, 0);
+            wake = BPF_RB_FORCE_WAKEUP as u64;
+        }
     }
     // SAFETY: helper without preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
@@ -606,7 +621,7 @@ fn fork(ctx: &BtfTracePointContext) -> Option<()> {
         now,
         cpid as u64,
         ctid as u64,
-        wake_flags(),
+        wake,
     );
     Some(())
 }
@@ -623,6 +638,9 @@ pub fn tachyon_exec(_ctx: BtfTracePointContext) -> u32 {
     };
     let pid_tgid = bpf_get_current_pid_tgid();
     let pid = (pid_tgid >> 32) as u32;
+    // A new program: never walked with the old one's layout, from its first sample (user space
+    // installs the new one's, if it is Python).
+    let _ = PY_PROCS.remove(pid);
     if cfg.exec_all != 0 || targeted(cfg, pid) {
         // SAFETY: helper without preconditions.
         let now = unsafe { bpf_ktime_get_ns() };

@@ -106,6 +106,7 @@ pub async fn run(cli: RunArgs, command: Command) -> Result<i32, AppError> {
         },
         follow_children: cli.subprocesses,
         exec_all: cli.all_pythons,
+        follow_python_forks: cli.all_pythons,
         rate_hz: rate,
         force_compat: cli.compat_programs,
         full_verifier_log: cli.verbose,

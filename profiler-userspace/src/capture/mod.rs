@@ -92,6 +92,8 @@ pub struct CaptureOptions {
     pub follow_children: bool,
     /// Report every `execve` on the host (to find new Python processes at once).
     pub exec_all: bool,
+    /// New processes forked by Python processes become targets (`--all-pythons`).
+    pub follow_python_forks: bool,
     /// The sampling rate, which also limits full off-CPU captures per thread.
     pub rate_hz: u64,
     /// Load the compat program set even where the modern one fits (`--compat-programs`).
@@ -271,6 +273,7 @@ impl Capture {
             task_tgid_off: kernel.task_tgid,
             task_flags_off: kernel.task_flags,
             exec_all: opts.exec_all as u32,
+            follow_python_forks: opts.follow_python_forks as u32,
             wakeup_bytes: ring / 4,
             sample_stop_bytes: ring - ring / 4,
             sched_span_ns: 1_000_000_000 / opts.rate_hz.max(1),

@@ -133,6 +133,8 @@ struct Pending {
     /// When it is looked at next (not `fast`: see `FIRST_GAP`).
     next: Instant,
     gap: Duration,
+    /// Looked at on its first sample with Python frames (see `Session::adopt`).
+    adopted: bool,
 }
 
 impl Pending {
@@ -144,6 +146,7 @@ impl Pending {
             fast,
             next: now,
             gap: FIRST_GAP,
+            adopted: false,
         }
     }
 
@@ -397,10 +400,21 @@ impl<T: Targets> Session<T> {
 
     fn handle(&mut self, record: Result<Record<'_>, RecordError>) {
         match record {
-            Ok(Record::Sample(s)) => self.collector.handle(s),
+            Ok(Record::Sample(s)) => {
+                if s.flags & profiler_common::SAMPLE_PY_THREAD != 0
+                    && !self.collector.python.contains(s.pid)
+                {
+                    self.adopt(s.pid);
+                }
+                self.collector.handle(s)
+            }
             Ok(Record::Sched(r)) => self.collector.handle_sched(&r),
             Ok(Record::ExitSched(r)) => self.collector.handle_exit_sched(&r),
-            Ok(Record::Event(e)) => self.collector.handle_event(e),
+            Ok(Record::Event(e)) => {
+                self.collector.handle_event(e);
+                // At once: the records after it may be the new process's (`adopt`).
+                self.follow_lifetimes();
+            }
             Err(e) => {
                 log::debug!("bad record: {e}");
                 self.collector.bad_record();
@@ -482,6 +496,28 @@ impl<T: Targets> Session<T> {
             } else if everything {
                 self.watch(Pending::new(pid, false));
             }
+        }
+    }
+
+    /// A sample with Python frames of a process user space has not found yet: a process forked
+    /// by a Python process, which the BPF side walks as its parent from its start (see
+    /// `Config::follow_python_forks`). It is looked at now, once, so that this sample and the
+    /// next are named (a pool's worker may be gone before the next tick). Only on such a sample:
+    /// a fork that execs at once (a subprocess) costs nothing.
+    fn adopt(&mut self, pid: u32) {
+        let Some(p) = self.pending.iter_mut().find(|p| p.pid == pid && !p.adopted) else {
+            return;
+        };
+        p.adopted = true;
+        self.looks += 1;
+        if let Some(cfg) = self.collector.try_python(pid, true) {
+            if let Err(e) = self.targets.set_py_proc(pid, &cfg) {
+                log::warn!("pid {pid}: {e}");
+            }
+            if self.scope.all_pythons {
+                let _ = self.targets.add_target(pid);
+            }
+            log::debug!("pid {pid}: found at its first Python sample");
         }
     }
 
