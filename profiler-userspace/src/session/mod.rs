@@ -492,7 +492,10 @@ impl<T: Targets> Session<T> {
         }
         for pid in children {
             if self.scope.subprocesses && !self.scope.explicit.contains(&pid) {
+                // Looked at on every tick as an explicit target; watched too, to be named at
+                // its first sample with Python frames (`adopt`).
                 self.scope.explicit.push(pid);
+                self.watch(Pending::new(pid, false));
             } else if everything {
                 self.watch(Pending::new(pid, false));
             }

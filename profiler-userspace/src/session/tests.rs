@@ -6,7 +6,10 @@ use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use profiler_common::{EventRecord, PyProcConfig, RECORD_EXEC, RECORD_FORK};
+use profiler_common::{
+    EventRecord, PyProcConfig, SampleHeader, MAX_KSTACK, RECORD_EXEC, RECORD_FORK, RECORD_SAMPLE,
+    SAMPLE_PY_THREAD,
+};
 
 use super::*;
 use crate::aggregate::Mode;
@@ -219,6 +222,68 @@ fn a_new_program_not_named_python_is_looked_at_a_few_times() {
     assert_eq!(s.looks - before, 5);
     sleeper.kill().unwrap();
     sleeper.wait().unwrap();
+}
+
+/// A sample record of `pid`'s main thread with no stack: with Python frames walked (`python`)
+/// or not.
+fn bare_sample(pid: u32, python: bool) -> Vec<u8> {
+    let h = SampleHeader {
+        kind: RECORD_SAMPLE,
+        flags: if python { SAMPLE_PY_THREAD } else { 0 },
+        pid,
+        tid: pid,
+        time_ns: crate::collect::monotonic_ns(),
+        cpu: 0,
+        kstack_len: 0,
+        ustack_len: 0,
+        py_len: 0,
+        comm: *b"python3\0\0\0\0\0\0\0\0\0",
+        ip: 0,
+        sp: 0,
+        bp: 0,
+        lr: 0,
+        py_tstate: 0,
+        py_gil_holder: 0,
+        py_gil_locked: 0,
+        py_status: 0,
+        py_gc_collecting: 0,
+        py_snaps: 0,
+        sched_state: 0,
+        py_task: 0,
+        kstack: [0; MAX_KSTACK],
+    };
+    // SAFETY: viewing a repr(C) value as bytes.
+    unsafe { std::slice::from_raw_parts(&h as *const _ as *const u8, SampleHeader::SIZE).to_vec() }
+}
+
+/// `--all-pythons`: a process forked by a Python process, which the BPF side walks as its
+/// parent, is looked at when its first sample with Python frames is read, before that sample
+/// is handled (a pool's worker may be gone by the next tick); a fork that only ever has samples
+/// without them (a subprocess about to exec) is not looked at then.
+#[test]
+fn a_fork_of_python_is_looked_at_on_its_first_python_sample() {
+    let mut s = session(Scope {
+        all_pythons: true,
+        ..Scope::default()
+    });
+    // Started after the session's first scan: only the fork record tells of it.
+    let py = Py::start();
+    let child = py.pid();
+    let parent = std::process::id();
+    let fork = event(RECORD_FORK, parent, child as u64, child as u64);
+    s.drain(&mut VecDeque::from([
+        fork.clone(),
+        bare_sample(child, false),
+    ]));
+    assert_eq!(s.looks, 0);
+    assert!(!s.targets.procs.contains(&child));
+    s.drain(&mut VecDeque::from([bare_sample(child, true)]));
+    assert_eq!(s.looks, 1);
+    assert!(s.targets.procs.contains(&child) && s.targets.targets.contains(&child));
+    assert!(s.collector.python.contains(child));
+    // Once: later samples are no news.
+    s.drain(&mut VecDeque::from([bare_sample(child, true)]));
+    assert_eq!(s.looks, 1);
 }
 
 #[test]
