@@ -463,17 +463,20 @@ impl KernelInfo {
 
     /// The running kernel, from `/sys/kernel/btf/vmlinux`.
     pub fn probe() -> Result<KernelInfo, BtfError> {
-        let data = std::fs::read("/sys/kernel/btf/vmlinux").map_err(BtfError::Read)?;
-        KernelInfo::from_btf(&Btf::parse(&data)?, kernel_release())
+        KernelInfo::probe_with_tracepoints(&[]).map(|(info, _)| info)
     }
 
-    /// `probe`, and a BTF blob for loading the raw `tracepoints` (`Btf::tracepoint_btf`).
+    /// `probe`, and a BTF blob for loading the raw `tracepoints` (`Btf::tracepoint_btf`; empty
+    /// when none is asked for).
     pub fn probe_with_tracepoints(
         tracepoints: &[&'static str],
     ) -> Result<(KernelInfo, Vec<u8>), BtfError> {
         let data = std::fs::read("/sys/kernel/btf/vmlinux").map_err(BtfError::Read)?;
         let btf = Btf::parse(&data)?;
         let info = KernelInfo::from_btf(&btf, kernel_release())?;
+        if tracepoints.is_empty() {
+            return Ok((info, Vec::new()));
+        }
         let blob = btf.tracepoint_btf(tracepoints).ok_or_else(|| {
             let missing = tracepoints
                 .iter()

@@ -105,20 +105,18 @@ pub struct CaptureOptions {
     pub full_verifier_log: bool,
 }
 
-/// Every raw tracepoint a program attaches to.
-const TRACEPOINTS: [&str; 4] = [
-    "sched_process_fork",
-    "sched_process_exec",
-    "sched_process_exit",
-    "sched_switch",
-];
-
 /// The lifetime programs: (program name, tracepoint). The scheduler program is chosen per kernel.
 const LIFETIMES: [(&str, &str); 3] = [
     (names::PROG_FORK, "sched_process_fork"),
     (names::PROG_EXEC, "sched_process_exec"),
     (names::PROG_EXIT, "sched_process_exit"),
 ];
+
+/// The scheduler program's tracepoint.
+const SWITCH: &str = "sched_switch";
+
+/// Every raw tracepoint a program attaches to.
+const TRACEPOINTS: [&str; 4] = [LIFETIMES[0].1, LIFETIMES[1].1, LIFETIMES[2].1, SWITCH];
 
 /// One set of programs that fits a kernel (see the BPF crate's documentation).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -312,11 +310,7 @@ impl Capture {
             .map(|&(n, tp)| (n, tp, "process lifetimes"))
             .collect();
         if opts.offcpu != OFFCPU_NONE {
-            tracepoints.push((
-                programs.switch_for(opts.offcpu),
-                "sched_switch",
-                "off-CPU time",
-            ));
+            tracepoints.push((programs.switch_for(opts.offcpu), SWITCH, "off-CPU time"));
         }
         for (name, tp, purpose) in tracepoints {
             let prog: &mut BtfTracePoint = bpf
@@ -416,7 +410,7 @@ impl Capture {
     /// and the scheduler program when off-CPU time is recorded.
     pub fn attach(&mut self, rate_hz: u64) -> Result<(), CaptureError> {
         if self.offcpu != OFFCPU_NONE {
-            self.attach_tracepoint(self.programs.switch_for(self.offcpu), "sched_switch")?;
+            self.attach_tracepoint(self.programs.switch_for(self.offcpu), SWITCH)?;
         }
         let period_ns = (1_000_000_000 / rate_hz.max(1)).max(1);
         let prog: &mut PerfEvent = self

@@ -799,7 +799,7 @@ impl PyProcess {
             }
         }
         let mut read_now = self.remote.read_many(&ranges);
-        let guesses = read_now.split_off(stale.len());
+        let mut guesses = read_now.split_off(stale.len());
         let mut heads = read_now;
         if heads.iter().any(Option::is_none) {
             heads = ranges[..stale.len()]
@@ -853,7 +853,11 @@ impl PyProcess {
             let guess = guessed
                 .get(&i)
                 .filter(|(at, _)| *at == pointers)
-                .and_then(|&(_, g)| Some((guesses.get(g)?.clone()?, guesses.get(g + 1)?.clone()?)));
+                // Each pair is used once: moved out, not copied.
+                .and_then(|&(_, g)| {
+                    let name = guesses.get_mut(g)?.take()?;
+                    Some((name, guesses.get_mut(g + 1)?.take()?))
+                });
             match guess {
                 Some((name, file)) => copies.extend([Some(name), Some(file)]),
                 None => {
