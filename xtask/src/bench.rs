@@ -31,7 +31,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
@@ -770,20 +770,26 @@ pub fn bench(tachyon: &Path, tools: &Path) -> Result<()> {
     }
     raw.insert("mixed".into(), json!(mixed));
 
-    // 8. Idle processes.
-    md.push("\n## 8. Idle processes\n".into());
-    md.push(
-        "`--all-pythons` for 10 s beside one busy Python process, with no other process and with \
-         500 idle processes (`sleep`) on the host: the profiler's CPU per second of run, start-up \
-         excluded (the difference between 4 s and 10 s runs). Target: no growth with idle \
-         processes.\n"
-            .into(),
-    );
-    md.push("| idle processes | profiler ms CPU per s |\n|---|---|".into());
+    // 8. Idle processes, and programs started.
+    md.push("\n## 8. Idle processes and programs started\n".into());
+    md.push(format!(
+        "`--all-pythons` beside one busy Python process, with nothing else, with 500 idle \
+         processes (`sleep`), and with a shell starting programs in a loop (`/bin/true`, then \
+         `sleep 0.005`: shell commands, health checks) on the host: the profiler's CPU (user \
+         space and BPF) per second of run, start-up excluded (the difference between {SHORT} s \
+         and {LONG} s runs), median of 3. Forks a second: the kernel's count over the runs. \
+         Target: no growth with idle processes; programs started cost what looking at each \
+         one a few times costs.\n"
+    ));
+    md.push("| on the host | forks a second | profiler ms CPU per s |\n|---|---|---|".into());
     let mut idle_raw = Vec::new();
-    for n in [0usize, 500] {
-        eprintln!("bench: {n} idle processes");
-        let idle: Vec<Child> = (0..n)
+    for (label, idle_n, churn) in [
+        ("nothing else", 0usize, false),
+        ("500 idle processes", 500, false),
+        ("a shell starting programs", 0, true),
+    ] {
+        eprintln!("bench: {label}");
+        let idle: Vec<Child> = (0..idle_n)
             .map(|_| {
                 Command::new("sleep")
                     .arg("600")
@@ -791,8 +797,17 @@ pub fn bench(tachyon: &Path, tools: &Path) -> Result<()> {
                     .context("starting an idle process")
             })
             .collect::<Result<_>>()?;
+        let churner = churn
+            .then(|| {
+                Command::new("sh")
+                    .args(["-c", "while :; do /bin/true; sleep 0.005; done"])
+                    .spawn()
+                    .context("starting the shell loop")
+            })
+            .transpose()?;
         let out = dir.join("idle.json");
         let mut per_s = Vec::new();
+        let (forks0, t0) = (forks_so_far()?, Instant::now());
         for _ in 0..3 {
             let short = all_pythons_run(tachyon, &py, &busy, &out, 1, 1000, SHORT)?;
             let long = all_pythons_run(tachyon, &py, &busy, &out, 1, 1000, LONG)?;
@@ -801,10 +816,14 @@ pub fn bench(tachyon: &Path, tools: &Path) -> Result<()> {
                     / ((f(&long["durationMs"]) - f(&short["durationMs"])) / 1000.0),
             );
         }
+        let forks = (forks_so_far()? - forks0) as f64 / t0.elapsed().as_secs_f64();
         reap(idle);
+        if let Some(c) = churner {
+            reap(vec![c]);
+        }
         let v = median(per_s.clone());
-        md.push(format!("| {n} | {v:.1} |"));
-        idle_raw.push(json!({"idle": n, "ms_per_s": v, "runs": per_s}));
+        md.push(format!("| {label} | {forks:.0} | {v:.1} |"));
+        idle_raw.push(json!({"host": label, "idle": idle_n, "forks_per_s": forks, "ms_per_s": v, "runs": per_s}));
     }
     raw.insert("idle".into(), json!(idle_raw));
 
@@ -834,6 +853,14 @@ pub fn bench(tachyon: &Path, tools: &Path) -> Result<()> {
     )?;
     eprintln!("bench: wrote {}", results.display());
     Ok(())
+}
+
+/// Processes and threads created since boot (`processes` in /proc/stat).
+fn forks_so_far() -> Result<u64> {
+    std::fs::read_to_string("/proc/stat")?
+        .lines()
+        .find_map(|l| l.strip_prefix("processes ")?.trim().parse().ok())
+        .context("no `processes` line in /proc/stat")
 }
 
 /// Rounds of the CPython-sampler comparison (median reported).
