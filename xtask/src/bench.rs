@@ -1480,7 +1480,9 @@ pub fn asyncio_tasks(tachyon: &Path, tools: &Path, dir: &Path) -> Result<(Vec<St
             } else if name.starts_with("CPython") {
                 // The stacks it wrote: the folded counts (in `all` mode, one per task per
                 // sample).
-                let text = std::fs::read_to_string(&sampler_out)?;
+                // Bytes, not text: a task's name may be cut mid-character.
+                let bytes = std::fs::read(&sampler_out)?;
+                let text = String::from_utf8_lossy(&bytes);
                 let total: f64 = text
                     .lines()
                     .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
