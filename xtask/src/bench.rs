@@ -855,6 +855,13 @@ pub fn bench(tachyon: &Path, tools: &Path) -> Result<()> {
     Ok(())
 }
 
+/// A peer's output as text, whatever bytes it wrote: a name may be cut mid-character (the
+/// CPython sampler's task names in `--async-aware all` once stopped a run).
+fn read_lossy(path: &Path) -> Result<String> {
+    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    Ok(String::from_utf8_lossy(&bytes).into_owned())
+}
+
 /// Processes and threads created since boot (`processes` in /proc/stat).
 fn forks_so_far() -> Result<u64> {
     std::fs::read_to_string("/proc/stat")?
@@ -875,7 +882,7 @@ fn python_self(
     folded: &Path,
     under: &str,
 ) -> Result<(std::collections::HashMap<String, f64>, f64)> {
-    let text = std::fs::read_to_string(folded)?;
+    let text = read_lossy(folded)?;
     let mut by = std::collections::HashMap::new();
     let mut total = 0.0;
     for line in text.lines() {
@@ -925,7 +932,7 @@ print(json.dumps({k: 100 * v / total for k, v in tt.items()}))
 /// Samples of a folded file with a frame of `file:func` for each of `funcs`, over those with a
 /// frame of `under`, in percent.
 fn total_shares(folded: &Path, under: &str, funcs: &[&str]) -> Result<Vec<f64>> {
-    let text = std::fs::read_to_string(folded)?;
+    let text = read_lossy(folded)?;
     let mut n = vec![0.0; funcs.len()];
     let mut all = 0.0;
     let has = |stack: &str, f: &str| stack.split(';').any(|x| x.starts_with(&format!("{f}:")));
@@ -952,7 +959,7 @@ fn total_shares(folded: &Path, under: &str, funcs: &[&str]) -> Result<Vec<f64>> 
 /// Record types and each type's keys, of a JSONL file.
 fn jsonl_shape(path: &Path) -> Result<std::collections::BTreeMap<String, Vec<String>>> {
     let mut out = std::collections::BTreeMap::new();
-    for line in std::fs::read_to_string(path)?.lines() {
+    for line in read_lossy(path)?.lines() {
         let v: Value = serde_json::from_str(line)?;
         let ty = v["type"].as_str().unwrap_or("?").to_string();
         let mut keys: Vec<String> = v
@@ -1480,9 +1487,7 @@ pub fn asyncio_tasks(tachyon: &Path, tools: &Path, dir: &Path) -> Result<(Vec<St
             } else if name.starts_with("CPython") {
                 // The stacks it wrote: the folded counts (in `all` mode, one per task per
                 // sample).
-                // Bytes, not text: a task's name may be cut mid-character.
-                let bytes = std::fs::read(&sampler_out)?;
-                let text = String::from_utf8_lossy(&bytes);
+                let text = read_lossy(&sampler_out)?;
                 let total: f64 = text
                     .lines()
                     .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
