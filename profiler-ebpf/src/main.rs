@@ -648,8 +648,8 @@ pub fn tachyon_exec(_ctx: BtfTracePointContext) -> u32 {
         // a tick later, when its start-up (20-30 ms) was often over. Other programs wait for
         // the poll: a host may start hundreds a second (shell commands, health checks), and a
         // wakeup each would cost the reader more than all it does for them. The name is the
-        // one the program was started by (a script's interpreter's, after `#!`), as user
-        // space's check of the executable's name (`exe_mentions_python`) mostly agrees.
+        // one the program was started by (a script's interpreter's, after `#!`): the exec
+        // record's `comm`, which user space tests alike (`python::python_name`).
         // Not zeroed first: zeroing is a call to `memset` (see `zero`), and the helper
         // writes every byte (zeroes when it fails).
         let mut comm = core::mem::MaybeUninit::<[u64; 2]>::uninit();

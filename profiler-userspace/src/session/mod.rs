@@ -451,7 +451,7 @@ impl<T: Targets> Session<T> {
     /// run), then every `YOUNG_TICK` until found.
     pub fn started(&mut self, pid: u32, held: bool) {
         // Again after a wrapper's exec: young from now.
-        self.watch(Pending::new(pid, true));
+        self.watch(Pending::new(pid, true), true);
         self.collector.launched = Some(pid);
         if held {
             self.discover_among(false, false, true);
@@ -487,17 +487,18 @@ impl<T: Targets> Session<T> {
             self.forget_python(pid);
             self.not_python.remove(&pid);
             if everything && !self.scope.explicit.contains(&pid) {
-                self.watch(Pending::new(pid, python_name));
+                self.watch(Pending::new(pid, python_name), false);
             }
         }
         for pid in children {
-            if self.scope.subprocesses && !self.scope.explicit.contains(&pid) {
-                // Looked at on every tick as an explicit target; watched too, to be named at
-                // its first sample with Python frames (`adopt`).
+            let follow = self.scope.subprocesses && !self.scope.explicit.contains(&pid);
+            if follow {
                 self.scope.explicit.push(pid);
-                self.watch(Pending::new(pid, false));
-            } else if everything {
-                self.watch(Pending::new(pid, false));
+            }
+            // A followed child is looked at on every tick as an explicit target; watched too,
+            // to be named at its first sample with Python frames (`adopt`).
+            if follow || everything {
+                self.watch(Pending::new(pid, false), false);
             }
         }
     }
@@ -524,12 +525,12 @@ impl<T: Targets> Session<T> {
         }
     }
 
-    /// Watches a process that has just started (anew after another exec).
-    fn watch(&mut self, p: Pending) {
+    /// Watches a process that has just started (anew after another exec): up to `MAX_PENDING`,
+    /// or `always` (the launched command).
+    fn watch(&mut self, p: Pending, always: bool) {
         match self.pending.iter().position(|q| q.pid == p.pid) {
             Some(i) => self.pending[i] = p,
-            // The launched command always.
-            None if self.pending.len() < MAX_PENDING || p.fast => self.pending.push(p),
+            None if always || self.pending.len() < MAX_PENDING => self.pending.push(p),
             None => {}
         }
     }
