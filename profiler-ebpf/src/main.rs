@@ -138,12 +138,15 @@ static CONFIG: Array<Config> = Array::with_max_entries(1, 0);
 /// Processes to sample when `Config::all` is zero.
 #[map]
 static TARGETS: HashMap<u32, u32> = HashMap::with_max_entries(8192, 0);
-/// Python processes: what the frame walk needs.
+/// Python processes: what the frame walk needs. This and the per-thread maps below are declared
+/// at their largest; user space sizes them to the host at load time.
 #[map]
-static PY_PROCS: HashMap<u32, PyProcConfig> = HashMap::with_max_entries(8192, 0);
+static PY_PROCS: HashMap<u32, PyProcConfig> =
+    HashMap::with_max_entries(profiler_common::MAX_PY_PROC_ENTRIES, 0);
 /// `thread_key(pid, tid)` -> thread state address.
 #[map]
-static PY_THREADS: HashMap<u64, u64> = HashMap::with_max_entries(65536, 0);
+static PY_THREADS: HashMap<u64, u64> =
+    HashMap::with_max_entries(profiler_common::MAX_THREAD_ENTRIES, 0);
 #[map]
 static STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(STAT_COUNT, 0);
 /// One record buffer per CPU, indexed by CPU id: per-CPU maps cap values at 32 KiB, less than a
@@ -168,7 +171,8 @@ static KNOWN_CODES: Array<u64> = Array::with_max_entries(profiler_common::KNOWN_
 /// eviction on another CPU would silently void. `tachyon_exit` and a dead task's last switch
 /// remove entries; user space removes those of processes it stops profiling.
 #[map]
-static SCHED: HashMap<u64, ThreadSched> = HashMap::with_max_entries(65536, 0);
+static SCHED: HashMap<u64, ThreadSched> =
+    HashMap::with_max_entries(profiler_common::MAX_THREAD_ENTRIES, 0);
 /// Where a new `SCHED` entry is built, one per CPU (it does not fit on the BPF stack beside the
 /// rest of the switch program).
 #[map]
@@ -177,7 +181,8 @@ static SCHED_NEW: PerCpuArray<ThreadSched> = PerCpuArray::with_max_entries(1, 0)
 /// stopped at a page never touched below their frames (see the copy in `finish_sample`); user
 /// space adds them.
 #[map]
-static STACK_TOPS: LruHashMap<u64, u64> = LruHashMap::with_max_entries(16384, 0);
+static STACK_TOPS: LruHashMap<u64, u64> =
+    LruHashMap::with_max_entries(profiler_common::MAX_STACK_TOP_ENTRIES, 0);
 /// Each profiled process's pages mapped executable (`mm->exec_vm`) at its latest record: a
 /// change marks the record `SAMPLE_MAPS_CHANGED`.
 #[map]
