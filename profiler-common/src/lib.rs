@@ -512,13 +512,10 @@ pub const PY_NAME_SNAP: usize = 128;
 /// (144 before 3.12) fits; of a longer one the length and start are checked against what is
 /// read later.
 pub const PY_FILE_SNAP: usize = 192;
-/// Entries the per-thread maps (`SCHED`, `PY_THREADS`) are declared with: user space makes them
-/// smaller on a host with fewer threads.
-pub const MAX_THREAD_ENTRIES: u32 = 65536;
+/// Entries `SCHED` is declared with: user space makes it smaller on a host with fewer threads.
+pub const MAX_SCHED_ENTRIES: u32 = 65536;
 /// Entries `STACK_TOPS` (an LRU map) is declared with.
 pub const MAX_STACK_TOP_ENTRIES: u32 = 16384;
-/// Entries `PY_PROCS` is declared with.
-pub const MAX_PY_PROC_ENTRIES: u32 = 8192;
 
 /// Slots of the table of code objects user space has read (`KNOWN_CODES`, a power of two): the
 /// frame walk copies the head of a frame's code that is not in it, since user space may not get

@@ -138,15 +138,13 @@ static CONFIG: Array<Config> = Array::with_max_entries(1, 0);
 /// Processes to sample when `Config::all` is zero.
 #[map]
 static TARGETS: HashMap<u32, u32> = HashMap::with_max_entries(8192, 0);
-/// Python processes: what the frame walk needs. This and the per-thread maps below are declared
-/// at their largest; user space sizes them to the host at load time.
+/// Python processes: what the frame walk needs.
 #[map]
-static PY_PROCS: HashMap<u32, PyProcConfig> =
-    HashMap::with_max_entries(profiler_common::MAX_PY_PROC_ENTRIES, 0);
-/// `thread_key(pid, tid)` -> thread state address.
+static PY_PROCS: HashMap<u32, PyProcConfig> = HashMap::with_max_entries(8192, 0);
+/// `thread_key(pid, tid)` -> thread state address. At its largest (5 MiB): a thread missing
+/// here is found only by a short scan of its interpreter's thread list.
 #[map]
-static PY_THREADS: HashMap<u64, u64> =
-    HashMap::with_max_entries(profiler_common::MAX_THREAD_ENTRIES, 0);
+static PY_THREADS: HashMap<u64, u64> = HashMap::with_max_entries(65536, 0);
 #[map]
 static STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(STAT_COUNT, 0);
 /// One record buffer per CPU, indexed by CPU id: per-CPU maps cap values at 32 KiB, less than a
@@ -169,10 +167,11 @@ static KNOWN_CODES: Array<u64> = Array::with_max_entries(profiler_common::KNOWN_
 /// `thread_key(pid, tid)` -> the thread's scheduler accounting (see `ThreadSched`). A plain hash
 /// map, not an LRU one: an entry is updated through a pointer across helper calls, which an
 /// eviction on another CPU would silently void. `tachyon_exit` and a dead task's last switch
-/// remove entries; user space removes those of processes it stops profiling.
+/// remove entries; user space removes those of processes it stops profiling. Declared at its
+/// largest; user space sizes it to the host at load time (see `capture::sched_entries`).
 #[map]
 static SCHED: HashMap<u64, ThreadSched> =
-    HashMap::with_max_entries(profiler_common::MAX_THREAD_ENTRIES, 0);
+    HashMap::with_max_entries(profiler_common::MAX_SCHED_ENTRIES, 0);
 /// Where a new `SCHED` entry is built, one per CPU (it does not fit on the BPF stack beside the
 /// rest of the switch program).
 #[map]

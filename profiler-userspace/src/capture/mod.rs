@@ -226,44 +226,26 @@ fn map_err<E: std::fmt::Display>(name: &'static str) -> impl Fn(E) -> CaptureErr
     move |e| CaptureError::Map(name, e.to_string())
 }
 
-/// At least this many entries in the per-thread maps: a small host's threads can grow past
-/// their number at start (a thread pool started later), and this many cost about 1 MiB of
-/// kernel memory.
-const MIN_THREADS: u32 = 4096;
-/// At least this many in `PY_PROCS`.
-const MIN_PY_PROCS: u32 = 1024;
+/// At least this many entries in `SCHED`: a small host's threads can grow past their number at
+/// start (a thread pool started later), and this many cost about 1 MiB of kernel memory.
+const MIN_SCHED: u32 = 4096;
 
-/// How large the per-thread and per-process hash maps are made. The kernel allocates and
-/// zeroes a hash map's every entry when it is created (the programs that use them cannot
-/// allocate as they run), and at their declared sizes that was 23 MB of locked kernel memory
-/// (of 62 MB in all, the ring buffer's 34 among them) and about 5% of start-up. They are sized from the threads on the host instead: room for four
-/// times as many, within the declared size. A host whose threads grow past that while profiled
-/// counts the threads the scheduler accounting had no room for (`schedMapFull`); their samples
-/// are kept, and a Python thread user space could not register is found by the BPF side's scan
-/// of its interpreter's threads at each sample instead.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct MapSizes {
-    pub threads: u32,
-    pub processes: u32,
-}
-
-impl MapSizes {
-    /// For a host with `threads` threads now (`None`: not known, the declared sizes).
-    pub fn for_threads(threads: Option<u32>) -> MapSizes {
-        let Some(n) = threads else {
-            return MapSizes {
-                threads: profiler_common::MAX_THREAD_ENTRIES,
-                processes: profiler_common::MAX_PY_PROC_ENTRIES,
-            };
-        };
-        let room = n.saturating_mul(4).checked_next_power_of_two();
-        let room = room.unwrap_or(u32::MAX);
-        MapSizes {
-            threads: room.clamp(MIN_THREADS, profiler_common::MAX_THREAD_ENTRIES),
-            // A process has a thread at least.
-            processes: room.clamp(MIN_PY_PROCS, profiler_common::MAX_PY_PROC_ENTRIES),
-        }
-    }
+/// How many entries `SCHED` (each thread's scheduler accounting, 240 bytes an entry) and the
+/// LRU map `STACK_TOPS` get. The kernel allocates and zeroes a hash map's every entry when it is
+/// created (the programs that use them cannot allocate as they run): `SCHED` at its declared
+/// size was 16 MiB of locked kernel memory on every host, and about 5% of start-up. It is made
+/// with room for four times the threads on the host at start instead (`None`: not known, the
+/// declared size). A host whose threads grow past that while profiled counts the threads that
+/// found no room (`schedMapFull`): their samples are kept, their scheduler times are not. The
+/// Python maps keep their declared sizes: a thread or process missing from them would lose its
+/// Python frames, and they are small (5 and 2 MiB).
+pub fn sched_entries(host_threads: Option<u32>) -> u32 {
+    let Some(n) = host_threads else {
+        return profiler_common::MAX_SCHED_ENTRIES;
+    };
+    let room = n.saturating_mul(4).checked_next_power_of_two();
+    room.unwrap_or(u32::MAX)
+        .clamp(MIN_SCHED, profiler_common::MAX_SCHED_ENTRIES)
 }
 
 /// The threads on the host now: the kernel's count of scheduling entities, the fourth field of
@@ -306,18 +288,16 @@ impl Capture {
         } else {
             VerifierLogLevel::STATS
         };
-        let sizes = MapSizes::for_threads(host_threads());
+        let sched = sched_entries(host_threads());
         let mut bpf = EbpfLoader::new()
             .verifier_log_level(log_level)
             .map_max_entries(names::MAP_SAMPLES, ring)
             .map_max_entries(names::MAP_SCRATCH, possible as u32)
-            .map_max_entries(names::MAP_SCHED, sizes.threads)
-            .map_max_entries(names::MAP_PY_THREADS, sizes.threads)
+            .map_max_entries(names::MAP_SCHED, sched)
             .map_max_entries(
                 names::MAP_STACK_TOPS,
-                sizes.threads.min(profiler_common::MAX_STACK_TOP_ENTRIES),
+                sched.min(profiler_common::MAX_STACK_TOP_ENTRIES),
             )
-            .map_max_entries(names::MAP_PY_PROCS, sizes.processes)
             .load(BPF_OBJECT)
             .map_err(load_error)?;
         let cfg = Config {
@@ -788,48 +768,30 @@ fn jited_code(fd: std::os::fd::RawFd) -> Vec<(u64, u64, String)> {
 
 #[cfg(test)]
 mod tests {
-    use super::{parse_loadavg_threads, MapSizes};
-    use profiler_common::{MAX_PY_PROC_ENTRIES, MAX_THREAD_ENTRIES};
+    use super::{parse_loadavg_threads, sched_entries};
+    use object::{Object, ObjectSection, ObjectSymbol, SymbolKind, SymbolSection};
+    use profiler_common::MAX_SCHED_ENTRIES;
+    use std::collections::BTreeSet;
 
     #[test]
-    fn the_thread_maps_are_sized_to_the_host() {
+    fn the_scheduler_map_is_sized_to_the_host() {
         assert_eq!(
             parse_loadavg_threads("0.52 0.58 0.59 3/871 12345\n"),
             Some(871)
         );
         assert_eq!(parse_loadavg_threads("0.52 0.58 0.59 garbage 1"), None);
         assert_eq!(parse_loadavg_threads(""), None);
-        let size = |n| MapSizes::for_threads(Some(n));
-        // A small host: the floors.
-        assert_eq!(
-            size(300),
-            MapSizes {
-                threads: 4096,
-                processes: 2048
-            }
-        );
-        assert_eq!(
-            size(100),
-            MapSizes {
-                threads: 4096,
-                processes: 1024
-            }
-        );
+        // A small host: the floor.
+        assert_eq!(sched_entries(Some(300)), 4096);
+        assert_eq!(sched_entries(Some(0)), 4096);
         // Room for four times the threads, in powers of two.
-        assert_eq!(size(3000).threads, 16384);
-        assert_eq!(size(3000).processes, MAX_PY_PROC_ENTRIES);
+        assert_eq!(sched_entries(Some(1025)), 8192);
+        assert_eq!(sched_entries(Some(3000)), 16384);
         // Never past what the object declares, whatever the count says.
-        assert_eq!(size(40_000).threads, MAX_THREAD_ENTRIES);
-        assert_eq!(size(u32::MAX).threads, MAX_THREAD_ENTRIES);
-        let unknown = MapSizes::for_threads(None);
-        assert_eq!(
-            (unknown.threads, unknown.processes),
-            (MAX_THREAD_ENTRIES, MAX_PY_PROC_ENTRIES)
-        );
+        assert_eq!(sched_entries(Some(40_000)), MAX_SCHED_ENTRIES);
+        assert_eq!(sched_entries(Some(u32::MAX)), MAX_SCHED_ENTRIES);
+        assert_eq!(sched_entries(None), MAX_SCHED_ENTRIES);
     }
-
-    use object::{Object, ObjectSection, ObjectSymbol, SymbolKind, SymbolSection};
-    use std::collections::BTreeSet;
 
     /// The object the BPF crate built has exactly the maps and programs of the contract in
     /// `profiler_common::names`: a rename on either side fails here, not at load time.
