@@ -784,3 +784,100 @@ fn a_pid_run_ends_when_its_process_exits() {
     let c = v.call_paths(&t.handle).unwrap();
     assert!(c.with_sequence(&["spin"]) > 1000, "{err}");
 }
+
+/// A main thread that works for 2 s beside `argv[1]` threads that wait for it.
+const MANY_THREADS: &str = r#"
+import sys, threading, time
+threading.stack_size(256 * 1024)
+stop = threading.Event()
+def idler():
+    stop.wait()
+def busy_main(secs):
+    t0 = time.time()
+    x = 0
+    while time.time() - t0 < secs:
+        x += 1
+ts = [threading.Thread(target=idler) for _ in range(int(sys.argv[1]))]
+for t in ts:
+    t.start()
+busy_main(2.0)
+stop.set()
+for t in ts:
+    t.join()
+"#;
+
+/// The scheduler accounting's BPF map has room for four times the threads the host had when the
+/// profiler started (4096 at least). A process that starts a thousand threads more than that is
+/// profiled whole: the threads past the room are counted (`schedMapFull`), and those with room
+/// keep their off-CPU time. Its main thread's work keeps its Python frames, although the
+/// thread is past the bound of the walk of the interpreter's thread list (4096: new threads go
+/// at its head), which used to drop its thread state.
+#[test]
+fn more_threads_than_the_maps_were_sized_for() {
+    require_root();
+    let dir = scratch("many-threads");
+    let script = dir.join("threads.py");
+    std::fs::write(&script, MANY_THREADS).unwrap();
+    let loadavg = std::fs::read_to_string("/proc/loadavg").unwrap();
+    let host: u32 = loadavg
+        .split_whitespace()
+        .nth(3)
+        .and_then(|f| f.split_once('/'))
+        .and_then(|(_, n)| n.parse().ok())
+        .expect("the host's thread count in /proc/loadavg");
+    let room = (host * 4).next_power_of_two().max(4096);
+    assert!(
+        room < 65536,
+        "this host has too many threads for the test: {host}"
+    );
+    let threads = (room + 1000).to_string();
+    let base = dir.join("many");
+    let o = profile_command(
+        &base,
+        &["-r", "1000", "-f", "gecko,collapsed"],
+        &[
+            python("3.12.1").to_str().unwrap(),
+            script.to_str().unwrap(),
+            &threads,
+        ],
+    );
+    let err = stderr_of(&o);
+    let p: Value = serde_json::from_slice(&std::fs::read(dir.join("many.json")).unwrap()).unwrap();
+    let full = p["meta"]["tachyon"]["bpfCounters"]["schedMapFull"]
+        .as_u64()
+        .unwrap();
+    let folded = std::fs::read_to_string(dir.join("many.folded")).unwrap();
+    let (mut busy, mut idlers) = (0u64, 0u64);
+    let mut idler_threads = std::collections::HashSet::new();
+    for line in folded.lines() {
+        let (stack, n) = line.rsplit_once(' ').unwrap();
+        let n: u64 = n.parse().unwrap();
+        // Python frames read `file:function:line`.
+        if stack.contains("threads.py:busy_main:") {
+            busy += n;
+        }
+        if stack.contains("threads.py:idler:") {
+            idlers += n;
+            idler_threads.insert(stack.split(';').nth(1).unwrap_or("").to_string());
+        }
+    }
+    eprintln!(
+        "{threads} threads, room {room}: schedMapFull {full}, busy_main {busy} samples, \
+         idlers {idlers} ms over {} threads",
+        idler_threads.len()
+    );
+    assert!(
+        full > 0,
+        "no thread was counted past the maps' room ({room} for {host} threads at start)\n{err}"
+    );
+    assert!(
+        busy >= 1000,
+        "the main thread's 2 s of work has {busy} samples in busy_main\n{err}"
+    );
+    // Threads with room keep their off-CPU time (wall mode) on their Python stack.
+    assert!(
+        idler_threads.len() as u32 >= room / 2,
+        "off-CPU time of {} idle threads only\n{err}",
+        idler_threads.len()
+    );
+}

@@ -666,10 +666,12 @@ impl PyProcess {
             .collect()
     }
 
-    /// Thread states of every interpreter: (tstate, pthread id, native thread id).
-    fn thread_states(&self) -> Vec<(u64, u64, u64)> {
+    /// Thread states of every interpreter: (tstate, pthread id, native thread id), and whether
+    /// a list was longer than the walk's bound (`MAX_THREADS`).
+    fn thread_states(&self) -> (Vec<(u64, u64, u64)>, bool) {
         let l = &self.layout;
         let mut out = Vec::new();
+        let mut cut = false;
         let mut interp = self.remote.u64(self.runtime + l.interp_head).unwrap_or(0);
         let mut seen = HashSet::new();
         for _ in 0..MAX_INTERPRETERS {
@@ -677,8 +679,12 @@ impl PyProcess {
                 break;
             }
             let mut t = self.remote.u64(interp + l.interp_threads_head).unwrap_or(0);
-            for _ in 0..MAX_THREADS {
+            for i in 0..=MAX_THREADS {
                 if t == 0 || !seen.insert(t) {
+                    break;
+                }
+                if i == MAX_THREADS {
+                    cut = true;
                     break;
                 }
                 let Some(b) = self.remote.read(
@@ -703,7 +709,7 @@ impl PyProcess {
             }
             interp = self.remote.u64(interp + l.interp_next).unwrap_or(0);
         }
-        out
+        (out, cut)
     }
 
     /// The thread -> thread-state map as it is now: host tids as keys.
@@ -711,7 +717,7 @@ impl PyProcess {
         let tasks = task_ids(self.pid, &mut self.ns_tids);
         self.listed = tasks.iter().map(|&(host, _)| host).collect();
         let ns_to_host: HashMap<u32, u32> = tasks.iter().map(|&(host, ns)| (ns, host)).collect();
-        let states = self.thread_states();
+        let (states, cut) = self.thread_states();
         let mut candidates: HashMap<u32, Vec<u64>> = HashMap::new();
         for (tstate, ptid, ntid) in states {
             let mut ns_tid = ntid as u32;
@@ -735,6 +741,17 @@ impl PyProcess {
                     if let Some(&known) = self.threads.get(&host).filter(|k| states.contains(k)) {
                         out.insert(host, known);
                     }
+                }
+            }
+        }
+        if cut {
+            // The walk stopped at its bound. A new thread's state goes at the head of its
+            // interpreter's list, so those past the bound are the oldest, the main thread
+            // among them: each keeps the state known for it while the thread lives (a reused
+            // tid is a new thread, whose state is at the head).
+            for (&tid, &tstate) in &self.threads {
+                if self.listed.contains(&tid) {
+                    out.entry(tid).or_insert(tstate);
                 }
             }
         }
