@@ -317,16 +317,7 @@ pub fn write_dir_atomic(
         if unsafe { libc::fchmod(sub.as_raw_fd(), dir_mode) } != 0 {
             return Err(std::io::Error::last_os_error());
         }
-        // SAFETY: valid descriptors and names.
-        let renamed = unsafe {
-            libc::renameat2(
-                dirfd.as_raw_fd(),
-                tmp.as_ptr(),
-                dirfd.as_raw_fd(),
-                cname.as_ptr(),
-                libc::RENAME_NOREPLACE,
-            )
-        };
+        let renamed = renameat2(&dirfd, &tmp, &cname, libc::RENAME_NOREPLACE);
         if renamed == 0 {
             return Ok(false);
         }
@@ -337,17 +328,7 @@ pub fn write_dir_atomic(
         // An earlier directory of that name: checked again (it may have been swapped for a
         // link meanwhile; the exchange itself never follows one), then exchanged.
         check_dir_target(&dirfd, &cname)?;
-        // SAFETY: valid descriptors and names.
-        if unsafe {
-            libc::renameat2(
-                dirfd.as_raw_fd(),
-                tmp.as_ptr(),
-                dirfd.as_raw_fd(),
-                cname.as_ptr(),
-                libc::RENAME_EXCHANGE,
-            )
-        } != 0
-        {
+        if renameat2(&dirfd, &tmp, &cname, libc::RENAME_EXCHANGE) != 0 {
             return Err(std::io::Error::last_os_error());
         }
         Ok(true)
@@ -358,6 +339,24 @@ pub fn write_dir_atomic(
         remove_flat_dir(&dirfd, &tmp);
     }
     result.map(|_| ())
+}
+
+/// `renameat2(2)` within one directory, by its system call: the C library's wrapper came in
+/// glibc 2.28, and the released binary needs no glibc newer than 2.17 (the kernel has had the
+/// call since 3.15). Safe: the descriptor is open and the names are NUL-terminated.
+fn renameat2(dirfd: &OwnedFd, from: &CString, to: &CString, flags: libc::c_uint) -> libc::c_int {
+    // SAFETY: a valid descriptor, two NUL-terminated names and the flags, as the call takes
+    // them; it returns -1 with errno set on failure, as the wrapper does.
+    unsafe {
+        libc::syscall(
+            libc::SYS_renameat2,
+            dirfd.as_raw_fd(),
+            from.as_ptr(),
+            dirfd.as_raw_fd(),
+            to.as_ptr(),
+            flags,
+        ) as libc::c_int
+    }
 }
 
 /// Opens the directory `name` in `dirfd`, never through a link.
