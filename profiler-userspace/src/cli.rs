@@ -31,6 +31,11 @@ fn format_parser() -> impl TypedValueParser<Value = Format> {
     args_conflicts_with_subcommands = true
 )]
 pub struct Cli {
+    /// For packagers: write the man page (`man`) or a shell's completion script (`bash`, `zsh`,
+    /// `fish`) to standard output.
+    #[arg(long, hide = true, value_name = "WHAT", exclusive = true,
+          value_parser = ["man", "bash", "zsh", "fish"])]
+    pub generate: Option<String>,
     #[command(subcommand)]
     pub cmd: Option<Cmd>,
     #[command(flatten)]

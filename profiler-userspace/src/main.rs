@@ -32,6 +32,9 @@ fn main() {
             std::process::exit(0);
         }
     };
+    if let Some(what) = &cli.generate {
+        std::process::exit(generate(what));
+    }
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -50,6 +53,33 @@ fn main() {
         Err(e) => {
             eprintln!("tachyon-bpf: error: {e}");
             std::process::exit(e.code());
+        }
+    }
+}
+
+/// The man page or a completion script, from the command line's own definition (so they never
+/// drift from `--help`), on standard output; the exit code.
+fn generate(what: &str) -> i32 {
+    use clap::CommandFactory;
+    let mut cmd = Cli::command();
+    let mut out = std::io::stdout().lock();
+    let written = match what {
+        "man" => clap_mangen::Man::new(cmd).render(&mut out),
+        shell => {
+            let shell = match shell {
+                "bash" => clap_complete::Shell::Bash,
+                "zsh" => clap_complete::Shell::Zsh,
+                _ => clap_complete::Shell::Fish,
+            };
+            clap_complete::generate(shell, &mut cmd, "tachyon-bpf", &mut out);
+            Ok(())
+        }
+    };
+    match written {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("tachyon-bpf: error: writing the {what} text: {e}");
+            1
         }
     }
 }
