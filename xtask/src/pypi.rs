@@ -16,22 +16,30 @@ const BASE: &str = ".pyenv/versions/3.12.1/bin/python3";
 
 /// `.tools/pypi/venv`, set up if needed (idempotent; about half a minute the first time).
 pub fn setup(tools: &Path) -> Result<PathBuf> {
-    let dir = tools.join("pypi");
+    pinned_venv(
+        &tools.join("pypi"),
+        REQUIREMENTS,
+        &["-c", "import black, sympy, pytest, pandas"],
+        "black, sympy, pytest and pandas",
+    )
+}
+
+/// `DIR/venv`, a virtual environment of pyenv's 3.12 with the pinned `requirements`, made anew
+/// unless its pins are these and `python probe` succeeds in it (idempotent).
+pub fn pinned_venv(dir: &Path, requirements: &str, probe: &[&str], what: &str) -> Result<PathBuf> {
     let venv = dir.join("venv");
     let python = venv.join("bin/python");
     let pinned = dir.join("requirements.txt");
-    let current = std::fs::read_to_string(&pinned).unwrap_or_default() == REQUIREMENTS;
-    if current
-        && quiet_ok(Command::new(&python).args(["-c", "import black, sympy, pytest, pandas"]))
-    {
+    let current = std::fs::read_to_string(&pinned).unwrap_or_default() == requirements;
+    if current && quiet_ok(Command::new(&python).args(probe)) {
         return Ok(venv);
     }
-    eprintln!("xtask: installing black, sympy, pytest and pandas from PyPI into .tools/pypi");
+    eprintln!("xtask: installing {what} from PyPI into {}", dir.display());
     let home = std::env::var("HOME").context("HOME")?;
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir)?;
+    let _ = std::fs::remove_dir_all(dir);
+    std::fs::create_dir_all(dir)?;
     let req = dir.join("requirements.in");
-    std::fs::write(&req, REQUIREMENTS)?;
+    std::fs::write(&req, requirements)?;
     run(Command::new(Path::new(&home).join(BASE))
         .args(["-m", "venv"])
         .arg(&venv))?;
@@ -46,7 +54,7 @@ pub fn setup(tools: &Path) -> Result<PathBuf> {
         ])
         .arg(&req))?;
     // Written last: an interrupted install is redone.
-    std::fs::write(&pinned, REQUIREMENTS)?;
+    std::fs::write(&pinned, requirements)?;
     Ok(venv)
 }
 
