@@ -26,11 +26,15 @@ pub const KERNELS: [(&str, &str); 4] = [
     ("unstable", "sid"),
 ];
 
-const SOURCES: &str = "deb http://deb.debian.org/debian bullseye main
-deb http://deb.debian.org/debian bookworm main
-deb http://deb.debian.org/debian trixie main
-deb http://deb.debian.org/debian sid main
-";
+/// Debian's archive, as this machine's apt reaches it.
+pub const MIRROR: &str = "http://deb.debian.org/debian";
+
+fn sources() -> String {
+    ["bullseye", "bookworm", "trixie", "sid"]
+        .iter()
+        .map(|s| format!("deb {MIRROR} {s} main\n"))
+        .collect()
+}
 
 /// The arm64 guest's trees (see `setup_arm64`): (suite, directory under the root, packages,
 /// the package that must be among their dependencies). Debian 12's python3 (3.11) is the root;
@@ -100,6 +104,35 @@ echo "tachyon-guest: done"
 $B poweroff -f
 "#;
 
+/// `/init` for a guest whose root is a copy of its own, shared writable: a release's root file
+/// system (`releases.rs`), where the tests install packages.
+pub fn rw_init() -> String {
+    let init = INIT.replace(",ro,cache=loose,", ",");
+    assert_ne!(init, INIT, "the root's mount options in INIT");
+    init
+}
+
+/// `initrd-rw` beside each guest kernel's `initrd`: the same archive followed by one holding the
+/// writable root's `/init` (the kernel unpacks both in order, and the later file wins).
+pub fn setup_rw_initrds(tools: &Path) -> Result<()> {
+    let tail = newc(&[("init".into(), rw_init().into_bytes(), 0o755)]);
+    for (dir, labels) in [
+        ("kernels", KERNELS.map(|k| k.0)),
+        ("arm64", [ARM64_KERNELS[0].0, ARM64_KERNELS[1].0, "", ""]),
+    ] {
+        for label in labels.iter().filter(|l| !l.is_empty()) {
+            let d = tools.join(dir).join(label);
+            let mut bytes = std::fs::read(d.join("initrd"))
+                .with_context(|| format!("{}", d.join("initrd").display()))?;
+            bytes.extend_from_slice(&tail);
+            if std::fs::read(d.join("initrd-rw")).ok().as_ref() != Some(&bytes) {
+                std::fs::write(d.join("initrd-rw"), &bytes)?;
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Unpacks every package in `debs` into `dest` (no maintainer scripts).
 fn unpack(debs: &Path, dest: &Path) -> Result<()> {
     for deb in std::fs::read_dir(debs)? {
@@ -160,7 +193,7 @@ pub fn setup(tools: &Path) -> Result<()> {
     for d in ["lists/partial", "cache/archives/partial"] {
         std::fs::create_dir_all(apt.join(d))?;
     }
-    std::fs::write(apt.join("sources.list"), SOURCES)?;
+    std::fs::write(apt.join("sources.list"), sources())?;
     std::fs::write(apt.join("status"), "")?;
     let opts = private_apt_opts(&apt);
     run(Command::new("apt-get").args(&opts).args(["update", "-q"]))?;
@@ -323,7 +356,7 @@ fn decompress(path: &Path) -> Result<Vec<u8>> {
 
 /// A `newc` cpio archive of regular files (and the directories above them). Written here
 /// because it is a few lines and Debian's cpio is not on the machine.
-fn newc(files: &[(String, Vec<u8>, u32)]) -> Vec<u8> {
+pub fn newc(files: &[(String, Vec<u8>, u32)]) -> Vec<u8> {
     let mut out = Vec::new();
     let mut ino = 1u32;
     let mut entry = |out: &mut Vec<u8>, name: &str, mode: u32, data: &[u8]| {
@@ -476,7 +509,7 @@ fn arm64_apt(tools: &Path, suite: &str) -> Result<(std::path::PathBuf, Vec<Strin
     }
     std::fs::write(
         apt.join("sources.list"),
-        format!("deb http://deb.debian.org/debian {suite} main\n"),
+        format!("deb {MIRROR} {suite} main\n"),
     )?;
     std::fs::write(apt.join("status"), "")?;
     let mut opts = private_apt_opts(&apt);

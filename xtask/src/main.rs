@@ -1,4 +1,4 @@
-//! Developer tasks: `cargo xtask setup | build-ebpf | build [--arch aarch64] | run -- ARGS | test | kernels [--arch aarch64] | bench`.
+//! Developer tasks: `cargo xtask setup | build-ebpf | build [--arch aarch64] | dist | run -- ARGS | test | kernels [--arch aarch64] | bench`.
 //!
 //! Every task first runs `setup`, which is idempotent and fast when nothing is missing: Debian's
 //! BPF-capable Rust toolchain, bpf-linker, and the Firefox Profiler CLI (with Node 24) that the
@@ -13,9 +13,11 @@ include!("ebpf_build.rs");
 
 mod bench;
 mod cross;
+mod dist;
 mod kernels;
 mod pypi;
 mod pythons;
+mod releases;
 mod soak;
 
 // golang-go: `go tool pprof`, the consumer the pprof tests read profiles back with.
@@ -139,6 +141,8 @@ fn setup_tools() -> Result<PathBuf> {
     pypi::uvloop(&tools, &venv)?;
     kernels::setup(&tools)?;
     kernels::setup_arm64(&tools)?;
+    kernels::setup_rw_initrds(&tools)?;
+    releases::setup(&tools)?;
     Ok(tools)
 }
 
@@ -261,7 +265,15 @@ fn main() -> Result<()> {
             setup_toolchain()?;
             let tools = setup_tools()?;
             let bin = build_release()?;
-            let bin_arm64 = cross::build("aarch64")?;
+            // The release artifacts, which the distribution matrix installs; the arm64 guests
+            // run the released aarch64 binary.
+            let dist = dist::dist(&tools)?;
+            let bin_arm64 = &dist
+                .iter()
+                .find(|(arch, _)| arch == "aarch64")
+                .context("no aarch64 artifacts")?
+                .1
+                .binary;
             // Unit tests of every crate, then the end-to-end tests one at a time: they profile
             // real processes on every CPU, and concurrent runs would disturb each other's counts.
             run(Command::new("cargo").current_dir(workspace()).args([
@@ -273,7 +285,8 @@ fn main() -> Result<()> {
             run(Command::new("cargo")
                 .current_dir(workspace())
                 .env("TACHYON_BPF_BIN", &bin)
-                .env("TACHYON_BPF_BIN_AARCH64", &bin_arm64)
+                .env("TACHYON_BPF_BIN_AARCH64", bin_arm64)
+                .env("TACHYON_DIST", dist::dist_dir())
                 .env("TACHYON_TOOLS", &tools)
                 // Deep call trees (300-frame recursion) are walked recursively.
                 .env("RUST_MIN_STACK", "67108864")
@@ -285,6 +298,22 @@ fn main() -> Result<()> {
                 soak::soak(&bin, 600)?;
             }
         }
+        "dist" => {
+            // The release artifacts (dist.rs) for every architecture, in target/dist.
+            // Only the build's tools: the test tools are not needed to make a release.
+            setup_toolchain()?;
+            for (arch, a) in dist::dist(&workspace().join(".tools"))? {
+                for f in [&a.tarball, &a.deb, &a.wheel, &a.debug] {
+                    let size = std::fs::metadata(f)?.len();
+                    eprintln!(
+                        "xtask: {arch}: {} ({:.1} MB)",
+                        f.display(),
+                        size as f64 / 1e6
+                    );
+                }
+            }
+            eprintln!("xtask: {}", dist::dist_dir().join("SHA256SUMS").display());
+        }
         "kernels" => {
             // The kernel matrix alone (it is also part of `test`): the x86_64 kernels, or with
             // `--arch aarch64` the arm64 guest.
@@ -292,12 +321,20 @@ fn main() -> Result<()> {
             let tools = setup_tools()?;
             let arch = cross::arch_arg(rest)?;
             let mut cmd = Command::new("cargo");
-            cmd.current_dir(workspace()).env("TACHYON_TOOLS", &tools);
+            // The release guests install the packages of `dist`.
+            let dist = dist::dist(&tools)?;
+            cmd.current_dir(workspace())
+                .env("TACHYON_TOOLS", &tools)
+                .env("TACHYON_DIST", dist::dist_dir());
+            let (_, released) = dist
+                .iter()
+                .find(|(a, _)| *a == arch)
+                .context("no artifacts")?;
             let filter = if arch == std::env::consts::ARCH {
-                cmd.env("TACHYON_BPF_BIN", build_release()?);
+                cmd.env("TACHYON_BPF_BIN", &released.binary);
                 "fleet_kernels"
             } else {
-                cmd.env("TACHYON_BPF_BIN_AARCH64", cross::build(&arch)?);
+                cmd.env("TACHYON_BPF_BIN_AARCH64", &released.binary);
                 "arm64_guest"
             };
             run(cmd
@@ -342,7 +379,7 @@ fn main() -> Result<()> {
         }
         _ => {
             eprintln!(
-                "usage: cargo xtask <setup | build-ebpf [--arch aarch64] | build [--arch aarch64] | run -- ARGS | test [FILTER] | kernels [--arch aarch64] | bench [pingpong | cpython | asyncio | callgrind] | fuzz [SECONDS] | soak [SECONDS]>"
+                "usage: cargo xtask <setup | build-ebpf [--arch aarch64] | build [--arch aarch64] | dist | run -- ARGS | test [FILTER] | kernels [--arch aarch64] | bench [pingpong | cpython | asyncio | callgrind] | fuzz [SECONDS] | soak [SECONDS]>"
             );
             std::process::exit(2);
         }
