@@ -121,6 +121,68 @@ pub fn tools_dir() -> PathBuf {
         .unwrap_or_else(|| workspace().join(".tools"))
 }
 
+/// `go tool pprof -top` of a file: its text.
+pub fn pprof_top(path: &Path) -> String {
+    let o = Command::new("go")
+        .args(["tool", "pprof", "-top", "-sample_index=samples"])
+        .arg(path)
+        .env("HOME", std::env::temp_dir())
+        .output()
+        .expect("go tool pprof");
+    assert!(
+        o.status.success(),
+        "go tool pprof {}: {}",
+        path.display(),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// The release artifacts of `cargo xtask dist` (`TACHYON_DIST`, which `cargo xtask test` sets
+/// after making them).
+pub fn dist_dir() -> PathBuf {
+    std::env::var_os("TACHYON_DIST")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace().join("target/dist"))
+}
+
+/// The one artifact in `dist_dir()` whose name starts with `prefix` and ends with `suffix`.
+pub fn dist_file(prefix: &str, suffix: &str) -> PathBuf {
+    let dir = dist_dir();
+    let found: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| {
+            panic!(
+                "{}: {e}: run the tests with `cargo xtask test`, which makes the artifacts",
+                dir.display()
+            )
+        })
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            let n = p.file_name().unwrap().to_string_lossy();
+            n.starts_with(prefix) && n.ends_with(suffix)
+        })
+        .collect();
+    match found.as_slice() {
+        [one] => one.clone(),
+        _ => panic!(
+            "want one {prefix}*{suffix} in {}, found {found:?}",
+            dir.display()
+        ),
+    }
+}
+
+/// The Debian package of `cargo xtask dist` for `arch` (x86_64, aarch64).
+pub fn dist_deb(arch: &str) -> PathBuf {
+    let deb_arch = if arch == "aarch64" { "arm64" } else { "amd64" };
+    dist_file("tachyon-bpf_", &format!("_{deb_arch}.deb"))
+}
+
+/// The wheel of `cargo xtask dist` for `arch`.
+pub fn dist_wheel(arch: &str) -> PathBuf {
+    dist_file("tachyon_bpf-", &format!("manylinux_2_17_{arch}.whl"))
+}
+
 /// Debian's build of `python3.MINOR` that `cargo xtask` unpacks (3.14 and 3.15).
 pub fn debian_python(minor: u32) -> PathBuf {
     let p = tools_dir().join(format!("debian-python/usr/bin/python3.{minor}"));

@@ -52,23 +52,6 @@ fn gunzip(path: &Path) -> Vec<u8> {
     out
 }
 
-/// `go tool pprof -top` of a file: its text.
-fn pprof_top(path: &Path) -> String {
-    let o = Command::new("go")
-        .args(["tool", "pprof", "-top", "-sample_index=samples"])
-        .arg(path)
-        .env("HOME", std::env::temp_dir())
-        .output()
-        .expect("go tool pprof");
-    assert!(
-        o.status.success(),
-        "go tool pprof {}: {}",
-        path.display(),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
 /// Total samples of a folded file; every line must be whole.
 fn folded_total(path: &Path) -> u64 {
     let text = std::fs::read_to_string(path).unwrap();
