@@ -70,10 +70,23 @@ const PRIVILEGE: &str =
 
 impl From<CaptureError> for AppError {
     fn from(e: CaptureError) -> Self {
+        if let (CaptureError::Attach { .. }, Some(os)) = (&e, os_error(&e)) {
+            // The kernel's own reason, which the error's text leaves out.
+            let denied = matches!(os.raw_os_error(), Some(libc::EACCES | libc::EPERM));
+            return if denied {
+                AppError::new(
+                    Kind::Permission,
+                    format!("{e} ({os}): {}", perf_hint(cap_eff(), perf_paranoid())),
+                )
+            } else {
+                AppError::new(Kind::Kernel, format!("{e} ({os})"))
+            };
+        }
         match (e.kind(), &e) {
-            (capture::ErrorKind::Permission, _) => {
-                AppError::new(Kind::Permission, format!("{e}: {PRIVILEGE}"))
-            }
+            (capture::ErrorKind::Permission, _) => AppError::new(
+                Kind::Permission,
+                format!("{e}: {}", permission_hint(cap_eff(), memlock_limit())),
+            ),
             (capture::ErrorKind::Kernel, CaptureError::Refused { .. }) => AppError::new(
                 Kind::Kernel,
                 format!(
@@ -109,6 +122,66 @@ impl From<output::Error> for AppError {
         };
         AppError::new(kind, e.message)
     }
+}
+
+/// What a refusal to load needs. With the capabilities all there, it is the locked-memory
+/// limit: kernels before 5.11 charge BPF maps to RLIMIT_MEMLOCK, which only root or
+/// CAP_SYS_RESOURCE may raise (the loader tries), and a service's default is 64 KiB or 8 MiB.
+fn permission_hint(caps: u64, memlock: Option<u64>) -> String {
+    match memlock {
+        Some(limit) if missing_caps(caps).is_empty() => format!(
+            "the locked-memory limit ({} KiB) is too small for the BPF maps, which kernels \
+             before 5.11 count against it: raise it (`ulimit -l unlimited`, or \
+             `LimitMEMLOCK=infinity` in a systemd unit) or add CAP_SYS_RESOURCE",
+            limit / 1024
+        ),
+        _ => PRIVILEGE.to_string(),
+    }
+}
+
+/// The OS error at the bottom of an error's sources.
+fn os_error<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a std::io::Error> {
+    let mut cur = Some(e);
+    // Bounded: error chains are a few links deep.
+    for _ in 0..16 {
+        let c = cur?;
+        if let Some(io) = c.downcast_ref::<std::io::Error>() {
+            return Some(io);
+        }
+        cur = c.source();
+    }
+    None
+}
+
+/// What a refused perf event needs. Debian's and Ubuntu's kernels add level 3 to
+/// `kernel.perf_event_paranoid`, their default, at which only CAP_SYS_ADMIN opens perf events
+/// (CAP_PERFMON does not).
+fn perf_hint(caps: u64, paranoid: Option<i64>) -> String {
+    match paranoid {
+        Some(p) if p > 2 && caps & (1u64 << CAP_SYS_ADMIN) == 0 => format!(
+            "kernel.perf_event_paranoid is {p}, at which this kernel opens perf events for \
+             CAP_SYS_ADMIN only (Debian's and Ubuntu's default): set it to 2 (`sysctl \
+             kernel.perf_event_paranoid=2`; CAP_PERFMON is still needed) or run as root"
+        ),
+        _ => PRIVILEGE.to_string(),
+    }
+}
+
+fn perf_paranoid() -> Option<i64> {
+    std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+}
+
+/// This process's locked-memory limit in bytes; `None` when unlimited.
+fn memlock_limit() -> Option<u64> {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit fills the struct it is given, which lives for the call.
+    let ok = unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut r) } == 0;
+    (ok && r.rlim_cur != libc::RLIM_INFINITY).then_some(r.rlim_cur)
 }
 
 /// Effective capabilities of this process.
@@ -187,6 +260,24 @@ mod tests {
             missing_caps(admin),
             ["CAP_SYS_PTRACE", "CAP_DAC_READ_SEARCH", "CAP_SYSLOG"]
         );
+    }
+
+    #[test]
+    fn a_refusal_with_every_capability_names_the_locked_memory_limit() {
+        let all = u64::MAX;
+        assert!(permission_hint(all, Some(65536)).contains("(64 KiB)"));
+        assert!(permission_hint(all, Some(65536)).contains("LimitMEMLOCK=infinity"));
+        assert_eq!(permission_hint(all, None), PRIVILEGE);
+        assert_eq!(permission_hint(0, Some(65536)), PRIVILEGE);
+    }
+
+    #[test]
+    fn a_refused_perf_event_at_paranoid_3_says_what_to_set() {
+        let perfmon_only = 1u64 << CAP_PERFMON;
+        assert!(perf_hint(perfmon_only, Some(3)).contains("kernel.perf_event_paranoid=2"));
+        assert_eq!(perf_hint(perfmon_only, Some(2)), PRIVILEGE);
+        assert_eq!(perf_hint(1u64 << CAP_SYS_ADMIN, Some(3)), PRIVILEGE);
+        assert_eq!(perf_hint(perfmon_only, None), PRIVILEGE);
     }
 
     #[test]
