@@ -296,8 +296,7 @@ fn deb(out: &Path, arch: &str, epoch: &str) -> Result<PathBuf> {
         .env("SOURCE_DATE_EPOCH", epoch)
         .args(["deb", "-p", "tachyon-bpf", "--no-build", "--no-strip"])
         .args(["--target", &format!("{arch}-unknown-linux-gnu")])
-        .arg("--target-dir")
-        .arg(build_dir())
+        .env("CARGO_TARGET_DIR", build_dir())
         .arg("--output")
         .arg(&deb))?;
     Ok(deb)
