@@ -153,8 +153,24 @@ fn boot(guest: &Guest, results: &Path, timeout: Duration) -> String {
     };
     let mut child = Command::new(qemu)
         .args(machine)
-        .args(["-accel", "tcg,thread=single", "-cpu", "max", "-smp", "2", "-m", "3G"])
-        .args(["-nodefaults", "-display", "none", "-monitor", "none", "-no-reboot"])
+        .args([
+            "-accel",
+            "tcg,thread=single",
+            "-cpu",
+            "max",
+            "-smp",
+            "2",
+            "-m",
+            "3G",
+        ])
+        .args([
+            "-nodefaults",
+            "-display",
+            "none",
+            "-monitor",
+            "none",
+            "-no-reboot",
+        ])
         .arg("-serial")
         .arg(format!("file:{}", console.display()))
         .arg("-kernel")
@@ -164,8 +180,14 @@ fn boot(guest: &Guest, results: &Path, timeout: Duration) -> String {
         .args(["-append", &format!("console={tty} panic=-1 quiet")])
         .arg("-virtfs")
         .arg(format!(
-            "local,path={},mount_tag=hostroot,security_model=passthrough,readonly=on,multidevs=remap",
-            guest.root.display()
+            "local,path={},mount_tag=hostroot,security_model=passthrough{},multidevs=remap",
+            guest.root.display(),
+            // A release's root is a copy of its own, which the guest installs into.
+            if guest.release.is_some() {
+                ""
+            } else {
+                ",readonly=on"
+            }
         ))
         .arg("-virtfs")
         .arg(format!(
@@ -238,17 +260,20 @@ fn stage_packages(dir: &Path, arch: &str) -> String {
 }
 
 /// A release guest's script: the `.deb` installed by dpkg and the wheel by pip into a venv of
-/// the release's python3 (both offline), the three runs of `guest_script` on the release's own
+/// the release's python3 (both offline; the release's own pip, run from the wheel its
+/// python3-venv installs it from with the wheels Debian 11's pip takes its dependencies from,
+/// since installing pip into the venv first takes minutes under emulation), the three runs of `guest_script` on the release's own
 /// `/usr/bin/python3` (the package's binary, and the wheel's for `-- COMMAND`), then the
-/// service as its unit runs it: the unit's `ExecStart` with its `EnvironmentFile`, as a user
-/// that is not root, with only the unit's `AmbientCapabilities` (capsh, as systemd would set
-/// them), into the state directory, for 8 s.
+/// service as its unit runs it: the unit's `ExecStart` with its `EnvironmentFile` and
+/// `LimitMEMLOCK`, as a user that is not root, with only the unit's `AmbientCapabilities`
+/// (capsh, as systemd would set them), into the state directory, for 8 s.
 fn release_script(wheel: &str, secs: u32) -> String {
     let mut s = format!(
         r#"R=/tmp/results
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 dpkg -i $R/tachyon-bpf.deb > $R/dpkg.log 2>&1; echo $? > $R/dpkg.rc
-python3 -m venv /opt/wheel > $R/wheel.log 2>&1 && /opt/wheel/bin/pip install --no-index --disable-pip-version-check $R/{wheel} >> $R/wheel.log 2>&1; echo $? > $R/wheel.rc
+mount -t tmpfs venv /opt
+python3 -m venv --without-pip /opt/wheel > $R/wheel.log 2>&1 && mkdir /opt/wheel/share && cp -r /usr/share/python-wheels /opt/wheel/share/ && /opt/wheel/bin/python $(ls /usr/share/python-wheels/pip-*.whl)/pip install --no-index --no-compile --disable-pip-version-check $R/{wheel} >> $R/wheel.log 2>&1; echo $? > $R/wheel.rc
 cmp /usr/bin/tachyon-bpf /opt/wheel/bin/tachyon-bpf > $R/cmp.log 2>&1; echo $? > $R/cmp.rc
 python3 -c 'import sys; print(sys.version.split()[0])' > $R/python.version
 "#
@@ -269,12 +294,17 @@ python3 $R/work.py busy 300 & W3=$!
 touch $R/unit.caps && chown 61000 $R/unit.caps
 sleep 1
 set -a; . /etc/default/tachyon-bpf; set +a
+[ "$(sed -n 's/^LimitMEMLOCK=//p' $UNIT)" = infinity ] && ulimit -l unlimited
+# Debian's kernels default to perf_event_paranoid 3, where only CAP_SYS_ADMIN opens perf events:
+# the README's step for them.
+cat /proc/sys/kernel/perf_event_paranoid > $R/unit.paranoid
+[ "$(cat /proc/sys/kernel/perf_event_paranoid)" -gt 2 ] && echo 2 > /proc/sys/kernel/perf_event_paranoid
 capsh --caps="$CAPS+eip cap_setpcap,cap_setuid,cap_setgid+ep" --keep=1 --gid=61000 --groups=61000 --uid=61000 --addamb=$CAPS -- -c "grep ^Cap /proc/self/status > $R/unit.caps; id -u >> $R/unit.caps; exec $EXEC -d 8" > $R/unit.out 2> $R/unit.err; echo $? > $R/unit.rc
 kill $W3
 wait
 mkdir -p $R/unit
 ls -ln $STATE > $R/unit.ls
-cp $STATE/* $R/unit/
+cp -r $STATE/. $R/unit/
 "#,
     );
     s
