@@ -1,18 +1,24 @@
-//! The kernel matrix: the real binary on the kernels fleets run (Debian 11's 5.10, 12's 6.1,
-//! 13's 6.12 and unstable's newest), each booted under qemu (TCG) with this machine's root
-//! shared read-only (see `xtask/src/kernels.rs`, which `cargo xtask` sets up).
+//! The kernel and distribution matrix: the released binaries on the kernels fleets run, each
+//! booted under qemu (TCG). Debian 11's 5.10, 12's 6.1 and 13's 6.12 boot a copy of their
+//! release's own userland (`.tools/releases`, made by `cargo xtask setup` with debootstrap),
+//! where the guest installs the `.deb` (dpkg) and the wheel (pip, into a venv of the release's
+//! python3) of `cargo xtask dist`; unstable's newest kernel boots with this machine's root
+//! shared read-only (see `xtask/src/kernels.rs`).
 //!
 //! In each guest: `--all-pythons` in cpu mode over two running interpreters (the scheduler
-//! program for times only), `--pid` in wall mode on
-//! sleeping threads, and `-- COMMAND` on a script that times its own sleeps. Back on the host,
+//! program for times only), `--pid` in wall mode on sleeping threads, and `-- COMMAND` on a
+//! script that times its own sleeps (the wheel's binary, on the releases). Back on the host,
 //! every profile is read through the Firefox Profiler CLI: Python frames merged into the native
 //! stacks, off-CPU time where and as long as it happened, no BPF program left behind, and the
-//! program set each kernel got is the one the README's kernel table promises.
+//! program set each kernel got is the one the README's kernel table promises. On the releases,
+//! the service then runs as its unit would (`release_script`), and its pprof is read back by
+//! `go tool pprof`.
 //!
-//! The arm64 guest (`arm64_guest_profiles_python`) runs the same script and checks under
-//! `qemu-system-aarch64`: Debian 12's arm64 kernel, an arm64 Debian tree with its python3 as the
-//! root (both from `cargo xtask setup`), and the cross-built binary (`cargo xtask build --arch
-//! aarch64`, whose path `cargo xtask test` passes in `TACHYON_BPF_BIN_AARCH64`).
+//! The arm64 guests (`arm64_guest_profiles_python`) run the same script and checks under
+//! `qemu-system-aarch64` with the released aarch64 binary (`TACHYON_BPF_BIN_AARCH64`, which
+//! `cargo xtask test` passes): Debian 12's arm64 kernel with Debian 12's own arm64 userland and
+//! packages, and Debian 11's 5.10 with an arm64 tree of Debian 12's python3 and 13's
+//! python3.13.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -418,6 +424,10 @@ fn readme_sets() -> Vec<(String, String)> {
         .collect()
 }
 
+/// The kernel functions `time.sleep` blocks in: `clock_nanosleep(2)`, and `select(2)` before
+/// Python 3.11 (Debian 11's 3.9).
+const SLEEPS_IN: [&str; 2] = ["do_nanosleep", "do_select"];
+
 /// Samples of `paths` running `func` that are fully merged: rooted at the native `_start`, with
 /// the interpreter's native frames above the Python ones.
 fn merged_share(paths: &CallPaths, func: &str) -> (u64, u64) {
@@ -575,7 +585,7 @@ fn check_guest(g: &Guest, dir: &Path, expected_set: &str) -> Vec<String> {
                     found = true;
                     let asleep = c.count(|n| {
                         let py = n.iter().position(|f| f == "nap");
-                        let k = n.iter().position(|f| f == "do_nanosleep");
+                        let k = n.iter().position(|f| SLEEPS_IN.contains(&f.as_str()));
                         matches!((py, k), (Some(a), Some(b)) if a < b)
                     }) as f64;
                     match slept_ms {
@@ -587,7 +597,7 @@ fn check_guest(g: &Guest, dir: &Path, expected_set: &str) -> Vec<String> {
                                 .paths
                                 .iter()
                                 .filter(|p| {
-                                    p.names.iter().any(|f| f == "do_nanosleep")
+                                    p.names.iter().any(|f| SLEEPS_IN.contains(&f.as_str()))
                                         && !p.names.iter().any(|f| f == "nap")
                                 })
                                 .collect();
@@ -602,7 +612,7 @@ fn check_guest(g: &Guest, dir: &Path, expected_set: &str) -> Vec<String> {
                                 })
                                 .collect();
                             fail(format!(
-                                "-- COMMAND: {asleep:.0} ms in nap() -> do_nanosleep, the script \
+                                "-- COMMAND: {asleep:.0} ms in nap() -> {SLEEPS_IN:?}, the script \
                                  says it slept {out:?} s; asleep elsewhere: {shown:#?}"
                             ))
                         }

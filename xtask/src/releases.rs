@@ -51,32 +51,70 @@ pub fn setup(tools: &Path) -> Result<()> {
         return Ok(());
     }
     apt_install(&["debootstrap"])?;
-    for (name, suite, arch) in missing {
-        let dir = base.join(name);
-        eprintln!("xtask: making Debian {suite} ({arch}) with python3 in .tools/releases/{name}");
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir)?;
-        let foreign = *arch != "amd64";
-        let mut cmd = Command::new("debootstrap");
-        cmd.args(["--variant=minbase", &format!("--include={INCLUDE}")])
-            .arg(format!("--arch={arch}"));
-        if foreign {
-            cmd.arg("--foreign");
-        }
-        run(cmd.arg(suite).arg(&dir).arg(MIRROR))?;
-        if foreign {
-            second_stage(tools, &dir).with_context(|| format!("{name}: the second stage"))?;
-        }
-        // The downloaded packages are not needed again.
-        if let Ok(rd) = std::fs::read_dir(dir.join("var/cache/apt/archives")) {
-            for e in rd.flatten() {
-                if e.path().extension().is_some_and(|x| x == "deb") {
-                    std::fs::remove_file(e.path())?;
-                }
+    // The emulator is fetched before the threads start (apt is not to be run twice at once).
+    if missing.iter().any(|(_, _, arch)| *arch != "amd64") {
+        qemu_user(tools)?;
+    }
+    // One thread each: debootstrap waits on downloads and dpkg more than on the CPU.
+    let results: Vec<Result<()>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = missing
+            .iter()
+            .map(|&&(name, suite, arch)| {
+                let dir = base.join(name);
+                let stamp = &stamp;
+                scope.spawn(move || {
+                    make_root(tools, &dir, suite, arch, stamp)
+                        .with_context(|| format!("Debian {suite} ({arch}) in {}", dir.display()))
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| bail!("a debootstrap thread panicked"))
+            })
+            .collect()
+    });
+    results.into_iter().collect()
+}
+
+/// One release's root in `dir`, made anew; `.complete` holds `stamp` when it is done.
+fn make_root(tools: &Path, dir: &Path, suite: &str, arch: &str, stamp: &str) -> Result<()> {
+    eprintln!(
+        "xtask: making Debian {suite} ({arch}) with python3 in {}",
+        dir.display()
+    );
+    let _ = std::fs::remove_dir_all(dir);
+    std::fs::create_dir_all(dir)?;
+    let foreign = arch != "amd64";
+    let mut cmd = Command::new("debootstrap");
+    cmd.args(["--variant=minbase", &format!("--include={INCLUDE}")])
+        .arg(format!("--arch={arch}"));
+    if foreign {
+        cmd.arg("--foreign");
+    }
+    // Quiet unless it fails: four run at once.
+    let out = cmd.arg(suite).arg(dir).arg(MIRROR).output()?;
+    if !out.status.success() {
+        bail!(
+            "debootstrap failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    if foreign {
+        second_stage(tools, dir).context("the second stage")?;
+    }
+    // The downloaded packages are not needed again.
+    if let Ok(rd) = std::fs::read_dir(dir.join("var/cache/apt/archives")) {
+        for e in rd.flatten() {
+            if e.path().extension().is_some_and(|x| x == "deb") {
+                std::fs::remove_file(e.path())?;
             }
         }
-        std::fs::write(dir.join(".complete"), &stamp)?;
     }
+    std::fs::write(dir.join(".complete"), stamp)?;
     Ok(())
 }
 
@@ -153,8 +191,9 @@ fn in_user_namespace(script: &str) -> Result<()> {
     if unsafe { libc::pipe(up.as_mut_ptr()) } != 0 || unsafe { libc::pipe(go.as_mut_ptr()) } != 0 {
         bail!("pipe: {}", std::io::Error::last_os_error());
     }
-    // SAFETY: xtask runs this single-threaded; the child calls only async-signal-safe functions
-    // (unshare, read, write, execv, _exit) before it execs.
+    // SAFETY: the child calls only async-signal-safe functions (unshare, read, write, execv,
+    // _exit) on memory made before the fork, so other threads of this process cannot leave it
+    // a lock held.
     let pid = unsafe { libc::fork() };
     if pid < 0 {
         bail!("fork: {}", std::io::Error::last_os_error());
