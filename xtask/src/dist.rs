@@ -197,6 +197,8 @@ pub fn dist(tools: &Path) -> Result<Vec<(String, Artifacts)>> {
             .arg("--only-keep-debug")
             .arg(bin)
             .arg(&debug))?;
+        // Data, not a program (objcopy keeps the binary's mode).
+        std::fs::set_permissions(&debug, std::os::unix::fs::PermissionsExt::from_mode(0o644))?;
         run(Command::new(llvm("objcopy"))
             .arg("--strip-all")
             .arg(format!("--add-gnu-debuglink={}", debug.display()))
