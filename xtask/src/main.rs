@@ -282,20 +282,33 @@ fn main() -> Result<()> {
                 "--exclude",
                 "tachyon-bpf-tests",
             ]))?;
-            run(Command::new("cargo")
-                .current_dir(workspace())
-                .env("TACHYON_BPF_BIN", &bin)
-                .env("TACHYON_BPF_BIN_AARCH64", bin_arm64)
-                .env("TACHYON_DIST", dist::dist_dir())
-                .env("TACHYON_TOOLS", &tools)
-                // Deep call trees (300-frame recursion) are walked recursively.
-                .env("RUST_MIN_STACK", "67108864")
-                .args(["test", "-p", "tachyon-bpf-tests", "--"])
+            let e2e = || {
+                let mut cmd = Command::new("cargo");
+                cmd.current_dir(workspace())
+                    .env("TACHYON_BPF_BIN", &bin)
+                    .env("TACHYON_BPF_BIN_AARCH64", bin_arm64)
+                    .env("TACHYON_DIST", dist::dist_dir())
+                    .env("TACHYON_TOOLS", &tools)
+                    // Deep call trees (300-frame recursion) are walked recursively.
+                    .env("RUST_MIN_STACK", "67108864")
+                    .args(["test", "-p", "tachyon-bpf-tests"]);
+                cmd
+            };
+            run(e2e()
+                .arg("--")
                 .arg("--test-threads=1")
+                .args(["--skip", "fleet_kernels", "--skip", "arm64_guest"])
                 .args(rest))?;
-            // The whole suite ends with the 10-minute memory soak (a filtered run skips it).
+            // The kernel and distribution matrix last: its x86_64 and arm64 guests at once, each
+            // an emulator on one core of its own (their checks are of what happened inside each
+            // guest, not of this machine's timing).
+            run(e2e()
+                .args(["--test", "kernels", "--", "--test-threads=2"])
+                .args(rest))?;
+            // The whole suite ends with the 5-minute memory soak (a filtered run skips it;
+            // `cargo xtask soak` runs longer ones).
             if rest.is_empty() {
-                soak::soak(&bin, 600)?;
+                soak::soak(&bin, 300)?;
             }
         }
         "dist" => {
