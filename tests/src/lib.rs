@@ -172,10 +172,18 @@ pub fn dist_file(prefix: &str, suffix: &str) -> PathBuf {
     }
 }
 
-/// The Debian package of `cargo xtask dist` for `arch` (x86_64, aarch64).
+/// Debian's name of an architecture (x86_64, aarch64).
+pub fn deb_arch(arch: &str) -> &'static str {
+    if arch == "aarch64" {
+        "arm64"
+    } else {
+        "amd64"
+    }
+}
+
+/// The Debian package of `cargo xtask dist` for `arch`.
 pub fn dist_deb(arch: &str) -> PathBuf {
-    let deb_arch = if arch == "aarch64" { "arm64" } else { "amd64" };
-    dist_file("tachyon-bpf_", &format!("_{deb_arch}.deb"))
+    dist_file("tachyon-bpf_", &format!("_{}.deb", deb_arch(arch)))
 }
 
 /// The wheel of `cargo xtask dist` for `arch`.

@@ -215,11 +215,10 @@ fn debian_package_holds_the_binary_man_page_completions_unit_and_licences() {
             "Architecture",
             "Depends",
         ]));
-        let deb_arch = if arch == "aarch64" { "arm64" } else { "amd64" };
         for want in [
             "Package: tachyon-bpf".to_string(),
             format!("Version: {}-1", version()),
-            format!("Architecture: {deb_arch}"),
+            format!("Architecture: {}", deb_arch(arch)),
             "Depends: libc6 (>= 2.17)".to_string(),
         ] {
             assert!(fields.contains(&want), "{arch}: {want:?} in {fields}");

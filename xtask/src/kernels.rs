@@ -116,18 +116,16 @@ pub fn rw_init() -> String {
 /// writable root's `/init` (the kernel unpacks both in order, and the later file wins).
 pub fn setup_rw_initrds(tools: &Path) -> Result<()> {
     let tail = newc(&[("init".into(), rw_init().into_bytes(), 0o755)]);
-    for (dir, labels) in [
-        ("kernels", KERNELS.map(|k| k.0)),
-        ("arm64", [ARM64_KERNELS[0].0, ARM64_KERNELS[1].0, "", ""]),
-    ] {
-        for label in labels.iter().filter(|l| !l.is_empty()) {
-            let d = tools.join(dir).join(label);
-            let mut bytes = std::fs::read(d.join("initrd"))
-                .with_context(|| format!("{}", d.join("initrd").display()))?;
-            bytes.extend_from_slice(&tail);
-            if std::fs::read(d.join("initrd-rw")).ok().as_ref() != Some(&bytes) {
-                std::fs::write(d.join("initrd-rw"), &bytes)?;
-            }
+    let x86 = KERNELS.iter().map(|(l, _)| tools.join("kernels").join(l));
+    let arm64 = ARM64_KERNELS
+        .iter()
+        .map(|(l, _)| tools.join("arm64").join(l));
+    for d in x86.chain(arm64) {
+        let mut bytes = std::fs::read(d.join("initrd"))
+            .with_context(|| format!("{}", d.join("initrd").display()))?;
+        bytes.extend_from_slice(&tail);
+        if std::fs::read(d.join("initrd-rw")).ok().as_ref() != Some(&bytes) {
+            std::fs::write(d.join("initrd-rw"), &bytes)?;
         }
     }
     Ok(())
