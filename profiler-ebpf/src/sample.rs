@@ -1,0 +1,308 @@
+//! The sample record: what the interrupted (or blocking) thread is doing at one instant, from
+//! its registers and kernel stack to its Python frames and user stack, assembled in this CPU's
+//! scratch buffer and sent whole.
+
+use core::ffi::c_void;
+
+use aya_ebpf::{
+    bindings::BPF_RB_AVAIL_DATA,
+    helpers::{
+        bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_ns,
+        generated::{bpf_get_current_comm, bpf_get_current_task, bpf_get_stack},
+    },
+    programs::PerfEventContext,
+    EbpfContext,
+};
+use profiler_common::*;
+
+use crate::{
+    arch,
+    maps::*,
+    mem::*,
+    python::{thread_state::*, walk::walk_python},
+    task::*,
+    ustack::*,
+};
+
+#[inline(always)]
+pub(crate) fn sample<const MODERN: bool>(ctx: PerfEventContext) -> u32 {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let pid = (pid_tgid >> 32) as u32;
+    let tid = pid_tgid as u32;
+    if tid == 0 {
+        return 0; // the idle task
+    }
+    let Some(cfg) = CONFIG.get(0) else {
+        return 0;
+    };
+    if !targeted(cfg, pid) {
+        return 0;
+    }
+    // SAFETY: the context of a perf_event program is a bpf_perf_event_data.
+    let regs: &arch::Regs = unsafe { &(*ctx.ctx).regs };
+    // SAFETY: helper without preconditions.
+    let now = unsafe { bpf_ktime_get_ns() };
+    capture::<MODERN>(
+        ctx.as_ptr(),
+        cfg,
+        RECORD_SAMPLE,
+        pid,
+        tid,
+        now,
+        Some(regs),
+        0,
+    );
+    0
+}
+
+/// Whether the current process's executable mappings changed since its previous record (or it
+/// has none): `mm->exec_vm` counts the pages mapped executable, so a library loaded or unloaded
+/// changes it, and anonymous memory (the allocators' arenas) does not.
+#[inline(never)]
+pub(crate) fn maps_changed(cfg: &Config, pid: u32) -> bool {
+    if cfg.mm_exec_vm_off == 0 {
+        return false;
+    }
+    // SAFETY: helper without preconditions.
+    let task = unsafe { bpf_get_current_task() };
+    let Some(mm) = read_kernel::<u64>(task + cfg.task_mm_off as u64) else {
+        return false;
+    };
+    if mm == 0 {
+        return false;
+    }
+    let Some(exec_vm) = read_kernel::<u64>(mm + cfg.mm_exec_vm_off as u64) else {
+        return false;
+    };
+    // SAFETY: plain lookup, the value copied out at once.
+    if unsafe { EXEC_VM.get(pid) }.is_some_and(|&v| v == exec_vm) {
+        return false;
+    }
+    let _ = EXEC_VM.insert(pid, exec_vm, 0);
+    true
+}
+
+/// Assembles one sample record of the current thread and sends it. `regs`: the registers the
+/// thread was interrupted with (a sample's); when they are not user mode's (or there are none,
+/// a switch's), the user registers come from the task and the kernel stack is recorded.
+/// Returns whether the record was written.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn capture<const MODERN: bool>(
+    ctx: *mut c_void,
+    cfg: &Config,
+    kind: u32,
+    pid: u32,
+    tid: u32,
+    now: u64,
+    regs: Option<&arch::Regs>,
+    sched_state: u64,
+) -> bool {
+    // SAFETY: helper without preconditions.
+    let cpu = unsafe { bpf_get_smp_processor_id() };
+    let Some(scratch) = SCRATCH.get_ptr_mut(cpu) else {
+        count(STAT_SCRATCH_FAIL);
+        return false;
+    };
+    let base = scratch as *mut u8;
+    // SAFETY: the scratch buffer is SCRATCH_SIZE bytes, larger than the header, 8-aligned (map
+    // values are), and one capture at a time uses a CPU's slot: the cpu-clock event arrives in a
+    // timer interrupt, and `sched_switch` runs with interrupts disabled, so neither nests in the
+    // other.
+    let hdr = unsafe { &mut *(base as *mut SampleHeader) };
+    begin_header(hdr, kind, pid, tid, now, cpu, sched_state);
+
+    registers::<MODERN>(ctx, cfg, base, regs);
+    if maps_changed(cfg, pid) {
+        hdr.flags |= SAMPLE_MAPS_CHANGED;
+    }
+
+    python_state::<MODERN>(cfg, base, cpu, pid, tid);
+    // SAFETY: fields of the header written above; volatile so that the value comes from memory.
+    let mut py_len = unsafe { core::ptr::read_volatile(&hdr.py_len) } as usize;
+    // SAFETY: as above.
+    let mut flags = unsafe { core::ptr::read_volatile(&hdr.flags) };
+    if flags & SAMPLE_PY_TRUNCATED != 0 {
+        count(STAT_PY_TRUNCATED);
+    }
+    if flags & SAMPLE_PY_READ_FAILED != 0 {
+        count(STAT_PY_READ_FAIL);
+    }
+    if py_len > MAX_PY_FRAMES {
+        py_len = MAX_PY_FRAMES;
+    }
+    hdr.py_len = py_len as u32;
+
+    // The user stack: first up to the next page boundary, then whole pages, so the copy ends
+    // exactly where the stack mapping ends.
+    // The code heads follow the frames (see `copy_code_head`).
+    // SAFETY: a field of the header; volatile as above.
+    let mut snaps = unsafe { core::ptr::read_volatile(&hdr.py_snaps) } as usize;
+    if snaps > PY_CODE_SNAPS {
+        snaps = PY_CODE_SNAPS;
+    }
+    hdr.py_snaps = snaps as u32;
+    let area =
+        SampleHeader::SIZE + py_len * core::mem::size_of::<PyFrame>() + snaps * CodeSnap::SIZE;
+    let copied = copy_user_stack::<MODERN>(cfg, base, cpu, pid, tid, area, &mut flags as *mut u32);
+    hdr.ustack_len = copied as u32;
+    hdr.flags = flags;
+
+    let mut total = area + copied;
+    if total > SCRATCH_SIZE {
+        total = SCRATCH_SIZE;
+    }
+    // SAFETY: total <= SCRATCH_SIZE, the size of the buffer behind base.
+    let record = unsafe { core::slice::from_raw_parts(base as *const u8, total) };
+    // A ring this full keeps its room for off-CPU captures and events (`sample_stop_bytes`).
+    if kind == RECORD_SAMPLE
+        && cfg.sample_stop_bytes != 0
+        && SAMPLES.query(BPF_RB_AVAIL_DATA as u64) >= cfg.sample_stop_bytes as u64
+    {
+        count(STAT_LOST);
+        return false;
+    }
+    if SAMPLES.output::<[u8]>(record, wake_flags()).is_ok() {
+        count(STAT_SAMPLES);
+        true
+    } else {
+        count(STAT_LOST);
+        false
+    }
+}
+
+/// The header's fixed part: who, where and when; everything else zeroed.
+#[inline(always)]
+fn begin_header(
+    hdr: &mut SampleHeader,
+    kind: u32,
+    pid: u32,
+    tid: u32,
+    now: u64,
+    cpu: u32,
+    sched_state: u64,
+) {
+    hdr.kind = kind;
+    hdr.pid = pid;
+    hdr.tid = tid;
+    hdr.time_ns = now;
+    hdr.cpu = cpu;
+    // Into the header: the helper zeroes the buffer when it fails.
+    // SAFETY: the header's 16-byte field.
+    unsafe { bpf_get_current_comm(hdr.comm.as_mut_ptr() as *mut c_void, hdr.comm.len() as u32) };
+    zero(&mut hdr.kstack_len);
+    zero(&mut hdr.py_len);
+    zero(&mut hdr.flags);
+    zero(&mut hdr.ustack_len);
+    zero(&mut hdr.py_tstate);
+    zero(&mut hdr.py_gil_holder);
+    zero(&mut hdr.py_gil_locked);
+    zero(&mut hdr.py_status);
+    zero(&mut hdr.py_gc_collecting);
+    zero(&mut hdr.py_snaps);
+    zero(&mut hdr.py_task);
+    hdr.sched_state = sched_state;
+    zero(&mut hdr.ip);
+    zero(&mut hdr.sp);
+    zero(&mut hdr.bp);
+    zero(&mut hdr.lr);
+}
+
+/// The user registers: the interrupted ones when the thread was in user mode; otherwise those
+/// it saved on entering the kernel, with the kernel stack.
+#[inline(always)]
+fn registers<const MODERN: bool>(
+    ctx: *mut c_void,
+    cfg: &Config,
+    base: *mut u8,
+    regs: Option<&arch::Regs>,
+) {
+    // SAFETY: the record's header (see `capture`), made here from the pointer as in
+    // `python_state`.
+    let hdr = unsafe { &mut *(base as *mut SampleHeader) };
+    // The registers are read from the context here, where they are used: read at the start
+    // and kept on the stack, their words were written only when in user mode, and 6.1's
+    // verifier (which did not carry what the first test of the mode proved to the second)
+    // refused the read of them as a read of uninitialised stack.
+    if let Some(u) = regs.and_then(arch::user) {
+        hdr.ip = u.ip;
+        hdr.sp = u.sp;
+        hdr.bp = u.bp;
+        hdr.lr = u.lr;
+    } else {
+        hdr.flags |= SAMPLE_KERNEL_MODE;
+        match arch::read_user(user_regs::<MODERN>(cfg)) {
+            Ok(Some(u)) => {
+                hdr.ip = u.ip;
+                hdr.sp = u.sp;
+                hdr.bp = u.bp;
+                hdr.lr = u.lr;
+            }
+            Ok(None) => hdr.flags |= SAMPLE_NO_USER,
+            Err(()) => {
+                hdr.flags |= SAMPLE_NO_USER;
+                count(STAT_UREGS_FAIL);
+            }
+        }
+        // SAFETY: the buffer is the header's kstack array of MAX_KSTACK u64.
+        let n = unsafe {
+            bpf_get_stack(
+                ctx,
+                hdr.kstack.as_mut_ptr() as *mut c_void,
+                (MAX_KSTACK * 8) as u32,
+                0,
+            )
+        };
+        if n > 0 {
+            hdr.kstack_len = (n / 8) as u32;
+        } else {
+            count(STAT_KSTACK_FAIL);
+        }
+    }
+}
+
+/// Python: the frame chain and the GIL/GC words of the same instant. Flags and the walk's
+/// results are kept in the header (map memory) and read back from there: to the verifier, a
+/// value read from a map is any value, so paths that differ only in them merge, and the frame
+/// loop (512 steps without bpf_loop) and the rest of the program are verified once, not once
+/// per flag combination or possible frame count.
+#[inline(always)]
+fn python_state<const MODERN: bool>(cfg: &Config, base: *mut u8, cpu: u32, pid: u32, tid: u32) {
+    // SAFETY: the record's header (see `capture`). Made here from the pointer: a `&mut`
+    // parameter would tell the compiler it aliases nothing, which changes the code it makes
+    // (and so what the verifier walks).
+    let hdr = unsafe { &mut *(base as *mut SampleHeader) };
+    // SAFETY: the value is copied out at once.
+    let Some(pc) = (unsafe { PY_PROCS.get(pid) }) else {
+        return;
+    };
+    let pc = *pc;
+    match thread_state(cfg, &pc, pid, tid) {
+        None => {
+            hdr.flags |= SAMPLE_PY_MISS;
+            count(STAT_PY_MISS);
+        }
+        Some(tstate) => {
+            hdr.flags |= SAMPLE_PY_THREAD;
+            hdr.py_tstate = tstate;
+            walk_python::<MODERN>(cpu, &pc, tstate);
+        }
+    }
+    if pc.gil_locked != 0 {
+        hdr.py_gil_locked = read_user::<u32>(pc.gil_locked).unwrap_or(0);
+        hdr.py_gil_holder = read_user::<u64>(pc.gil_last_holder).unwrap_or(0);
+    }
+    if pc.gc_collecting != 0 {
+        hdr.py_gc_collecting = read_user::<u32>(pc.gc_collecting).unwrap_or(0);
+    }
+    if pc.tstate_status != NO_OFFSET && hdr.py_tstate != 0 {
+        hdr.py_status = read_user::<u32>(hdr.py_tstate + pc.tstate_status as u64).unwrap_or(0);
+    }
+    if hdr.py_tstate != 0 && has_exception(&pc, hdr.py_tstate) {
+        hdr.flags |= SAMPLE_PY_EXCEPTION;
+    }
+    // `--async-aware`: the task the thread's event loop runs.
+    if pc.tstate_running_task != NO_OFFSET && hdr.py_tstate != 0 {
+        hdr.py_task = read_user::<u64>(hdr.py_tstate + pc.tstate_running_task as u64).unwrap_or(0);
+    }
+}
