@@ -38,6 +38,9 @@ pub const RECORD_SAMPLE: u32 = 1;
 pub const RECORD_SWITCH_OUT: u32 = 2;
 /// A thread's scheduler accounting: a [`SchedRecord`].
 pub const RECORD_SCHED: u32 = 3;
+/// Kind 4 is retired: a thread's return to a CPU, sent per switch until the scheduler
+/// accounting moved into BPF (`SchedRecord`). Nothing sends it now.
+pub const RECORD_RETIRED_SWITCH_IN: u32 = 4;
 /// A task was created: an [`EventRecord`] from the parent, `arg0` = child tgid, `arg1` = child tid.
 pub const RECORD_FORK: u32 = 5;
 /// A process replaced its program (`execve`): an [`EventRecord`] with the new comm.
@@ -53,9 +56,6 @@ pub const SAMPLE_KERNEL_MODE: u32 = 1 << 0;
 /// The user stack copy stopped before `--stack-size` because a chunk faulted (normal near the
 /// top of the stack).
 pub const SAMPLE_USTACK_SHORT: u32 = 1 << 1;
-/// The user stack copy stepped over pages that were never touched (a function reserved a
-/// large buffer it did not fill, such as OpenBLAS's kernels): they read as zeros.
-pub const SAMPLE_USTACK_HOLE: u32 = 1 << 9;
 /// No user registers could be read (kernel thread, or the task's registers were unreadable).
 pub const SAMPLE_NO_USER: u32 = 1 << 2;
 /// The process is a known Python process and the thread has a thread state.
@@ -71,6 +71,9 @@ pub const SAMPLE_PY_EXCEPTION: u32 = 1 << 7;
 /// A frame's `previous` pointed back at the frame itself: the walk stopped there (a corrupt or
 /// hostile interpreter; longer cycles end at [`MAX_PY_FRAMES`] as truncated).
 pub const SAMPLE_PY_CYCLE: u32 = 1 << 8;
+/// The user stack copy stepped over pages that were never touched (a function reserved a
+/// large buffer it did not fill, such as OpenBLAS's kernels): they read as zeros.
+pub const SAMPLE_USTACK_HOLE: u32 = 1 << 9;
 /// The process's executable mappings changed since its previous record (or this is its first):
 /// it loaded or unloaded code (an import `dlopen`ed an extension). User space reads its mappings
 /// again as it reads the record, while the process most likely still lives: a library whose code
@@ -100,7 +103,11 @@ pub mod names {
     pub const MAP_STACK_TOPS: &str = "STACK_TOPS";
     pub const MAP_EXEC_VM: &str = "EXEC_VM";
     pub const MAP_KNOWN_CODES: &str = "KNOWN_CODES";
-    pub const MAPS: [&str; 14] = [
+    pub const MAP_LOG_BUDGET: &str = "LOG_BUDGET";
+    /// aya-log's ring of log records (`--debug-bpf`), and the global that sets its level.
+    pub const MAP_AYA_LOGS: &str = "AYA_LOGS";
+    pub const GLOBAL_AYA_LOG_LEVEL: &str = "AYA_LOG_LEVEL";
+    pub const MAPS: [&str; 16] = [
         MAP_CONFIG,
         MAP_TARGETS,
         MAP_PY_PROCS,
@@ -115,6 +122,8 @@ pub mod names {
         MAP_STACK_TOPS,
         MAP_EXEC_VM,
         MAP_KNOWN_CODES,
+        MAP_LOG_BUDGET,
+        MAP_AYA_LOGS,
     ];
 
     /// The sampler: modern kernels (bpf_loop, bpf_task_pt_regs), and compat (5.10 on).
@@ -171,6 +180,34 @@ pub const STAT_OFF_UNCAPTURED: u32 = 11;
 /// Threads the scheduler map had no room for (their times are not accounted).
 pub const STAT_SCHED_FULL: u32 = 12;
 pub const STAT_COUNT: u32 = 13;
+
+/// Failure kinds the BPF programs log with `--debug-bpf` (aya-log), each at most
+/// [`LOG_FIRST`] times per CPU; `LOG_BUDGET` counts every occurrence per CPU, so user space
+/// reports how many were not logged.
+/// The user stack could not be read at the stack pointer (nothing copied).
+pub const LOG_USTACK: u32 = 0;
+/// A kernel-mode sample's saved user registers could not be read.
+pub const LOG_UREGS: u32 = 1;
+/// A Python thread's state was not found (not in `PY_THREADS`, not found by its thread pointer).
+pub const LOG_TSTATE: u32 = 2;
+/// The frame chain was cut by a failed read.
+pub const LOG_FRAME_READ: u32 = 3;
+/// The frame chain loops (a frame's `previous` is itself).
+pub const LOG_FRAME_CYCLE: u32 = 4;
+/// A record was dropped: the ring buffer was full (or kept its room for captures).
+pub const LOG_DROPPED: u32 = 5;
+pub const LOG_KINDS: u32 = 6;
+/// Occurrences of a kind logged per CPU; the rest are counted.
+pub const LOG_FIRST: u32 = 4;
+/// The kinds' names, by index, as the summary reports what was not logged.
+pub const LOG_KIND_NAMES: [&str; LOG_KINDS as usize] = [
+    "user stack unreadable",
+    "user registers unreadable",
+    "thread state not found",
+    "frame chain cut by a failed read",
+    "frame chain loops",
+    "record dropped",
+];
 
 /// Every counter of the `STATS` map: (index, name, meaning). The summary and each profile's
 /// `meta.tachyon.bpfCounters` show them all by these names.

@@ -51,6 +51,7 @@ use aya_ebpf::{
 
 mod arch;
 mod lifecycle;
+mod log;
 mod maps;
 mod mem;
 mod python;

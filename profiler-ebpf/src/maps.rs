@@ -140,3 +140,7 @@ pub(crate) const COPIED_SLOTS: usize = 64;
 pub(crate) fn copied_slot(code: u64) -> usize {
     ((code >> 4) ^ (code >> 11)) as usize & (COPIED_SLOTS - 1)
 }
+
+/// Occurrences of each failure kind (`LOG_*`) on this CPU, for `--debug-bpf` (see `log`).
+#[map]
+pub(crate) static LOG_BUDGET: PerCpuArray<u32> = PerCpuArray::with_max_entries(LOG_KINDS, 0);

@@ -16,7 +16,7 @@ use aya_ebpf::{
 use profiler_common::*;
 
 use crate::{
-    arch,
+    arch, log,
     maps::*,
     mem::*,
     python::{thread_state::*, walk::walk_python},
@@ -128,6 +128,9 @@ pub(crate) fn capture<const MODERN: bool>(
     if flags & SAMPLE_PY_READ_FAILED != 0 {
         count(STAT_PY_READ_FAIL);
     }
+    if flags & (SAMPLE_PY_READ_FAILED | SAMPLE_PY_CYCLE) != 0 {
+        log_frame_chain(pid, tid, flags, py_len as u64);
+    }
     if py_len > MAX_PY_FRAMES {
         py_len = MAX_PY_FRAMES;
     }
@@ -144,9 +147,12 @@ pub(crate) fn capture<const MODERN: bool>(
     hdr.py_snaps = snaps as u32;
     let area =
         SampleHeader::SIZE + py_len * core::mem::size_of::<PyFrame>() + snaps * CodeSnap::SIZE;
-    let copied = copy_user_stack::<MODERN>(cfg, base, cpu, pid, tid, area, &mut flags as *mut u32);
+    let copied = copy_user_stack::<MODERN>(cfg, base, cpu, pid, tid, area, &mut flags);
     hdr.ustack_len = copied as u32;
     hdr.flags = flags;
+    if copied == 0 && flags & SAMPLE_NO_USER == 0 {
+        log::failure(LOG_USTACK, pid, tid, hdr.sp, 0);
+    }
 
     let mut total = area + copied;
     if total > SCRATCH_SIZE {
@@ -160,6 +166,7 @@ pub(crate) fn capture<const MODERN: bool>(
         && SAMPLES.query(BPF_RB_AVAIL_DATA as u64) >= cfg.sample_stop_bytes as u64
     {
         count(STAT_LOST);
+        log::failure(LOG_DROPPED, pid, tid, total as u64, 0);
         return false;
     }
     if SAMPLES.output::<[u8]>(record, wake_flags()).is_ok() {
@@ -167,6 +174,7 @@ pub(crate) fn capture<const MODERN: bool>(
         true
     } else {
         count(STAT_LOST);
+        log::failure(LOG_DROPPED, pid, tid, total as u64, 0);
         false
     }
 }
@@ -231,7 +239,8 @@ fn registers<const MODERN: bool>(
         hdr.lr = u.lr;
     } else {
         hdr.flags |= SAMPLE_KERNEL_MODE;
-        match arch::read_user(user_regs::<MODERN>(cfg)) {
+        let saved = user_regs::<MODERN>(cfg);
+        match arch::read_user(saved) {
             Ok(Some(u)) => {
                 hdr.ip = u.ip;
                 hdr.sp = u.sp;
@@ -242,6 +251,9 @@ fn registers<const MODERN: bool>(
             Err(()) => {
                 hdr.flags |= SAMPLE_NO_USER;
                 count(STAT_UREGS_FAIL);
+                // The modern set's address is a typed pointer, which a log may not format.
+                let at = if MODERN { 0 } else { saved };
+                log::failure(LOG_UREGS, hdr.pid, hdr.tid, at, 0);
             }
         }
         // SAFETY: the buffer is the header's kstack array of MAX_KSTACK u64.
@@ -281,6 +293,7 @@ fn python_state<const MODERN: bool>(cfg: &Config, base: *mut u8, cpu: u32, pid: 
         None => {
             hdr.flags |= SAMPLE_PY_MISS;
             count(STAT_PY_MISS);
+            log::failure(LOG_TSTATE, pid, tid, 0, 0);
         }
         Some(tstate) => {
             hdr.flags |= SAMPLE_PY_THREAD;
@@ -304,5 +317,24 @@ fn python_state<const MODERN: bool>(cfg: &Config, base: *mut u8, cpu: u32, pid: 
     // `--async-aware`: the task the thread's event loop runs.
     if pc.tstate_running_task != NO_OFFSET && hdr.py_tstate != 0 {
         hdr.py_task = read_user::<u64>(hdr.py_tstate + pc.tstate_running_task as u64).unwrap_or(0);
+    }
+}
+
+/// `--debug-bpf`: where the walk stopped, as the walk state left it (the frame it could not
+/// read, or the one that is its own previous); with no frame recorded, the thread state.
+#[inline(always)]
+fn log_frame_chain(pid: u32, tid: u32, flags: u32, py_len: u64) {
+    if !log::enabled() {
+        return;
+    }
+    let frame = WALK
+        .get_ptr(0)
+        // SAFETY: this CPU's walk state, a field read once.
+        .map(|w| unsafe { core::ptr::read_volatile(&(*w).frame) })
+        .unwrap_or(0);
+    if flags & SAMPLE_PY_CYCLE != 0 {
+        log::failure(LOG_FRAME_CYCLE, pid, tid, frame, py_len.saturating_sub(1));
+    } else {
+        log::failure(LOG_FRAME_READ, pid, tid, frame, py_len);
     }
 }

@@ -159,6 +159,11 @@ pub struct RunArgs {
     /// BTF chooses otherwise; this is for comparing the two, and for kernels that misreport).
     #[arg(long, hide = true)]
     pub compat_programs: bool,
+    /// Log failures inside the BPF programs, with the pid, tid and address involved: a user
+    /// stack or registers unreadable, a Python thread state not found, a frame chain cut or
+    /// looping, a record dropped. The first 4 of each kind per CPU are logged, the rest counted.
+    #[arg(long)]
+    pub debug_bpf: bool,
     /// Print more: the kernel's whole verifier log when it refuses a program.
     #[arg(short, long)]
     pub verbose: bool,

@@ -109,6 +109,7 @@ pub async fn run(cli: RunArgs, command: Command) -> Result<i32, AppError> {
         follow_python_forks: cli.all_pythons,
         rate_hz: rate,
         force_compat: cli.compat_programs,
+        debug_bpf: cli.debug_bpf,
         full_verifier_log: cli.verbose,
     })
     .inspect_err(|e| {
@@ -128,6 +129,19 @@ pub async fn run(cli: RunArgs, command: Command) -> Result<i32, AppError> {
             eprintln!("tachyon-bpf: {name}: {n} instructions verified");
         }
     }
+    // `--debug-bpf`: the programs' failure logs, printed as they arrive and at the end.
+    let mut bpf_logs = match cli.debug_bpf.then(|| capture.take_logs()).flatten() {
+        // SAFETY: the logger owns its map fd and neither replaces nor closes it while the
+        // AsyncFd holds it.
+        Some(logs) => Some(
+            unsafe { AsyncFd::register_with_interest(logs, tokio::io::Interest::READABLE) }
+                .map_err(|e| other(format!("BPF logs: {e}")))?,
+        ),
+        None if cli.debug_bpf => {
+            return Err(other("BPF logs: the object has no log ring".to_string()))
+        }
+        None => None,
+    };
     capture.attach_lifetimes()?;
     let mut launched = if cli.command.is_empty() {
         None
@@ -321,6 +335,16 @@ pub async fn run(cli: RunArgs, command: Command) -> Result<i32, AppError> {
             _ = young_tick.tick(), if session.awaiting_young() => {
                 session.tick_young(ring.get_mut());
             }
+            guard = async {
+                match bpf_logs.as_mut() {
+                    Some(l) => l.readable_mut().await,
+                    None => std::future::pending().await,
+                }
+            } => {
+                let mut guard = guard.map_err(|e| other(format!("BPF logs: {e}")))?;
+                guard.get_inner_mut().flush();
+                guard.clear_ready();
+            }
             guard = ring.readable_mut() => {
                 let mut guard = guard.map_err(|e| other(format!("ring buffer: {e}")))?;
                 session.drain(guard.get_inner_mut());
@@ -349,6 +373,18 @@ pub async fn run(cli: RunArgs, command: Command) -> Result<i32, AppError> {
     }
     session.targets.detach();
     log::debug!("run: programs detached at {:?}", started.elapsed());
+    if let Some(logs) = bpf_logs.as_mut() {
+        logs.get_mut().flush();
+        let unlogged = session.targets.unlogged_failures();
+        if !unlogged.is_empty() {
+            let kinds: Vec<String> = unlogged.iter().map(|(k, n)| format!("{k} {n}")).collect();
+            eprintln!(
+                "tachyon-bpf: bpf: not logged (beyond the first {} of each kind per CPU): {}",
+                profiler_common::LOG_FIRST,
+                kinds.join(", ")
+            );
+        }
+    }
     if !sink.writes() {
         // `top`: the terminal is restored; nothing is written.
         sink.report(true)?;

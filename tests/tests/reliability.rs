@@ -94,6 +94,10 @@ fn a_target_corrupting_its_interpreter() {
         err.contains("unreadable target data"),
         "the summary counts it: {err}"
     );
+    assert!(
+        !err.contains("tachyon-bpf: bpf:"),
+        "the BPF programs log nothing without --debug-bpf: {err}"
+    );
     let p: Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
     let t = &p["meta"]["tachyon"];
     let n = |k: &str| t[k].as_u64().unwrap_or(0);
@@ -137,6 +141,89 @@ fn a_target_corrupting_its_interpreter() {
     assert!(
         cut >= 500,
         "the function with a cut line table is named: {cut}"
+    );
+}
+
+/// A Python thread whose innermost frame is its own `previous` (CPython 3.12), for 1.5 s of CPU.
+/// It prints its pid and that frame's address first.
+const LOOPING_CHAIN: &str = r#"
+import ctypes, os, sys, time
+
+def looping_chain(secs):
+    f = sys._getframe()
+    addr = ctypes.c_void_p.from_address(id(f) + 24).value  # PyFrameObject.f_frame
+    previous = ctypes.c_void_p.from_address(addr + 8)  # _PyInterpreterFrame.previous
+    saved = previous.value
+    print(os.getpid(), format(addr, "x"), flush=True)
+    previous.value = addr
+    t0 = time.perf_counter()
+    x = 0
+    while time.perf_counter() - t0 < secs:
+        x += 1
+    previous.value = saved
+    return x
+
+looping_chain(1.5)
+"#;
+
+/// `--debug-bpf`: the sampler logs, through aya-log, the thread and the frame at which the
+/// chain loops, the first few times on each CPU, and the summary counts the rest.
+#[test]
+fn bpf_logs_name_the_frame_where_a_chain_loops() {
+    require_root();
+    let dir = scratch("bpf_logs");
+    let script = dir.join("looping.py");
+    std::fs::write(&script, LOOPING_CHAIN).unwrap();
+    let out = dir.join("looping.json");
+    let o = profile_command(
+        &out,
+        &["--debug-bpf"],
+        &[python("3.12.1").to_str().unwrap(), script.to_str().unwrap()],
+    );
+    let err = stderr_of(&o);
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    let (pid, addr) = stdout
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .get(..2)
+        .map(|w| (w[0].to_string(), w[1].to_string()))
+        .expect("the target prints its pid and frame");
+    let want = format!(
+        "tachyon-bpf: bpf: pid {pid} tid {pid}: Python frame chain loops at frame 0 ({addr})"
+    );
+    let logged = err.lines().filter(|l| *l == want).count();
+    let cpus = std::thread::available_parallelism().unwrap().get();
+    assert!(
+        (1..=4 * cpus).contains(&logged),
+        "the loop is logged with its frame, at most 4 times a CPU ({logged}): {err}"
+    );
+    let unlogged: u64 = err
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(
+                "tachyon-bpf: bpf: not logged (beyond the first 4 of each kind per CPU): ",
+            )
+        })
+        .and_then(|rest| {
+            rest.split(", ")
+                .find_map(|k| k.strip_prefix("frame chain loops "))
+                .and_then(|n| n.parse().ok())
+        })
+        .unwrap_or_else(|| panic!("the rest are counted: {err}"));
+    let p: Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+    let cycles = p["meta"]["tachyon"]["pythonCycles"].as_u64().unwrap_or(0);
+    assert!(
+        cycles >= 1000,
+        "1.5 s of samples at 1 kHz saw the loop: {cycles}"
+    );
+    // Every record of the loop is either logged or counted as not logged; records the full
+    // ring refused (`lost`) were logged or counted but never read.
+    let lost = p["meta"]["tachyon"]["lost"].as_u64().unwrap_or(0);
+    let seen = logged as u64 + unlogged;
+    assert!(
+        cycles <= seen && seen <= cycles + lost,
+        "logged {logged} + not logged {unlogged} against {cycles} records with the loop and \
+         {lost} lost: {err}"
     );
 }
 

@@ -103,7 +103,13 @@ pub struct CaptureOptions {
     /// large the program (a full log of the compat set overflows it, and the load then fails
     /// with ENOSPC instead of the real reason).
     pub full_verifier_log: bool,
+    /// Enable the programs' failure logs (`--debug-bpf`, see `take_logs`).
+    pub debug_bpf: bool,
 }
+
+/// aya-log's level for warnings (`aya_log_common::Level::Warn`): the programs log failures at
+/// it. 0 turns their logging off, and the verifier drops the code (see the BPF crate's `log`).
+const AYA_LOG_WARN: u8 = 2;
 
 /// The lifetime programs: (program name, tracepoint). The scheduler program is chosen per kernel.
 const LIFETIMES: [(&str, &str); 3] = [
@@ -297,6 +303,11 @@ impl Capture {
             .map_max_entries(
                 names::MAP_STACK_TOPS,
                 sched.min(profiler_common::MAX_STACK_TOP_ENTRIES),
+            )
+            .override_global(
+                names::GLOBAL_AYA_LOG_LEVEL,
+                &(if opts.debug_bpf { AYA_LOG_WARN } else { 0 }),
+                true,
             )
             .load(BPF_OBJECT)
             .map_err(load_error)?;
@@ -620,6 +631,37 @@ impl Capture {
             .collect()
     }
 
+    /// The reader of the programs' failure logs, when `debug_bpf` enabled them: each record
+    /// becomes one `tachyon-bpf: bpf: ...` line on stderr as `flush` reads it.
+    pub fn take_logs(&mut self) -> Option<BpfLogs> {
+        aya_log::EbpfLogger::init_with_logger(&mut self.bpf, &BPF_LOG_LINES as &dyn log::Log).ok()
+    }
+
+    /// `--debug-bpf`: the failures of each kind that were not logged (beyond the first
+    /// `LOG_FIRST` on each CPU), by kind name; kinds with none are left out.
+    pub fn unlogged_failures(&self) -> Vec<(&'static str, u64)> {
+        let Some(arr) = self
+            .bpf
+            .map(names::MAP_LOG_BUDGET)
+            .and_then(|m| PerCpuArray::<_, u32>::try_from(m).ok())
+        else {
+            return Vec::new();
+        };
+        let first = profiler_common::LOG_FIRST;
+        profiler_common::LOG_KIND_NAMES
+            .iter()
+            .enumerate()
+            .filter_map(|(kind, &name)| {
+                let per_cpu = arr.get(&(kind as u32), 0).ok()?;
+                let n: u64 = per_cpu
+                    .iter()
+                    .map(|&c| c.saturating_sub(first) as u64)
+                    .sum();
+                (n > 0).then_some((name, n))
+            })
+            .collect()
+    }
+
     /// The BPF program's counters, summed over CPUs, and the lost count per CPU.
     pub fn stats(&self) -> ([u64; STAT_COUNT as usize], Vec<(u32, u64)>) {
         let mut total = [0u64; STAT_COUNT as usize];
@@ -764,6 +806,27 @@ fn jited_code(fd: std::os::fd::RawFd) -> Vec<(u64, u64, String)> {
         .filter(|&(a, l)| a != 0 && l != 0)
         .map(|(a, l)| (a, l as u64, format!("bpf_prog_{tag}_{name}")))
         .collect()
+}
+
+/// The reader of the programs' log ring (`Capture::take_logs`); `flush` prints what it holds.
+pub type BpfLogs = aya_log::EbpfLogger<&'static dyn log::Log>;
+
+/// Where the programs' log records go: one line each on stderr, whatever the `log` filter
+/// (they are asked for by `--debug-bpf`, not by `RUST_LOG`).
+struct BpfLogLines;
+
+static BPF_LOG_LINES: BpfLogLines = BpfLogLines;
+
+impl log::Log for BpfLogLines {
+    fn enabled(&self, _: &log::Metadata<'_>) -> bool {
+        true
+    }
+
+    fn log(&self, record: &log::Record<'_>) {
+        eprintln!("tachyon-bpf: bpf: {}", record.args());
+    }
+
+    fn flush(&self) {}
 }
 
 #[cfg(test)]
