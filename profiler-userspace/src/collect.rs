@@ -1128,7 +1128,7 @@ impl Collector {
     /// since the previous pass: the profile reads as the time tasks spent suspended where they
     /// are.
     pub fn sample_tasks(&mut self, now_ns: u64) {
-        if !self.python.async_all {
+        if !self.python.options().async_all {
             return;
         }
         let t_ms = self.time_ms(now_ns);

@@ -173,10 +173,12 @@ pub async fn run(cli: RunArgs, command: Command) -> Result<i32, AppError> {
     let start_ns = monotonic_ns();
     let start_epoch_ms = epoch_ms();
     let interval_ms = 1000.0 / rate as f64;
-    let mut registry = python::PythonRegistry::new(cli.show_internal);
-    registry.opcodes = cli.opcodes;
-    registry.async_aware = cli.async_aware.is_some();
-    registry.async_all = cli.async_aware.as_deref() == Some("all");
+    let registry = python::PythonRegistry::new(python::PythonOptions {
+        show_internal: cli.show_internal,
+        opcodes: cli.opcodes,
+        async_aware: cli.async_aware.is_some(),
+        async_all: cli.async_aware.as_deref() == Some("all"),
+    });
     let mut collector = Collector::new(start_ns, registry, cli.mode, interval_ms);
     collector.add_kernel_code(capture.program_code());
     if cli.verbose {

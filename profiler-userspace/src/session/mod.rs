@@ -310,7 +310,7 @@ impl<T: Targets> Session<T> {
             self.ticks.is_multiple_of(SCAN_TICKS),
             self.ticks.is_multiple_of(THREAD_TICKS),
         );
-        if self.collector.python.async_all && Instant::now() >= self.task_pass_at {
+        if self.collector.python.options().async_all && Instant::now() >= self.task_pass_at {
             self.pass_over_tasks();
         }
         if self.ticks.is_multiple_of(SWEEP_TICKS) {

@@ -95,7 +95,7 @@ impl Drop for Py {
 fn session(scope: Scope) -> Session<FakeTargets> {
     let collector = Collector::new(
         crate::collect::monotonic_ns(),
-        PythonRegistry::new(false),
+        PythonRegistry::new(Default::default()),
         Mode::Wall,
         1.0,
     );

@@ -26,6 +26,8 @@
 //! Target memory is untrusted: every chain is bounded, a cycle or a freed task ends a walk, and
 //! names are decoded with the same checks as code-object names.
 
+pub mod state;
+
 use std::collections::{HashMap, HashSet};
 
 use super::code::read_unicode;

@@ -1,0 +1,395 @@
+//! The code objects of one Python process: read from its memory, validated once per epoch
+//! (an address can be reused after its object is freed), retired when replaced (a sample's copy
+//! of a code head still names its frame after the object is gone), and the function and frame
+//! ids they were given.
+
+use std::sync::Arc;
+
+use rustc_hash::FxHashMap;
+
+use profiler_common::PY_FRAME_SNAP_SHIFT;
+
+use super::code::{self, CodeInfo};
+use super::discover::{PyProcess, Runtime};
+use super::native_names::is_handle_run;
+use super::remote::le_u64;
+use super::{opcodes, FrameRef, ProfileSink, PyEvent};
+
+/// Code objects cached per process before the cache is cleared.
+const MAX_CODES: usize = 200_000;
+/// How long a code object is seen at its address (sample time) before the frame walk stops
+/// copying its head (`PyProcess::settled`): a function lives as long as the program, while code
+/// run by `exec` in a loop lives milliseconds, and its address goes to the next one.
+const SETTLED_NS: u64 = 1_000_000_000;
+
+/// A function frame made for a code object, with the name and file it was made for.
+type MadeFunction = (FrameRef, Arc<str>, Arc<str>);
+
+/// The code objects of one process, and the function and frame ids made for them.
+#[derive(Default)]
+pub struct CodeCache {
+    /// Code objects by address, with the epoch they were last validated in.
+    pub(super) codes: FxHashMap<u64, (Arc<CodeInfo>, u64)>,
+    /// Code objects that were at an address before another took it, by address and identity: a
+    /// sample's copy of a code head with that identity names its frame with them (line table
+    /// included) after the object itself is gone.
+    pub(super) retired: FxHashMap<(u64, [u64; 3]), Arc<CodeInfo>>,
+    /// Code objects the frame walk copied, by address, with the time of the first sample that
+    /// showed that object there (`settled`).
+    pub(super) young: FxHashMap<u64, (u64, Arc<CodeInfo>)>,
+    /// Addresses whose code object was found freed or replaced since the BPF side was last told
+    /// (`PythonRegistry::take_forgotten_codes`).
+    pub(super) gone: Vec<u64>,
+    /// Functions by code address and identity, with the name and file they were made for: an
+    /// object made where a freed one was, with its strings where the freed one's were, has the
+    /// same identity and other names.
+    pub(super) funcs: FxHashMap<(u64, [u64; 3]), MadeFunction>,
+    /// Frames by function, line and (innermost frames with `--opcodes`) opcode byte.
+    pub(super) frames: FxHashMap<(FrameRef, u32, Option<u8>), FrameRef>,
+}
+
+impl CodeCache {
+    /// Forgets the function and frame ids (a new profile started: the old ones are void).
+    pub fn new_profile(&mut self) {
+        self.funcs.clear();
+        self.frames.clear();
+    }
+
+    /// The code objects at `addrs`, validated against the target's memory once per `epoch`
+    /// (one batch of samples read from the ring buffer, at most a few ms of samples): an address
+    /// can be reused after its code object is freed, so a cached entry is believed only after
+    /// its type, name and file have been read again in this epoch. One read validates every
+    /// address of the sample that needs it; misses are resolved in full.
+    pub fn code(
+        &mut self,
+        rt: &Runtime,
+        addrs: &[u64],
+        epoch: u64,
+        on_read: &mut impl FnMut(u64, &CodeInfo),
+    ) -> Vec<Option<Arc<CodeInfo>>> {
+        if self.codes.len() > MAX_CODES {
+            self.codes.clear();
+        }
+        let mut out: Vec<Option<Arc<CodeInfo>>> = vec![None; addrs.len()];
+        let mut stale = Vec::new();
+        for (i, a) in addrs.iter().enumerate() {
+            match self.codes.get(a) {
+                Some((c, e)) if *e == epoch => out[i] = Some(c.clone()),
+                _ => stale.push(i),
+            }
+        }
+        if stale.is_empty() {
+            return out;
+        }
+        let len = code::header_len(&rt.layout);
+        let mut ranges: Vec<(u64, usize)> = stale.iter().map(|&i| (addrs[i], len)).collect();
+        // The strings of each cached entry are read with the heads, where they were: an entry
+        // whose head still points there (nearly every one) is checked with this one read.
+        let mut guessed: FxHashMap<usize, ([u64; 2], usize)> = FxHashMap::default();
+        for &i in &stale {
+            if let Some((c, _)) = self.codes.get(&addrs[i]) {
+                // Where its pair lands among the reads after the heads.
+                guessed.insert(i, ([c.name_ptr, c.ident[1]], ranges.len() - stale.len()));
+                ranges.push((c.name_ptr, profiler_common::PY_NAME_SNAP));
+                ranges.push((c.ident[1], profiler_common::PY_FILE_SNAP));
+            }
+        }
+        let mut read_now = rt.remote.read_many(&ranges);
+        let mut guesses = read_now.split_off(stale.len());
+        let mut heads = read_now;
+        if heads.iter().any(Option::is_none) {
+            heads = ranges[..stale.len()]
+                .iter()
+                .map(|r| rt.remote.read(r.0, r.1))
+                .collect();
+        }
+        // Entries whose identity (type, name and file addresses) still holds, and the head that
+        // showed it: their strings are read again before they are believed (below).
+        let mut same: Vec<(usize, Vec<u8>, [u64; 2])> = Vec::new();
+        // Heads that need a code object read in full.
+        let mut read: Vec<(usize, Vec<u8>)> = Vec::new();
+        for (&i, head) in stale.iter().zip(heads) {
+            let a = addrs[i];
+            let code_type = rt.code_type;
+            let Some(head) = head.filter(|h| {
+                !code::freed(&rt.layout, h)
+                    && (code_type == 0
+                        || code::ident(&rt.layout, h).is_some_and(|id| id[0] == code_type))
+            }) else {
+                // Nothing can be read there now, or no code object: the memory went back to
+                // the system or the allocator, or holds another kind of object now, or the
+                // process has exited (its last records are read after it). The last code
+                // object known at the address is what ran there (a module body that ended
+                // moments ago); a copy of the head taken at the sample, where there is one, is
+                // checked against it. Only another code object there ends what is known.
+                // The frame walk must copy what runs there next: another code object may get
+                // the address.
+                out[i] = self.codes.get(&a).map(|(c, _)| {
+                    self.gone.push(a);
+                    c.clone()
+                });
+                continue;
+            };
+            let known = code::ident(&rt.layout, &head)
+                .is_some_and(|id| self.codes.get(&a).is_some_and(|(c, _)| c.ident == id));
+            if known {
+                let name = code::name_ptr(&rt.layout, &head).unwrap_or(0);
+                let file = le_u64(&head, rt.layout.code_filename).unwrap_or(0);
+                same.push((i, head, [name, file]));
+            } else {
+                read.push((i, head));
+            }
+        }
+        // The same identity is not the same object: code made and freed over and over (`exec`
+        // in a loop) gets the same memory, its strings included, with other contents. One read
+        // of the name and file strings of every such entry tells.
+        let mut copies: Vec<Option<Vec<u8>>> = Vec::with_capacity(same.len() * 2);
+        let mut unread = Vec::new();
+        for (k, &(i, _, pointers)) in same.iter().enumerate() {
+            let guess = guessed
+                .get(&i)
+                .filter(|(at, _)| *at == pointers)
+                // Each pair is used once: moved out, not copied.
+                .and_then(|&(_, g)| {
+                    let name = guesses.get_mut(g)?.take()?;
+                    Some((name, guesses.get_mut(g + 1)?.take()?))
+                });
+            match guess {
+                Some((name, file)) => copies.extend([Some(name), Some(file)]),
+                None => {
+                    copies.extend([None, None]);
+                    unread.push(k);
+                }
+            }
+        }
+        if !unread.is_empty() {
+            let strings: Vec<(u64, usize)> = unread
+                .iter()
+                .flat_map(|&k| {
+                    let [name, file] = same[k].2;
+                    [
+                        (name, profiler_common::PY_NAME_SNAP),
+                        (file, profiler_common::PY_FILE_SNAP),
+                    ]
+                })
+                .collect();
+            let mut more = rt.remote.read_many(&strings);
+            if more.iter().any(Option::is_none) {
+                more = strings.iter().map(|r| rt.remote.read(r.0, r.1)).collect();
+            }
+            for (&k, pair) in unread.iter().zip(more.chunks(2)) {
+                copies[2 * k] = pair[0].clone();
+                copies[2 * k + 1] = pair.get(1).cloned().flatten();
+            }
+        }
+        for ((i, head, [name, file]), pair) in same.into_iter().zip(copies.chunks(2)) {
+            let a = addrs[i];
+            let Some((c, e)) = self.codes.get_mut(&a) else {
+                continue;
+            };
+            let l = &rt.layout;
+            let agrees = |ptr: u64, copy: &Option<Vec<u8>>, known: &str| {
+                copy.as_deref()
+                    .is_none_or(|b| code::copy_agrees(l, ptr, b, rt.str_type, known))
+            };
+            if agrees(name, &pair[0], &c.name) && agrees(file, &pair[1], &c.file) {
+                *e = epoch;
+                out[i] = Some(c.clone());
+            } else {
+                self.retire(a);
+                read.push((i, head));
+            }
+        }
+        for (i, head) in read {
+            let a = addrs[i];
+            out[i] = (|| {
+                let c = Arc::new(code::read_code(
+                    &rt.remote,
+                    &rt.layout,
+                    &head,
+                    code::Types {
+                        code: rt.code_type,
+                        str: rt.str_type,
+                    },
+                    code::StringCopies::default(),
+                )?);
+                self.retire(a);
+                on_read(a, &c);
+                self.codes.insert(a, (c.clone(), epoch));
+                Some(c)
+            })();
+            if out[i].is_none() {
+                self.retire(a);
+            }
+        }
+        out
+    }
+
+    /// Whether code object `info` at `addr`, as the frame walk copied it at a sample at
+    /// `time_ns`, can go into the BPF side's `KNOWN_CODES` (which stops the copies): it is what
+    /// is at the address now (validated in `epoch`), and it has been there, the same object,
+    /// for `SETTLED_NS` of samples. Code made and freed over and over (`exec` in a loop) gets
+    /// the same addresses, its strings' included, and only a copy taken at the sample tells
+    /// one of these objects from the next: it is copied as long as it lives.
+    pub fn settled(&mut self, addr: u64, info: &Arc<CodeInfo>, time_ns: u64, epoch: u64) -> bool {
+        if !matches!(self.codes.get(&addr), Some((c, e)) if *e == epoch && Arc::ptr_eq(c, info)) {
+            return false;
+        }
+        if self.young.len() >= MAX_CODES {
+            self.young.clear();
+        }
+        match self.young.get(&addr) {
+            Some((t, c)) if Arc::ptr_eq(c, info) => time_ns.saturating_sub(*t) >= SETTLED_NS,
+            _ => {
+                self.young.insert(addr, (time_ns, info.clone()));
+                false
+            }
+        }
+    }
+
+    /// Moves what was known at `a` to the retired code objects.
+    fn retire(&mut self, a: u64) {
+        self.young.remove(&a);
+        if let Some((c, _)) = self.codes.remove(&a) {
+            self.gone.push(a);
+            if self.retired.len() >= MAX_CODES / 4 {
+                self.retired.clear();
+            }
+            self.retired.insert((a, c.ident), c);
+        }
+    }
+
+    /// The code object a frame ran at the sampled instant, from the head the BPF program
+    /// copied then (`snap`) and what was read at its address since (`now`): `now` when it is the
+    /// same object; otherwise (freed, or its memory reused by another code object) the copy,
+    /// with its name and file from the copies of their strings taken with it, else read from
+    /// the target and checked against those copies.
+    pub fn sampled_code(
+        &self,
+        rt: &Runtime,
+        addr: u64,
+        snap: &profiler_common::CodeSnap,
+        now: Option<Arc<CodeInfo>>,
+    ) -> Option<Arc<CodeInfo>> {
+        let head = &snap.head[..code::header_len(&rt.layout).min(profiler_common::PY_CODE_SNAP)];
+        let Some(id) = code::ident(&rt.layout, head) else {
+            return now;
+        };
+        if let Some(ci) = &now {
+            if ci.ident == id && self.copies_agree(rt, ci, head, snap) {
+                return now;
+            }
+        }
+        // A failed copy has a zero type word: nothing to go by but what is there now.
+        if id[0] == 0 || (rt.code_type != 0 && id[0] != rt.code_type) {
+            return now;
+        }
+        if let Some(c) = self.retired.get(&(addr, id)) {
+            if self.copies_agree(rt, c, head, snap) {
+                return Some(c.clone());
+            }
+        }
+        let mut c = code::read_code(
+            &rt.remote,
+            &rt.layout,
+            head,
+            code::Types {
+                code: rt.code_type,
+                str: rt.str_type,
+            },
+            code::StringCopies {
+                name: Some(&snap.name),
+                file: Some(&snap.file),
+            },
+        )?;
+        // The line table went with the code object: its bytes may be anything now. The frame
+        // shows the function's first line.
+        c.linetable.clear();
+        Some(Arc::new(c))
+    }
+
+    /// Whether what is known of a code object agrees with the copies of its name and file name
+    /// taken at a sample (those that were copied whole). The same address, type and string
+    /// addresses are not enough: a program that makes and frees alike code objects over and
+    /// over (modules run by `exec`) gets the same memory, its strings included, each time.
+    fn copies_agree(
+        &self,
+        rt: &Runtime,
+        ci: &CodeInfo,
+        head: &[u8],
+        snap: &profiler_common::CodeSnap,
+    ) -> bool {
+        let l = &rt.layout;
+        let (Some(name_ptr), Some(file_ptr)) =
+            (code::name_ptr(l, head), le_u64(head, l.code_filename))
+        else {
+            return true;
+        };
+        code::copy_agrees(l, name_ptr, &snap.name, rt.str_type, &ci.name)
+            && code::copy_agrees(l, file_ptr, &snap.file, rt.str_type, &ci.file)
+    }
+
+    /// Whether frame `f`'s code, as copied at the sample (if it was), was an object of another
+    /// type than code: the frame was not one (a chain read while it was being linked).
+    pub fn snap_not_code(
+        &self,
+        rt: &Runtime,
+        f: &profiler_common::PyFrame,
+        snaps: &[profiler_common::CodeSnap],
+    ) -> bool {
+        let Some(snap) = ((f.flags >> PY_FRAME_SNAP_SHIFT) as usize & 0xff)
+            .checked_sub(1)
+            .and_then(|k| snaps.get(k))
+        else {
+            return false;
+        };
+        let head = &snap.head[..code::header_len(&rt.layout).min(profiler_common::PY_CODE_SNAP)];
+        // A failed copy has a zero type word.
+        code::ident(&rt.layout, head)
+            .is_some_and(|id| id[0] != 0 && rt.code_type != 0 && id[0] != rt.code_type)
+    }
+
+    pub fn frame_for(
+        &mut self,
+        rt: &Runtime,
+        out: &mut impl ProfileSink,
+        addr: u64,
+        c: &CodeInfo,
+        instr: i32,
+        with_opcode: bool,
+    ) -> FrameRef {
+        let func = match self.funcs.get(&(addr, c.ident)) {
+            Some((f, name, file)) if *name == c.name && *file == c.file => *f,
+            _ => {
+                let f = out.python_function(&c.name, &c.file, c.firstlineno);
+                self.funcs
+                    .insert((addr, c.ident), (f, c.name.clone(), c.file.clone()));
+                f
+            }
+        };
+        let (line, corrupt) = code::line_of(rt.layout.minor, c, instr);
+        if corrupt {
+            out.count(PyEvent::BadLineTable);
+        }
+        let byte = with_opcode
+            .then(|| opcodes::read(&rt.remote, &rt.layout, addr, instr))
+            .flatten();
+        let minor = rt.layout.minor;
+        *self.frames.entry((func, line, byte)).or_insert_with(|| {
+            out.python_frame(func, line, byte.and_then(|b| opcodes::name(minor, b)))
+        })
+    }
+}
+
+impl PyProcess {
+    /// The code objects at `addrs` (`CodeCache::code`), noting asyncio's `Handle._run` when it
+    /// is wanted and read for the first time.
+    pub(super) fn code(&mut self, addrs: &[u64], epoch: u64) -> Vec<Option<Arc<CodeInfo>>> {
+        let aio = &mut self.aio;
+        self.cache.code(&self.rt, addrs, epoch, &mut |a, c| {
+            if aio.handle_run_wanted && aio.handle_run == 0 && is_handle_run(c) {
+                aio.handle_run = a;
+            }
+        })
+    }
+}

@@ -1,0 +1,309 @@
+//! A sample's Python frames: its code objects named (from what was read, or the copies the
+//! frame walk took), grouped into interpreter activations, and merged into its native stack.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use profiler_common::{
+    PY_FRAME_SNAP_SHIFT, SAMPLE_PY_CYCLE, SAMPLE_PY_MISS, SAMPLE_PY_READ_FAILED, SAMPLE_PY_THREAD,
+    SAMPLE_PY_TRUNCATED,
+};
+
+use super::code::CodeInfo;
+use super::layout::Activations;
+use super::registry::PythonRegistry;
+use super::remote::{self, le_u64};
+use super::{
+    merge, plausible_object, FrameRef, ProfileSink, PyEvent, PyThreadState, PythonFrames,
+    TaskSplice, WalkedThread,
+};
+use crate::capture::record::RawSample;
+
+impl PythonRegistry {
+    /// The Python frames of a sample of a known Python process (`None` for other processes);
+    /// frames are interned and events counted through `out`.
+    pub fn resolve(&mut self, s: &RawSample, out: &mut impl ProfileSink) -> Option<PythonFrames> {
+        let p = self.procs.get_mut(&s.pid)?;
+        if s.flags & SAMPLE_PY_MISS != 0 {
+            out.count(PyEvent::ThreadMiss);
+        }
+        // Signs that the thread map is behind (`threads_due`): a thread state the BPF side
+        // found by itself, or a thread with none that the last read did not list (a thread
+        // listed then without one is a native thread, and stays one until the next quiet read).
+        let unknown = !p.threads.states.contains_key(&s.tid);
+        if (s.flags & SAMPLE_PY_THREAD != 0 && unknown)
+            || (s.flags & SAMPLE_PY_MISS != 0 && unknown && !p.threads.listed.contains(&s.tid))
+        {
+            p.threads.changed = true;
+        }
+        if s.flags & SAMPLE_PY_THREAD == 0 {
+            return Some(PythonFrames {
+                activations: Vec::new(),
+                state: None,
+                tasks: None,
+            });
+        }
+        out.count(PyEvent::Record);
+        for (flag, event) in [
+            (SAMPLE_PY_READ_FAILED, PyEvent::ReadFailed),
+            (SAMPLE_PY_TRUNCATED, PyEvent::Truncated),
+            (SAMPLE_PY_CYCLE, PyEvent::Cycle),
+        ] {
+            if s.flags & flag != 0 {
+                out.count(event);
+            }
+        }
+        let has_gil = s.py_gil_locked != 0 && s.py_gil_holder == s.py_tstate && s.py_tstate != 0;
+        let st = PyThreadState {
+            has_gil,
+            gc: has_gil && s.py_gc_collecting != 0,
+            main_thread: s.tid == s.pid,
+        };
+
+        // Innermost first from BPF: group into activations (shims and entry flags delimit).
+        let activation_rule = p.rt.layout.activations;
+        // A chain read while the eval loop links a new frame may run into stack garbage (3.11
+        // and 3.12 make a new `_PyCFrame` current before they set its frame): a code pointer no
+        // object can have ends the chain there, and nothing after it is believed.
+        // So does a frame whose code, copied at the sample, was another kind of object then.
+        let torn = s.py_frames.iter().position(|f| {
+            !p.rt.layout.is_shim(f.flags as u8, f.code, p.rt.none_addr)
+                && (!plausible_object(f.code) || p.cache.snap_not_code(&p.rt, f, &s.code_snaps))
+        });
+        if torn.is_some() {
+            out.count(PyEvent::ReadFailed);
+        }
+        let py_frames = &s.py_frames[..torn.unwrap_or(s.py_frames.len())];
+        let real: Vec<(usize, bool)> = py_frames
+            .iter()
+            .enumerate()
+            .map(|(i, f)| {
+                (
+                    i,
+                    p.rt.layout.is_shim(f.flags as u8, f.code, p.rt.none_addr),
+                )
+            })
+            .collect();
+        let addrs: Vec<u64> = py_frames
+            .iter()
+            .zip(&real)
+            .filter(|(_, r)| !r.1)
+            .map(|(f, _)| f.code)
+            .collect();
+        let mut uniq = addrs.clone();
+        uniq.sort_unstable();
+        uniq.dedup();
+        let infos: rustc_hash::FxHashMap<u64, Option<Arc<CodeInfo>>> = uniq
+            .iter()
+            .copied()
+            .zip(p.code(&uniq, self.epoch))
+            .collect();
+
+        // `--async-aware`: the running task's await chain, and (found below) the outermost
+        // frame of its coroutine in the sample.
+        let chain = match s.py_task {
+            0 => None,
+            task if self.opts.async_aware => p.await_chain(task, s.tid, self.epoch),
+            _ => None,
+        };
+        let coro_code = chain.as_ref().map(|c| c.coro_code);
+        let mut task_from = None;
+
+        // Sized up front: grown from empty, they were reallocated two or three times a sample.
+        let mut activations: Vec<Vec<FrameRef>> = Vec::with_capacity(8);
+        let mut cur: Vec<FrameRef> = Vec::with_capacity(py_frames.len()); // innermost first
+        let mut leaf = self.opts.opcodes;
+        for (f, (_, shim)) in py_frames.iter().zip(&real) {
+            if *shim {
+                if !cur.is_empty() {
+                    activations.push(std::mem::take(&mut cur));
+                }
+                continue;
+            }
+            let now = infos.get(&f.code).cloned().flatten();
+            let snap = (f.flags >> PY_FRAME_SNAP_SHIFT) as usize & 0xff;
+            let info = match snap.checked_sub(1) {
+                Some(k) if k < s.code_snaps.len() => {
+                    let info = p.cache.sampled_code(&p.rt, f.code, &s.code_snaps[k], now);
+                    if info
+                        .as_ref()
+                        .is_some_and(|c| p.cache.settled(f.code, c, s.time_ns, self.epoch))
+                    {
+                        self.known
+                            .push(profiler_common::known_code_word(s.pid, f.code));
+                    }
+                    info
+                }
+                _ => now,
+            };
+            // 3.13+ runs a class's Python `__init__` under a frame of the interpreter's own
+            // (`_Py_InitCleanup`: it checks that `__init__` returned None), in the same eval
+            // loop: no code of the program, and no activation boundary.
+            if info.as_deref().is_some_and(CodeInfo::is_init_cleanup) {
+                continue;
+            }
+            // The eval loop's entry frame, its owner byte not written yet (its first
+            // instructions): an activation boundary, as a shim, never a frame of the program.
+            if info.as_deref().is_some_and(CodeInfo::is_trampoline) {
+                if !cur.is_empty() {
+                    activations.push(std::mem::take(&mut cur));
+                }
+                continue;
+            }
+            // Only the innermost frame runs an instruction of its own (the others are at their
+            // call), even when that frame's code could not be read.
+            let innermost = std::mem::take(&mut leaf);
+            let frame = match info {
+                Some(ci) => p
+                    .cache
+                    .frame_for(&p.rt, out, f.code, &ci, f.instr, innermost),
+                None => {
+                    out.count(PyEvent::Unresolved);
+                    out.unresolved_frame()
+                }
+            };
+            cur.push(frame);
+            if Some(f.code) == coro_code {
+                task_from = Some(frame);
+            }
+            let ends = match activation_rule {
+                Activations::PerFrame => true,
+                Activations::EntryFlag => f.flags & 0xff != 0,
+                Activations::Shim => false,
+            };
+            if ends {
+                activations.push(std::mem::take(&mut cur));
+            }
+        }
+        if !cur.is_empty() {
+            activations.push(cur);
+        }
+        // Built innermost first at both levels: flip to outermost activation first, root-first.
+        activations.reverse();
+        for a in &mut activations {
+            a.reverse();
+        }
+        let tasks = match (chain, task_from) {
+            (Some(c), Some(from)) => {
+                out.count(PyEvent::AsyncTask);
+                if c.cut {
+                    out.count(PyEvent::AsyncCut);
+                }
+                let prefix = p.task_prefix(out, s.py_task, &c, self.epoch);
+                Some(TaskSplice { from, prefix })
+            }
+            (Some(_), None) => {
+                out.count(PyEvent::AsyncMismatch);
+                None
+            }
+            _ => None,
+        };
+        Some(PythonFrames {
+            activations,
+            state: Some(st),
+            tasks,
+        })
+    }
+
+    /// Merges a sample's activations into its native frames (root first) at the eval-loop
+    /// frames, counting whether they paired up.
+    pub fn merge(
+        &self,
+        native: &[(FrameRef, Arc<str>)],
+        classes: &[merge::FrameClass],
+        activations: &[Vec<FrameRef>],
+        truncated: bool,
+        out: &mut impl ProfileSink,
+    ) -> Vec<FrameRef> {
+        let (frames, outcome) = merge::merge(
+            native,
+            classes,
+            activations,
+            truncated,
+            self.opts.show_internal,
+        );
+        if let Some(e) = outcome {
+            if e == PyEvent::MergeMismatch && log::log_enabled!(log::Level::Debug) {
+                let names: Vec<&str> = native.iter().map(|(_, n)| n.as_ref()).collect();
+                let sizes: Vec<usize> = activations.iter().map(Vec::len).collect();
+                log::debug!(
+                    "merge mismatch: activations of {sizes:?} frames, native (truncated {truncated}): {}",
+                    names.join(";")
+                );
+            }
+            out.count(e);
+        }
+        frames
+    }
+
+    /// Walks the Python frames of a thread from outside, as the BPF program does at a sample
+    /// (`dump`, for a thread that is blocked: its frames do not change while it is), with the
+    /// thread state and the GIL and GC words. `None` when the process is not a known Python
+    /// process or the thread has no thread state.
+    pub fn walk_thread(&self, pid: u32, tid: u32) -> Option<WalkedThread> {
+        let p = self.procs.get(&pid)?;
+        let tstate = *p.threads.states.get(&tid)?;
+        let c = &p.config;
+        let r = &p.rt.remote;
+        let mut out = WalkedThread {
+            tstate,
+            frames: Vec::new(),
+            gil_holder: r.u64(c.gil_last_holder).unwrap_or(0),
+            gil_locked: r.u32(c.gil_locked).unwrap_or(0),
+            gc_collecting: r.u32(c.gc_collecting).unwrap_or(0),
+            running_task: match c.tstate_running_task {
+                profiler_common::NO_OFFSET => 0,
+                off => r.u64(tstate + off as u64).unwrap_or(0),
+            },
+            read_failed: false,
+        };
+        let mut frame = r.u64(tstate + c.tstate_frame as u64)?;
+        if c.cframe_frame != profiler_common::NO_OFFSET && frame != 0 {
+            let cframe = frame;
+            frame = r.u64(cframe + c.cframe_frame as u64)?;
+            // As the BPF walk: a `_PyCFrame` whose frame is not set yet stands for its caller's.
+            if frame == 0 || r.u64(frame + c.frame_code as u64).is_none() {
+                frame = r
+                    .u64(cframe + c.cframe_previous as u64)
+                    .filter(|&p| p != 0)
+                    .and_then(|p| r.u64(p + c.cframe_frame as u64))
+                    .unwrap_or(0);
+            }
+        }
+        let read = (c.frame_read_size as usize).clamp(8, profiler_common::FRAME_BUF);
+        let mut seen = HashSet::new();
+        while frame != 0 && out.frames.len() < profiler_common::MAX_PY_FRAMES {
+            if !seen.insert(frame) {
+                break;
+            }
+            let Some(buf) = r.read(frame, read) else {
+                out.read_failed = true;
+                break;
+            };
+            let u64_at = |off: u32| le_u64(&buf, off as usize);
+            let code = u64_at(c.frame_code).unwrap_or(0) & c.code_mask;
+            let instr = if c.layout == profiler_common::PY_LAYOUT_FRAMEOBJECT {
+                remote::le_u32(&buf, c.frame_instr as usize).unwrap_or(0) as i32
+            } else {
+                let ip = u64_at(c.frame_instr).unwrap_or(0);
+                (ip.wrapping_sub(code).wrapping_sub(c.code_adaptive as u64) as i64 / 2) as i32
+            };
+            let flags = if c.frame_owner != profiler_common::NO_OFFSET {
+                buf.get(c.frame_owner as usize).copied().unwrap_or(0) as u32
+            } else {
+                0
+            };
+            out.frames
+                .push(profiler_common::PyFrame { code, instr, flags });
+            // 3.11-3.13: the running task from the innermost `Handle._run`, as at a sample.
+            if c.handle_run_code != 0 && code == c.handle_run_code && out.running_task == 0 {
+                out.running_task = u64_at(c.frame_self)
+                    .and_then(|h| r.u64(h.wrapping_add(c.handle_callback as u64)))
+                    .and_then(|cb| r.u64(cb.wrapping_add(c.step_task as u64)))
+                    .unwrap_or(0);
+            }
+            frame = u64_at(c.frame_previous).unwrap_or(0);
+        }
+        Some(out)
+    }
+}
