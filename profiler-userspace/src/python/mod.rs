@@ -15,6 +15,7 @@ pub mod discover;
 pub mod layout;
 pub mod merge;
 pub mod native_names;
+pub mod objects;
 pub mod opcodes;
 pub mod registry;
 pub mod resolve;

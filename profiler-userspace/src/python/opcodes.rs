@@ -10,6 +10,7 @@
 //! just before such a rewrite can be named with the new form (of the same base instruction).
 
 use super::layout::Layout;
+use super::objects::BYTES;
 use super::remote::{le_u64, Remote};
 
 #[rustfmt::skip]
@@ -18,9 +19,6 @@ mod table;
 
 /// 3.8-3.10: `co_code` (a `bytes` object) in `PyCodeObject`, after the eight `int` fields.
 const LEGACY_CO_CODE: u64 = 48;
-/// `ob_size` and `ob_sval` in a `bytes` object.
-const BYTES_SIZE: u64 = 16;
-const BYTES_DATA: u64 = 32;
 /// The most code units an instruction offset is believed to have (a code object's bytecode is
 /// far smaller; a larger offset is a torn or garbage read).
 const MAX_INSTR: i32 = 1 << 22;
@@ -58,14 +56,14 @@ pub fn read(remote: &Remote, layout: &Layout, code: u64, instr: i32) -> Option<u
         return remote.read(at, 1)?.first().copied();
     }
     let bytes = remote.u64(code.checked_add(LEGACY_CO_CODE)?)?;
-    let head = remote.read(bytes, (BYTES_DATA) as usize)?;
-    let size = le_u64(&head, BYTES_SIZE as usize)?;
+    let head = remote.read(bytes, (BYTES.data) as usize)?;
+    let size = le_u64(&head, BYTES.size as usize)?;
     let offset = if layout.minor == 10 { 2 * instr } else { instr };
     if offset >= size {
         return None;
     }
     remote
-        .read(bytes.checked_add(BYTES_DATA + offset)?, 1)?
+        .read(bytes.checked_add(BYTES.data + offset)?, 1)?
         .first()
         .copied()
 }

@@ -17,19 +17,13 @@
 
 use super::code::read_unicode;
 use super::layout::Layout;
+use super::objects::{TPFLAGS_INLINE_VALUES, TYPE};
 use super::remote::{le_u64, Remote};
 
 /// Frames walked from a thread's innermost to its outermost.
 const MAX_FRAMES: usize = 512;
 /// Entries of a dictionary looked at: a thread object has a few dozen attributes.
 const MAX_ENTRIES: u64 = 128;
-
-const TP_BASICSIZE: u64 = 32;
-const TP_AS_BUFFER: u64 = 160;
-const TP_FLAGS: u64 = 168;
-const TP_DICTOFFSET: u64 = 288;
-/// `Py_TPFLAGS_INLINE_VALUES` (3.13+).
-const INLINE_VALUES: u64 = 1 << 2;
 
 /// Reads the thread name of the thread whose state is at `tstate`; `None` when the thread does
 /// not run `threading`'s bootstrap (the main thread, a thread started from C) or is not there yet.
@@ -77,14 +71,14 @@ fn is_bootstrap(remote: &Remote, l: &Layout, str_type: u64, code: u64) -> bool {
 /// The value of the instance attribute `key` of `obj`.
 fn attribute(remote: &Remote, l: &Layout, str_type: u64, obj: u64, key: &str) -> Option<u64> {
     let ty = remote.u64(obj + 8)?;
-    let t = remote.read(ty, TP_DICTOFFSET as usize + 8)?;
-    let flags = le_u64(&t, TP_FLAGS as usize)?;
-    let basicsize = le_u64(&t, TP_BASICSIZE as usize)?;
-    let dictoffset = le_u64(&t, TP_DICTOFFSET as usize)? as i64;
+    let t = remote.read(ty, TYPE.dictoffset as usize + 8)?;
+    let flags = le_u64(&t, TYPE.flags as usize)?;
+    let basicsize = le_u64(&t, TYPE.basicsize as usize)?;
+    let dictoffset = le_u64(&t, TYPE.dictoffset as usize)? as i64;
     // The class's shared keys: `ht_cached_keys`, after `as_buffer` (two slots) and three
     // pointers (`ht_name`, `ht_slots`, `ht_qualname`).
     let cached_keys = || {
-        let buffer = le_u64(&t, TP_AS_BUFFER as usize)?;
+        let buffer = le_u64(&t, TYPE.as_buffer as usize)?;
         (buffer > ty && buffer - ty < 4096)
             .then(|| remote.u64(buffer + 16 + 24))
             .flatten()
@@ -116,7 +110,7 @@ fn attribute(remote: &Remote, l: &Layout, str_type: u64, obj: u64, key: &str) ->
             split_get(remote, l, str_type, cached_keys()?, values, key)
         }
         _ => {
-            if flags & INLINE_VALUES != 0 {
+            if flags & TPFLAGS_INLINE_VALUES != 0 {
                 let values = obj.checked_add(basicsize)?;
                 let head = remote.read(values, 8)?;
                 if head[3] != 0 {
