@@ -5,7 +5,6 @@
 pub mod aggregate;
 pub mod capture;
 pub mod collect;
-pub mod dump;
 pub mod ksyms_cache;
 pub mod output;
 pub mod process;

@@ -81,11 +81,11 @@ impl Sink for Dump {
     fn finish(&mut self, p: &Profile, _run: &RunInfo) -> Result<(), AppError> {
         use std::io::Write;
         let text = if self.json {
-            serde_json::to_string_pretty(&tachyon_bpf::dump::json(p, &self.from_memory))
+            serde_json::to_string_pretty(&tachyon_bpf::output::dump::json(p, &self.from_memory))
                 .map_err(|e| other(e.to_string()))?
                 + "\n"
         } else {
-            tachyon_bpf::dump::text(p, &self.from_memory)
+            tachyon_bpf::output::dump::text(p, &self.from_memory)
         };
         std::io::stdout()
             .write_all(text.as_bytes())

@@ -24,22 +24,10 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "stack",
             "python",
             "aggregate",
-            "dump",
             "ksyms_cache",
         ],
     ),
     ("top", &["aggregate", "output"]),
-    (
-        "dump",
-        &[
-            "capture",
-            "process",
-            "python",
-            "stack",
-            "aggregate",
-            "output",
-        ],
-    ),
     (
         "session",
         &["capture", "collect", "python", "process", "aggregate"],

@@ -7,6 +7,7 @@
 pub mod collapsed;
 pub mod continuous;
 pub mod diff;
+pub mod dump;
 pub mod files;
 pub mod functions;
 pub mod gecko;
