@@ -9,7 +9,7 @@ use tokio::signal::unix::{signal, SignalKind};
 
 use tachyon_bpf::aggregate::Profile;
 use tachyon_bpf::capture::{self, Capture, CaptureOptions};
-use tachyon_bpf::collect::{monotonic_ns, Collector};
+use tachyon_bpf::collect::{monotonic_ns, Collector, Kernel};
 use tachyon_bpf::output::{self, Format, RunInfo};
 use tachyon_bpf::session::{Scope, Session, TICK, YOUNG_TICK};
 use tachyon_bpf::{process, python};
@@ -92,10 +92,35 @@ pub async fn run(cli: RunArgs, command: Command) -> Result<i32, AppError> {
     check_targets(&cli)?;
     check_environment()?;
     check_pids(&cli.pid)?;
-    let mut sink = sink_for(&cli, command)?;
+    let sink = sink_for(&cli, command)?;
     let rate = cli.rate.unwrap_or(if cli.continuous { 49 } else { 1000 });
+    let mut capture = load(&cli, rate)?;
+    let bpf_logs = bpf_logs(&cli, &mut capture)?;
+    capture.attach_lifetimes()?;
+    let launched = if cli.command.is_empty() {
+        None
+    } else {
+        Some(launch::launch(&cli.command)?)
+    };
+    let explicit = targets(&cli, &mut capture, launched.as_ref())?;
+    let mut run = Running::start(&cli, command, rate, sink, capture, explicit, bpf_logs)?;
+    let (child_pid, mut child_rx) = run.release(launched)?;
+    let child_status = run.event_loop(&mut child_rx).await?;
+    log::debug!("run: sampling ends at {:?}", run.started.elapsed());
+    // A second Ctrl-C while the profile is written exits at once. A plain signal handler, not
+    // a task: the writing below holds this (single-threaded) runtime until it is done.
+    launch::exit_on_second_interrupt();
+    // The command tachyon-bpf started ends with the profiling (-d, Ctrl-C, SIGTERM), as perf
+    // ends its workload: SIGTERM, then SIGKILL after a second.
+    if let (Some(pid), None) = (child_pid, child_status) {
+        launch::end_command(pid, &mut child_rx).await;
+    }
+    run.finish(child_status).await
+}
 
-    let mut capture = Capture::load(&CaptureOptions {
+/// Loads the programs that fit the kernel (`-v`: which, and what the verifier went through).
+fn load(cli: &RunArgs, rate: u64) -> Result<Capture, AppError> {
+    let capture = Capture::load(&CaptureOptions {
         all: cli.all,
         stack_size: cli.stack_size as usize,
         ring_bytes: cli.ring_mb << 20,
@@ -129,8 +154,16 @@ pub async fn run(cli: RunArgs, command: Command) -> Result<i32, AppError> {
             eprintln!("tachyon-bpf: {name}: {n} instructions verified");
         }
     }
-    // `--debug-bpf`: the programs' failure logs, printed as they arrive and at the end.
-    let mut bpf_logs = match cli.debug_bpf.then(|| capture.take_logs()).flatten() {
+    Ok(capture)
+}
+
+/// `--debug-bpf`: the reader of the programs' failure logs, printed as they arrive and at the
+/// end.
+fn bpf_logs(
+    cli: &RunArgs,
+    capture: &mut Capture,
+) -> Result<Option<AsyncFd<capture::BpfLogs>>, AppError> {
+    Ok(match cli.debug_bpf.then(|| capture.take_logs()).flatten() {
         // SAFETY: the logger owns its map fd and neither replaces nor closes it while the
         // AsyncFd holds it.
         Some(logs) => Some(
@@ -141,13 +174,16 @@ pub async fn run(cli: RunArgs, command: Command) -> Result<i32, AppError> {
             return Err(other("BPF logs: the object has no log ring".to_string()))
         }
         None => None,
-    };
-    capture.attach_lifetimes()?;
-    let mut launched = if cli.command.is_empty() {
-        None
-    } else {
-        Some(launch::launch(&cli.command)?)
-    };
+    })
+}
+
+/// The processes the command line names (`--pid`, with `--subprocesses` their running
+/// descendants, and the launched command), made targets of the programs.
+fn targets(
+    cli: &RunArgs,
+    capture: &mut Capture,
+    launched: Option<&launch::Launched>,
+) -> Result<Vec<u32>, AppError> {
     let mut explicit = cli.pid.clone();
     if cli.subprocesses {
         // The processes a --pid target has started already are profiled too; new ones are
@@ -166,70 +202,128 @@ pub async fn run(cli: RunArgs, command: Command) -> Result<i32, AppError> {
             explicit.extend(found);
         }
     }
-    explicit.extend(launched.as_ref().map(|l| l.pid));
+    explicit.extend(launched.map(|l| l.pid));
     for &pid in &explicit {
         capture.add_target(pid)?;
     }
-    let start_ns = monotonic_ns();
-    let start_epoch_ms = epoch_ms();
-    let interval_ms = 1000.0 / rate as f64;
-    let registry = python::PythonRegistry::new(python::PythonOptions {
-        show_internal: cli.show_internal,
-        opcodes: cli.opcodes,
-        async_aware: cli.async_aware.is_some(),
-        async_all: cli.async_aware.as_deref() == Some("all"),
-    });
-    let mut collector = Collector::new(start_ns, registry, cli.mode, interval_ms);
-    collector.add_kernel_code(capture.program_code());
-    if cli.verbose {
-        eprintln!("tachyon-bpf: kernel symbols {}", collector.kernel_source);
-    }
-    let ring = capture.take_ring();
-    let mut session = Session::new(
-        capture,
-        collector,
-        Scope {
-            all: cli.all,
-            all_pythons: cli.all_pythons,
-            subprocesses: cli.subprocesses,
-            explicit,
-        },
-    );
-    // SAFETY: the ring buffer owns its map fd and neither replaces nor closes it while the
-    // AsyncFd holds it.
-    let mut ring = unsafe { AsyncFd::register_with_interest(ring, tokio::io::Interest::READABLE) }
-        .map_err(|e| other(format!("ring buffer: {e}")))?;
-    session.targets.attach(rate)?;
-    let started = Instant::now();
-    // What the run is, as each format's metadata and the sink's intervals see it.
-    let run_info = |capture: &Capture, duration: Duration| RunInfo {
-        run_id: uuid::Uuid::new_v4().simple().to_string(),
-        start_epoch_ms,
-        interval_ms,
-        duration_ms: duration.as_secs_f64() * 1000.0,
-        mode: cli.mode.name().into(),
-        rate_hz: rate,
-        command: std::env::args().collect::<Vec<_>>().join(" "),
-        lost: capture.stats().0[profiler_common::STAT_LOST as usize],
-        cpus: capture.cpus.len() as u32,
-        cost: None,
-        kernel: Some(output::KernelMeta {
-            release: capture.kernel.release.clone(),
-            programs: capture.kernel.programs().into(),
-        }),
-        bpf_counters: capture
-            .counters()
-            .into_iter()
-            .map(|(n, v)| (n.to_string(), v))
-            .collect(),
-        async_aware: cli.async_aware.clone(),
-        bpf_programs: Vec::new(),
-    };
+    Ok(explicit)
+}
 
-    // Let the launched command run now that sampling is on.
-    let (child_tx, mut child_rx) = tokio::sync::oneshot::channel::<i32>();
-    let child_pid = launched.as_ref().map(|l| l.pid);
-    if let Some(l) = launched.take() {
+/// A run once its programs are attached: its session, ring and sink, and what each format's
+/// metadata says of it.
+struct Running<'a> {
+    cli: &'a RunArgs,
+    command: Command,
+    rate: u64,
+    sink: Box<dyn Sink>,
+    session: Session<Capture>,
+    ring: AsyncFd<aya::maps::RingBuf<aya::maps::MapData>>,
+    bpf_logs: Option<AsyncFd<capture::BpfLogs>>,
+    started: Instant,
+    start_epoch_ms: f64,
+    interval_ms: f64,
+}
+
+impl<'a> Running<'a> {
+    /// Starts the session over the loaded programs and attaches the sampler.
+    fn start(
+        cli: &'a RunArgs,
+        command: Command,
+        rate: u64,
+        sink: Box<dyn Sink>,
+        mut capture: Capture,
+        explicit: Vec<u32>,
+        bpf_logs: Option<AsyncFd<capture::BpfLogs>>,
+    ) -> Result<Running<'a>, AppError> {
+        let start_ns = monotonic_ns();
+        let start_epoch_ms = epoch_ms();
+        let interval_ms = 1000.0 / rate as f64;
+        let registry = python::PythonRegistry::new(python::PythonOptions {
+            show_internal: cli.show_internal,
+            opcodes: cli.opcodes,
+            async_aware: cli.async_aware.is_some(),
+            async_all: cli.async_aware.as_deref() == Some("all"),
+        });
+        let mut collector =
+            Collector::new(start_ns, registry, cli.mode, interval_ms, Kernel::load());
+        collector.add_kernel_code(capture.program_code());
+        if cli.verbose {
+            eprintln!("tachyon-bpf: kernel symbols {}", collector.kernel_source);
+        }
+        let ring = capture.take_ring();
+        let mut session = Session::new(
+            capture,
+            collector,
+            Scope {
+                all: cli.all,
+                all_pythons: cli.all_pythons,
+                subprocesses: cli.subprocesses,
+                explicit,
+            },
+        );
+        // SAFETY: the ring buffer owns its map fd and neither replaces nor closes it while the
+        // AsyncFd holds it.
+        let ring = unsafe { AsyncFd::register_with_interest(ring, tokio::io::Interest::READABLE) }
+            .map_err(|e| other(format!("ring buffer: {e}")))?;
+        session.targets.attach(rate)?;
+        Ok(Running {
+            cli,
+            command,
+            rate,
+            sink,
+            session,
+            ring,
+            bpf_logs,
+            started: Instant::now(),
+            start_epoch_ms,
+            interval_ms,
+        })
+    }
+
+    /// What the run is, as each format's metadata and the sink's intervals see it.
+    fn info(&self, duration: Duration) -> RunInfo {
+        let cli = self.cli;
+        let capture = &self.session.targets;
+        RunInfo {
+            run_id: uuid::Uuid::new_v4().simple().to_string(),
+            start_epoch_ms: self.start_epoch_ms,
+            interval_ms: self.interval_ms,
+            duration_ms: duration.as_secs_f64() * 1000.0,
+            mode: cli.mode.name().into(),
+            rate_hz: self.rate,
+            command: std::env::args().collect::<Vec<_>>().join(" "),
+            lost: capture.stats().0[profiler_common::STAT_LOST as usize],
+            cpus: capture.cpus.len() as u32,
+            cost: None,
+            kernel: Some(output::KernelMeta {
+                release: capture.kernel.release.clone(),
+                programs: capture.kernel.programs().into(),
+            }),
+            bpf_counters: capture
+                .counters()
+                .into_iter()
+                .map(|(n, v)| (n.to_string(), v))
+                .collect(),
+            async_aware: cli.async_aware.clone(),
+            bpf_programs: Vec::new(),
+        }
+    }
+
+    /// Lets the launched command run now that sampling is on (a wrapper it starts through is
+    /// followed to the program it execs). Returns its pid and where its exit status arrives.
+    fn release(
+        &mut self,
+        launched: Option<launch::Launched>,
+    ) -> Result<(Option<u32>, tokio::sync::oneshot::Receiver<i32>), AppError> {
+        let (child_tx, child_rx) = tokio::sync::oneshot::channel::<i32>();
+        let Some(l) = launched else {
+            drop(child_tx);
+            return Ok((None, child_rx));
+        };
+        let child_pid = l.pid;
+        let cli = self.cli;
+        let session = &mut self.session;
+        let ring = &mut self.ring;
         let mut started = l
             .release(child_tx)
             .map_err(|e| target(format!("cannot start {}: {e}", cli.command[0])))?;
@@ -249,201 +343,207 @@ pub async fn run(cli: RunArgs, command: Command) -> Result<i32, AppError> {
             }
         }
         started.run();
-    } else {
-        drop(child_tx);
+        Ok((Some(child_pid), child_rx))
     }
 
-    let mut sigint = signal(SignalKind::interrupt()).map_err(|e| other(e.to_string()))?;
-    let mut sigterm = signal(SignalKind::terminate()).map_err(|e| other(e.to_string()))?;
-    let deadline = cli
-        .duration
-        .map(|d| tokio::time::Instant::now() + Duration::from_secs_f64(d.max(0.0)));
-    let sleep = async {
-        match deadline {
-            Some(d) => tokio::time::sleep_until(d).await,
-            None => std::future::pending().await,
-        }
-    };
-    tokio::pin!(sleep);
-    let has_child = !cli.command.is_empty();
-    let mut child_status = None;
-    let mut tick = tokio::time::interval(TICK);
-    let mut ticks: u64 = 0;
-    let mut young_tick = tokio::time::interval(YOUNG_TICK);
-    young_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-    // The live status line: on a terminal only, never with --quiet.
-    let status =
-        !cli.quiet && sink.status_line() && std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let every = sink.interval();
-    let mut intervals = tokio::time::interval_at(
-        tokio::time::Instant::now() + every.unwrap_or(Duration::MAX / 4),
-        every.unwrap_or(Duration::MAX / 4),
-    );
-    let mut keys = sink.start()?;
-    log::debug!("run: sampling from {:?}", started.elapsed());
-    loop {
-        tokio::select! {
-            // In this order: what ends the run first, so that a ring that is always readable
-            // (an overload) never wins over `-d` or a signal.
-            biased;
-            _ = &mut sleep => break,
-            _ = sigint.recv() => break,
-            _ = sigterm.recv() => break,
-            st = &mut child_rx, if has_child && child_status.is_none() => {
-                child_status = st.ok();
-                break;
+    /// Samples until the run ends: `-d`, a signal, the command's exit, the profiled processes'
+    /// exit, or the sink's key. Returns the command's exit status if it exited.
+    async fn event_loop(
+        &mut self,
+        child_rx: &mut tokio::sync::oneshot::Receiver<i32>,
+    ) -> Result<Option<i32>, AppError> {
+        let cli = self.cli;
+        let mut sigint = signal(SignalKind::interrupt()).map_err(|e| other(e.to_string()))?;
+        let mut sigterm = signal(SignalKind::terminate()).map_err(|e| other(e.to_string()))?;
+        let deadline = cli
+            .duration
+            .map(|d| tokio::time::Instant::now() + Duration::from_secs_f64(d.max(0.0)));
+        let sleep = async {
+            match deadline {
+                Some(d) => tokio::time::sleep_until(d).await,
+                None => std::future::pending().await,
             }
-            _ = intervals.tick(), if every.is_some() => {
-                session.drain(ring.get_mut());
-                let now = monotonic_ns();
-                session.settle_sched(now);
-                let finished = session.collector.rotate(now);
-                let info = run_info(&session.targets, started.elapsed());
-                sink.take_interval(&finished, &info, started.elapsed());
-            }
-            Some(key) = async {
-                match keys.as_mut() {
-                    Some(k) => k.recv().await,
-                    None => std::future::pending().await,
-                }
-            } => {
-                if sink.key(key) {
+        };
+        tokio::pin!(sleep);
+        let has_child = !cli.command.is_empty();
+        let mut child_status = None;
+        let mut tick = tokio::time::interval(TICK);
+        let mut ticks: u64 = 0;
+        let mut young_tick = tokio::time::interval(YOUNG_TICK);
+        young_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        // The live status line: on a terminal only, never with --quiet.
+        let status = !cli.quiet
+            && self.sink.status_line()
+            && std::io::IsTerminal::is_terminal(&std::io::stderr());
+        let every = self.sink.interval();
+        let mut intervals = tokio::time::interval_at(
+            tokio::time::Instant::now() + every.unwrap_or(Duration::MAX / 4),
+            every.unwrap_or(Duration::MAX / 4),
+        );
+        let mut keys = self.sink.start()?;
+        log::debug!("run: sampling from {:?}", self.started.elapsed());
+        loop {
+            tokio::select! {
+                // In this order: what ends the run first, so that a ring that is always readable
+                // (an overload) never wins over `-d` or a signal.
+                biased;
+                _ = &mut sleep => break,
+                _ = sigint.recv() => break,
+                _ = sigterm.recv() => break,
+                st = &mut *child_rx, if has_child && child_status.is_none() => {
+                    child_status = st.ok();
                     break;
                 }
-            }
-            _ = tick.tick() => {
-                ticks += 1;
-                session.tick(ring.get_mut());
-                // --pid: the run ends when every process it names (and, with --subprocesses,
-                // every child that joined them) has exited, as it does with a command.
-                if !has_child && ticks.is_multiple_of(5) && session.targets_gone() {
-                    if !cli.quiet {
-                        eprintln!("tachyon-bpf: the profiled processes have exited");
+                _ = intervals.tick(), if every.is_some() => {
+                    self.session.drain(self.ring.get_mut());
+                    let now = monotonic_ns();
+                    self.session.settle_sched(now);
+                    let finished = self.session.collector.rotate(now);
+                    let info = self.info(self.started.elapsed());
+                    self.sink.take_interval(&finished, &info, self.started.elapsed());
+                }
+                Some(key) = async {
+                    match keys.as_mut() {
+                        Some(k) => k.recv().await,
+                        None => std::future::pending().await,
                     }
-                    break;
+                } => {
+                    if self.sink.key(key) {
+                        break;
+                    }
                 }
-                if status && ticks.is_multiple_of(12) {
-                    let lost = session.targets.stats().0[profiler_common::STAT_LOST as usize];
-                    let line = output::summary::status_line(
-                        &session.collector.profile,
-                        started.elapsed().as_secs_f64(),
-                        lost,
-                        session.targets.cpus.len(),
-                        rate,
-                    );
-                    eprint!("\r\x1b[2K{line}");
+                _ = tick.tick() => {
+                    ticks += 1;
+                    self.session.tick(self.ring.get_mut());
+                    // --pid: the run ends when every process it names (and, with --subprocesses,
+                    // every child that joined them) has exited, as it does with a command.
+                    if !has_child && ticks.is_multiple_of(5) && self.session.targets_gone() {
+                        if !cli.quiet {
+                            eprintln!("tachyon-bpf: the profiled processes have exited");
+                        }
+                        break;
+                    }
+                    if status && ticks.is_multiple_of(12) {
+                        let lost = self.session.targets.stats().0[profiler_common::STAT_LOST as usize];
+                        let line = output::summary::status_line(
+                            &self.session.collector.profile,
+                            self.started.elapsed().as_secs_f64(),
+                            lost,
+                            self.session.targets.cpus.len(),
+                            self.rate,
+                        );
+                        eprint!("\r\x1b[2K{line}");
+                    }
+                }
+                _ = young_tick.tick(), if self.session.awaiting_young() => {
+                    self.session.tick_young(self.ring.get_mut());
+                }
+                guard = async {
+                    match self.bpf_logs.as_mut() {
+                        Some(l) => l.readable_mut().await,
+                        None => std::future::pending().await,
+                    }
+                } => {
+                    let mut guard = guard.map_err(|e| other(format!("BPF logs: {e}")))?;
+                    guard.get_inner_mut().flush();
+                    guard.clear_ready();
+                }
+                guard = self.ring.readable_mut() => {
+                    let mut guard = guard.map_err(|e| other(format!("ring buffer: {e}")))?;
+                    self.session.drain(guard.get_inner_mut());
+                    guard.clear_ready();
                 }
             }
-            _ = young_tick.tick(), if session.awaiting_young() => {
-                session.tick_young(ring.get_mut());
-            }
-            guard = async {
-                match bpf_logs.as_mut() {
-                    Some(l) => l.readable_mut().await,
-                    None => std::future::pending().await,
-                }
-            } => {
-                let mut guard = guard.map_err(|e| other(format!("BPF logs: {e}")))?;
-                guard.get_inner_mut().flush();
-                guard.clear_ready();
-            }
-            guard = ring.readable_mut() => {
-                let mut guard = guard.map_err(|e| other(format!("ring buffer: {e}")))?;
-                session.drain(guard.get_inner_mut());
-                guard.clear_ready();
+            // Back to the runtime after every turn. Timers, signals and the child's exit are seen
+            // only when its driver runs, and a ring that refills as fast as it is read (an
+            // overload) keeps a branch ready at every turn: without this, the runtime's
+            // cooperative budget (128 turns of up to `DRAIN_BUDGET` each) held `-d` and Ctrl-C back
+            // for as long as the overload lasted.
+            tokio::task::yield_now().await;
+        }
+        drop(sigint);
+        if status {
+            eprint!("\r\x1b[2K");
+        }
+        Ok(child_status)
+    }
+
+    /// Ends the run: detaches the programs, reads what the ring still holds, settles the
+    /// scheduler's accounting, and hands the profile to the sink (with the summary).
+    async fn finish(mut self, child_status: Option<i32>) -> Result<i32, AppError> {
+        let cli = self.cli;
+        self.session.targets.detach();
+        log::debug!("run: programs detached at {:?}", self.started.elapsed());
+        if let Some(logs) = self.bpf_logs.as_mut() {
+            logs.get_mut().flush();
+            let unlogged = self.session.targets.unlogged_failures();
+            if !unlogged.is_empty() {
+                let kinds: Vec<String> = unlogged.iter().map(|(k, n)| format!("{k} {n}")).collect();
+                eprintln!(
+                    "tachyon-bpf: bpf: not logged (beyond the first {} of each kind per CPU): {}",
+                    profiler_common::LOG_FIRST,
+                    kinds.join(", ")
+                );
             }
         }
-        // Back to the runtime after every turn. Timers, signals and the child's exit are seen
-        // only when its driver runs, and a ring that refills as fast as it is read (an
-        // overload) keeps a branch ready at every turn: without this, the runtime's
-        // cooperative budget (128 turns of up to `DRAIN_BUDGET` each) held `-d` and Ctrl-C back
-        // for as long as the overload lasted.
-        tokio::task::yield_now().await;
-    }
-    log::debug!("run: sampling ends at {:?}", started.elapsed());
-    // A second Ctrl-C while the profile is written exits at once. A plain signal handler, not
-    // a task: the writing below holds this (single-threaded) runtime until it is done.
-    drop(sigint);
-    launch::exit_on_second_interrupt();
-    // The command tachyon-bpf started ends with the profiling (-d, Ctrl-C, SIGTERM), as perf
-    // ends its workload: SIGTERM, then SIGKILL after a second.
-    if let (Some(pid), None) = (child_pid, child_status) {
-        launch::end_command(pid, &mut child_rx).await;
-    }
-    if status {
-        eprint!("\r\x1b[2K");
-    }
-    session.targets.detach();
-    log::debug!("run: programs detached at {:?}", started.elapsed());
-    if let Some(logs) = bpf_logs.as_mut() {
-        logs.get_mut().flush();
-        let unlogged = session.targets.unlogged_failures();
-        if !unlogged.is_empty() {
-            let kinds: Vec<String> = unlogged.iter().map(|(k, n)| format!("{k} {n}")).collect();
+        if !self.sink.writes() {
+            // `top`: the terminal is restored; nothing is written.
+            self.sink.report(true)?;
+            return Ok(0);
+        }
+        let elapsed = self.started.elapsed();
+        self.session.drain_all(self.ring.get_mut());
+        log::debug!("run: ring drained at {:?}", self.started.elapsed());
+        let now = monotonic_ns();
+        self.session.settle_sched(now);
+        if let Command::Dump { .. } = self.command {
+            for &pid in &cli.pid {
+                let read = self.session.collector.sample_blocked_threads(pid);
+                self.sink.read_from_memory(read);
+            }
+        }
+        self.session.collector.finish(now);
+        if let (true, Some(addr)) = (cli.verbose, self.session.collector.kernel_reread_at) {
             eprintln!(
-                "tachyon-bpf: bpf: not logged (beyond the first {} of each kind per CPU): {}",
-                profiler_common::LOG_FIRST,
-                kinds.join(", ")
+                "tachyon-bpf: kernel symbols read again mid-run: {addr:#x} is kernel code made since boot"
             );
         }
-    }
-    if !sink.writes() {
-        // `top`: the terminal is restored; nothing is written.
-        sink.report(true)?;
-        return Ok(0);
-    }
-    let elapsed = started.elapsed();
-    session.drain_all(ring.get_mut());
-    log::debug!("run: ring drained at {:?}", started.elapsed());
-    let now = monotonic_ns();
-    session.settle_sched(now);
-    if let Command::Dump { .. } = command {
-        for &pid in &cli.pid {
-            let read = session.collector.sample_blocked_threads(pid);
-            sink.read_from_memory(read);
+        let capture = &self.session.targets;
+        // One read of the kernel's statistics: the total is the programs' sum.
+        let programs = capture.bpf_programs();
+        let bpf = programs.as_ref().map(|v| {
+            let ms: f64 = v.iter().map(|p| p.1).sum();
+            (
+                Duration::from_secs_f64(ms / 1e3),
+                v.iter().map(|p| p.2).sum(),
+            )
+        });
+        let run = RunInfo {
+            cost: Some(output::Cost::measure(bpf)),
+            bpf_programs: programs.unwrap_or_default(),
+            ..self.info(elapsed)
+        };
+        self.sink.finish(&self.session.collector.profile, &run)?;
+        if !cli.quiet {
+            summary(
+                &self.session.collector.profile,
+                &run,
+                capture,
+                self.sink.as_ref(),
+                elapsed,
+            );
         }
-    }
-    session.collector.finish(now);
-    if let (true, Some(addr)) = (cli.verbose, session.collector.kernel_reread_at) {
-        eprintln!(
-            "tachyon-bpf: kernel symbols read again mid-run: {addr:#x} is kernel code made since boot"
-        );
-    }
-    let capture = &session.targets;
-    // One read of the kernel's statistics: the total is the programs' sum.
-    let programs = capture.bpf_programs();
-    let bpf = programs.as_ref().map(|v| {
-        let ms: f64 = v.iter().map(|p| p.1).sum();
-        (
-            Duration::from_secs_f64(ms / 1e3),
-            v.iter().map(|p| p.2).sum(),
-        )
-    });
-    let run = RunInfo {
-        cost: Some(output::Cost::measure(bpf)),
-        bpf_programs: programs.unwrap_or_default(),
-        ..run_info(capture, elapsed)
-    };
-    sink.finish(&session.collector.profile, &run)?;
-    if !cli.quiet {
-        summary(
-            &session.collector.profile,
-            &run,
-            capture,
-            sink.as_ref(),
-            elapsed,
-        );
-    }
-    sink.report(cli.quiet)?;
-    if let Some(code) = child_status {
-        if code != 0 && !cli.quiet {
-            eprintln!("tachyon-bpf: the command exited with status {code}");
+        self.sink.report(cli.quiet)?;
+        if let Some(code) = child_status {
+            if code != 0 && !cli.quiet {
+                eprintln!("tachyon-bpf: the command exited with status {code}");
+            }
         }
+        if cli.open {
+            open_in_browser(&self.session.collector.profile, &run).await?;
+        }
+        Ok(0)
     }
-    if cli.open {
-        open_in_browser(&session.collector.profile, &run).await?;
-    }
-    Ok(0)
 }
 
 /// The end-of-run summary on stderr.

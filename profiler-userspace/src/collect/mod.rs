@@ -221,11 +221,44 @@ fn alive_task(pid: u32, tid: u32) -> bool {
     std::path::Path::new(&format!("/proc/{pid}/task/{tid}")).exists()
 }
 
+/// The kernel's symbols a collector names kernel frames with, and where they came from (`-v`
+/// says).
+pub struct Kernel {
+    pub symbols: KernelSymbols,
+    pub source: crate::ksyms_cache::Source,
+}
+
+impl Kernel {
+    /// The boot's copy of the kernel's symbols (`ksyms_cache`).
+    pub fn load() -> Kernel {
+        let (symbols, source) = crate::ksyms_cache::load();
+        Kernel { symbols, source }
+    }
+
+    /// No symbols: for records without kernel stacks (the session's tests).
+    pub fn none() -> Kernel {
+        Kernel {
+            symbols: KernelSymbols::parse(""),
+            source: crate::ksyms_cache::Source::Kallsyms("not read"),
+        }
+    }
+}
+
 impl Collector {
-    pub fn new(start_ns: u64, python: PythonRegistry, mode: Mode, interval_ms: f64) -> Collector {
+    /// A collector over the kernel's symbols as `kernel` holds them.
+    pub fn new(
+        start_ns: u64,
+        python: PythonRegistry,
+        mode: Mode,
+        interval_ms: f64,
+        kernel: Kernel,
+    ) -> Collector {
+        let Kernel {
+            symbols: kernel,
+            source: kernel_source,
+        } = kernel;
         let mut profile = Profile::new(mode, interval_ms);
         let kernel_lib = profile.lib(&Arc::from(KERNEL_LIB));
-        let (kernel, kernel_source) = crate::ksyms_cache::load();
         Collector {
             profile,
             procs: FxHashMap::default(),

@@ -93,11 +93,13 @@ impl Drop for Py {
 }
 
 fn session(scope: Scope) -> Session<FakeTargets> {
+    // No kernel frames are looked up: the fake records have no kernel stacks.
     let collector = Collector::new(
         crate::collect::monotonic_ns(),
         PythonRegistry::new(Default::default()),
         Mode::Wall,
         1.0,
+        crate::collect::Kernel::none(),
     );
     Session::new(FakeTargets::default(), collector, scope)
 }
