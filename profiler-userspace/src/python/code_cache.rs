@@ -25,6 +25,20 @@ const SETTLED_NS: u64 = 1_000_000_000;
 /// A function frame made for a code object, with the name and file it was made for.
 type MadeFunction = (FrameRef, Arc<str>, Arc<str>);
 
+/// Entries whose identity still holds: (index, head, its name and file string addresses).
+type Same = Vec<(usize, Vec<u8>, [u64; 2])>;
+/// Heads to read in full: (index, head).
+type ToRead = Vec<(usize, Vec<u8>)>;
+
+/// What one read of a batch's stale code objects brought: their heads, and the copies of the
+/// name and file strings of the entries known at their addresses, by where each entry's pair
+/// lands among them (with the string addresses they were read at).
+struct Heads {
+    heads: Vec<Option<Vec<u8>>>,
+    guesses: Vec<Option<Vec<u8>>>,
+    guessed: FxHashMap<usize, ([u64; 2], usize)>,
+}
+
 /// The code objects of one process, and the function and frame ids made for them.
 #[derive(Default)]
 pub struct CodeCache {
@@ -59,7 +73,8 @@ impl CodeCache {
     /// (one batch of samples read from the ring buffer, at most a few ms of samples): an address
     /// can be reused after its code object is freed, so a cached entry is believed only after
     /// its type, name and file have been read again in this epoch. One read validates every
-    /// address of the sample that needs it; misses are resolved in full.
+    /// address of the sample that needs it; misses are resolved in full. `on_read` sees each
+    /// code object read in full.
     pub fn code(
         &mut self,
         rt: &Runtime,
@@ -81,12 +96,42 @@ impl CodeCache {
         if stale.is_empty() {
             return out;
         }
+        let mut heads = self.read_heads(rt, addrs, &stale);
+        let (same, mut read) = self.sort_heads(rt, addrs, &stale, &mut heads, &mut out);
+        self.check_strings(rt, addrs, epoch, same, heads, &mut out, &mut read);
+        for (i, head) in read {
+            let a = addrs[i];
+            out[i] = (|| {
+                let c = Arc::new(code::read_code(
+                    &rt.remote,
+                    &rt.layout,
+                    &head,
+                    code::Types {
+                        code: rt.code_type,
+                        str: rt.str_type,
+                    },
+                    code::StringCopies::default(),
+                )?);
+                self.retire(a);
+                on_read(a, &c);
+                self.codes.insert(a, (c.clone(), epoch));
+                Some(c)
+            })();
+            if out[i].is_none() {
+                self.retire(a);
+            }
+        }
+        out
+    }
+
+    /// The heads at the `stale` addresses, in one read with the name and file strings of each
+    /// cached entry, where they were: an entry whose head still points there (nearly every one)
+    /// is checked with this one read.
+    fn read_heads(&self, rt: &Runtime, addrs: &[u64], stale: &[usize]) -> Heads {
         let len = code::header_len(&rt.layout);
         let mut ranges: Vec<(u64, usize)> = stale.iter().map(|&i| (addrs[i], len)).collect();
-        // The strings of each cached entry are read with the heads, where they were: an entry
-        // whose head still points there (nearly every one) is checked with this one read.
         let mut guessed: FxHashMap<usize, ([u64; 2], usize)> = FxHashMap::default();
-        for &i in &stale {
+        for &i in stale {
             if let Some((c, _)) = self.codes.get(&addrs[i]) {
                 // Where its pair lands among the reads after the heads.
                 guessed.insert(i, ([c.name_ptr, c.ident[1]], ranges.len() - stale.len()));
@@ -95,7 +140,7 @@ impl CodeCache {
             }
         }
         let mut read_now = rt.remote.read_many(&ranges);
-        let mut guesses = read_now.split_off(stale.len());
+        let guesses = read_now.split_off(stale.len());
         let mut heads = read_now;
         if heads.iter().any(Option::is_none) {
             heads = ranges[..stale.len()]
@@ -103,12 +148,28 @@ impl CodeCache {
                 .map(|r| rt.remote.read(r.0, r.1))
                 .collect();
         }
-        // Entries whose identity (type, name and file addresses) still holds, and the head that
-        // showed it: their strings are read again before they are believed (below).
-        let mut same: Vec<(usize, Vec<u8>, [u64; 2])> = Vec::new();
-        // Heads that need a code object read in full.
-        let mut read: Vec<(usize, Vec<u8>)> = Vec::new();
-        for (&i, head) in stale.iter().zip(heads) {
+        Heads {
+            heads,
+            guesses,
+            guessed,
+        }
+    }
+
+    /// Sorts the heads read: entries whose identity (type, name and file addresses) still holds,
+    /// with the head that showed it (their strings are read again before they are believed),
+    /// and heads that need a code object read in full. Where nothing is there any more, the
+    /// last code object known at the address is the answer (in `out`).
+    fn sort_heads(
+        &mut self,
+        rt: &Runtime,
+        addrs: &[u64],
+        stale: &[usize],
+        heads: &mut Heads,
+        out: &mut [Option<Arc<CodeInfo>>],
+    ) -> (Same, ToRead) {
+        let mut same = Vec::new();
+        let mut read = Vec::new();
+        for (&i, head) in stale.iter().zip(std::mem::take(&mut heads.heads)) {
             let a = addrs[i];
             let code_type = rt.code_type;
             let Some(head) = head.filter(|h| {
@@ -140,13 +201,30 @@ impl CodeCache {
                 read.push((i, head));
             }
         }
-        // The same identity is not the same object: code made and freed over and over (`exec`
-        // in a loop) gets the same memory, its strings included, with other contents. One read
-        // of the name and file strings of every such entry tells.
+        (same, read)
+    }
+
+    /// The same identity is not the same object: code made and freed over and over (`exec` in
+    /// a loop) gets the same memory, its strings included, with other contents. One read of the
+    /// name and file strings of every such entry tells: an entry whose strings agree is
+    /// believed for `epoch`, and one whose do not is retired and its head read in full.
+    #[allow(clippy::too_many_arguments)]
+    fn check_strings(
+        &mut self,
+        rt: &Runtime,
+        addrs: &[u64],
+        epoch: u64,
+        same: Same,
+        mut heads: Heads,
+        out: &mut [Option<Arc<CodeInfo>>],
+        read: &mut ToRead,
+    ) {
         let mut copies: Vec<Option<Vec<u8>>> = Vec::with_capacity(same.len() * 2);
         let mut unread = Vec::new();
         for (k, &(i, _, pointers)) in same.iter().enumerate() {
-            let guess = guessed
+            let guesses = &mut heads.guesses;
+            let guess = heads
+                .guessed
                 .get(&i)
                 .filter(|(at, _)| *at == pointers)
                 // Each pair is used once: moved out, not copied.
@@ -200,29 +278,6 @@ impl CodeCache {
                 read.push((i, head));
             }
         }
-        for (i, head) in read {
-            let a = addrs[i];
-            out[i] = (|| {
-                let c = Arc::new(code::read_code(
-                    &rt.remote,
-                    &rt.layout,
-                    &head,
-                    code::Types {
-                        code: rt.code_type,
-                        str: rt.str_type,
-                    },
-                    code::StringCopies::default(),
-                )?);
-                self.retire(a);
-                on_read(a, &c);
-                self.codes.insert(a, (c.clone(), epoch));
-                Some(c)
-            })();
-            if out[i].is_none() {
-                self.retire(a);
-            }
-        }
-        out
     }
 
     /// Whether code object `info` at `addr`, as the frame walk copied it at a sample at

@@ -4,12 +4,15 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
+use rustc_hash::FxHashMap;
+
 use profiler_common::{
     PY_FRAME_SNAP_SHIFT, SAMPLE_PY_CYCLE, SAMPLE_PY_MISS, SAMPLE_PY_READ_FAILED, SAMPLE_PY_THREAD,
     SAMPLE_PY_TRUNCATED,
 };
 
 use super::code::CodeInfo;
+use super::discover::PyProcess;
 use super::layout::Activations;
 use super::registry::PythonRegistry;
 use super::remote::{self, le_u64};
@@ -23,19 +26,9 @@ impl PythonRegistry {
     /// The Python frames of a sample of a known Python process (`None` for other processes);
     /// frames are interned and events counted through `out`.
     pub fn resolve(&mut self, s: &RawSample, out: &mut impl ProfileSink) -> Option<PythonFrames> {
+        let (epoch, opts) = (self.epoch, self.opts);
         let p = self.procs.get_mut(&s.pid)?;
-        if s.flags & SAMPLE_PY_MISS != 0 {
-            out.count(PyEvent::ThreadMiss);
-        }
-        // Signs that the thread map is behind (`threads_due`): a thread state the BPF side
-        // found by itself, or a thread with none that the last read did not list (a thread
-        // listed then without one is a native thread, and stays one until the next quiet read).
-        let unknown = !p.threads.states.contains_key(&s.tid);
-        if (s.flags & SAMPLE_PY_THREAD != 0 && unknown)
-            || (s.flags & SAMPLE_PY_MISS != 0 && unknown && !p.threads.listed.contains(&s.tid))
-        {
-            p.threads.changed = true;
-        }
+        note_thread_map(p, s, out);
         if s.flags & SAMPLE_PY_THREAD == 0 {
             return Some(PythonFrames {
                 activations: Vec::new(),
@@ -59,137 +52,30 @@ impl PythonRegistry {
             gc: has_gil && s.py_gc_collecting != 0,
             main_thread: s.tid == s.pid,
         };
-
-        // Innermost first from BPF: group into activations (shims and entry flags delimit).
-        let activation_rule = p.rt.layout.activations;
-        // A chain read while the eval loop links a new frame may run into stack garbage (3.11
-        // and 3.12 make a new `_PyCFrame` current before they set its frame): a code pointer no
-        // object can have ends the chain there, and nothing after it is believed.
-        // So does a frame whose code, copied at the sample, was another kind of object then.
-        let torn = s.py_frames.iter().position(|f| {
-            !p.rt.layout.is_shim(f.flags as u8, f.code, p.rt.none_addr)
-                && (!plausible_object(f.code) || p.cache.snap_not_code(&p.rt, f, &s.code_snaps))
-        });
-        if torn.is_some() {
-            out.count(PyEvent::ReadFailed);
-        }
-        let py_frames = &s.py_frames[..torn.unwrap_or(s.py_frames.len())];
-        let real: Vec<(usize, bool)> = py_frames
-            .iter()
-            .enumerate()
-            .map(|(i, f)| {
-                (
-                    i,
-                    p.rt.layout.is_shim(f.flags as u8, f.code, p.rt.none_addr),
-                )
-            })
-            .collect();
-        let addrs: Vec<u64> = py_frames
-            .iter()
-            .zip(&real)
-            .filter(|(_, r)| !r.1)
-            .map(|(f, _)| f.code)
-            .collect();
-        let mut uniq = addrs.clone();
-        uniq.sort_unstable();
-        uniq.dedup();
-        let infos: rustc_hash::FxHashMap<u64, Option<Arc<CodeInfo>>> = uniq
-            .iter()
-            .copied()
-            .zip(p.code(&uniq, self.epoch))
-            .collect();
-
+        let frames = p.believed_frames(s, epoch, out);
         // `--async-aware`: the running task's await chain, and (found below) the outermost
         // frame of its coroutine in the sample.
         let chain = match s.py_task {
             0 => None,
-            task if self.opts.async_aware => p.await_chain(task, s.tid, self.epoch),
+            task if opts.async_aware => p.await_chain(task, s.tid, epoch),
             _ => None,
         };
         let coro_code = chain.as_ref().map(|c| c.coro_code);
-        let mut task_from = None;
-
-        // Sized up front: grown from empty, they were reallocated two or three times a sample.
-        let mut activations: Vec<Vec<FrameRef>> = Vec::with_capacity(8);
-        let mut cur: Vec<FrameRef> = Vec::with_capacity(py_frames.len()); // innermost first
-        let mut leaf = self.opts.opcodes;
-        for (f, (_, shim)) in py_frames.iter().zip(&real) {
-            if *shim {
-                if !cur.is_empty() {
-                    activations.push(std::mem::take(&mut cur));
-                }
-                continue;
-            }
-            let now = infos.get(&f.code).cloned().flatten();
-            let snap = (f.flags >> PY_FRAME_SNAP_SHIFT) as usize & 0xff;
-            let info = match snap.checked_sub(1) {
-                Some(k) if k < s.code_snaps.len() => {
-                    let info = p.cache.sampled_code(&p.rt, f.code, &s.code_snaps[k], now);
-                    if info
-                        .as_ref()
-                        .is_some_and(|c| p.cache.settled(f.code, c, s.time_ns, self.epoch))
-                    {
-                        self.known
-                            .push(profiler_common::known_code_word(s.pid, f.code));
-                    }
-                    info
-                }
-                _ => now,
-            };
-            // 3.13+ runs a class's Python `__init__` under a frame of the interpreter's own
-            // (`_Py_InitCleanup`: it checks that `__init__` returned None), in the same eval
-            // loop: no code of the program, and no activation boundary.
-            if info.as_deref().is_some_and(CodeInfo::is_init_cleanup) {
-                continue;
-            }
-            // The eval loop's entry frame, its owner byte not written yet (its first
-            // instructions): an activation boundary, as a shim, never a frame of the program.
-            if info.as_deref().is_some_and(CodeInfo::is_trampoline) {
-                if !cur.is_empty() {
-                    activations.push(std::mem::take(&mut cur));
-                }
-                continue;
-            }
-            // Only the innermost frame runs an instruction of its own (the others are at their
-            // call), even when that frame's code could not be read.
-            let innermost = std::mem::take(&mut leaf);
-            let frame = match info {
-                Some(ci) => p
-                    .cache
-                    .frame_for(&p.rt, out, f.code, &ci, f.instr, innermost),
-                None => {
-                    out.count(PyEvent::Unresolved);
-                    out.unresolved_frame()
-                }
-            };
-            cur.push(frame);
-            if Some(f.code) == coro_code {
-                task_from = Some(frame);
-            }
-            let ends = match activation_rule {
-                Activations::PerFrame => true,
-                Activations::EntryFlag => f.flags & 0xff != 0,
-                Activations::Shim => false,
-            };
-            if ends {
-                activations.push(std::mem::take(&mut cur));
-            }
-        }
-        if !cur.is_empty() {
-            activations.push(cur);
-        }
-        // Built innermost first at both levels: flip to outermost activation first, root-first.
-        activations.reverse();
-        for a in &mut activations {
-            a.reverse();
-        }
-        let tasks = match (chain, task_from) {
+        let mut walk = Activation {
+            epoch,
+            leaf: opts.opcodes,
+            coro_code,
+            task_from: None,
+            known: &mut self.known,
+        };
+        let activations = p.activations(s, frames, &mut walk, out);
+        let tasks = match (chain, walk.task_from) {
             (Some(c), Some(from)) => {
                 out.count(PyEvent::AsyncTask);
                 if c.cut {
                     out.count(PyEvent::AsyncCut);
                 }
-                let prefix = p.task_prefix(out, s.py_task, &c, self.epoch);
+                let prefix = p.task_prefix(out, s.py_task, &c, epoch);
                 Some(TaskSplice { from, prefix })
             }
             (Some(_), None) => {
@@ -305,5 +191,186 @@ impl PythonRegistry {
             frame = u64_at(c.frame_previous).unwrap_or(0);
         }
         Some(out)
+    }
+}
+
+/// Counts a thread missing from the BPF thread map, and notes signs that the process's thread
+/// map is behind (`threads_due`): a thread state the BPF side found by itself, or a thread with
+/// none that the last read did not list (a thread listed then without one is a native thread,
+/// and stays one until the next quiet read).
+fn note_thread_map(p: &mut PyProcess, s: &RawSample, out: &mut impl ProfileSink) {
+    if s.flags & SAMPLE_PY_MISS != 0 {
+        out.count(PyEvent::ThreadMiss);
+    }
+    let unknown = !p.threads.states.contains_key(&s.tid);
+    if (s.flags & SAMPLE_PY_THREAD != 0 && unknown)
+        || (s.flags & SAMPLE_PY_MISS != 0 && unknown && !p.threads.listed.contains(&s.tid))
+    {
+        p.threads.changed = true;
+    }
+}
+
+/// What grouping a sample's frames into activations carries from frame to frame.
+struct Activation<'a> {
+    epoch: u64,
+    /// The next frame named is the innermost one, and is named with its instruction
+    /// (`--opcodes`).
+    leaf: bool,
+    /// The running task's coroutine (`--async-aware`), and the frame found running it.
+    coro_code: Option<u64>,
+    task_from: Option<FrameRef>,
+    /// Code objects settled since the BPF side was last told (`PythonRegistry::known`).
+    known: &'a mut Vec<u64>,
+}
+
+/// A sample's frames as believed: each with whether it is a shim (no code of its own), and the
+/// code object of each other frame, read once per distinct address.
+struct Believed<'s> {
+    frames: &'s [profiler_common::PyFrame],
+    shims: Vec<bool>,
+    codes: FxHashMap<u64, Option<Arc<CodeInfo>>>,
+}
+
+impl PyProcess {
+    /// The frames of sample `s` up to where its chain stops being believable, with their code
+    /// objects. A chain read while the eval loop links a new frame may run into stack garbage
+    /// (3.11 and 3.12 make a new `_PyCFrame` current before they set its frame): a code pointer
+    /// no object can have ends the chain there, and nothing after it is believed. So does a
+    /// frame whose code, copied at the sample, was another kind of object then.
+    fn believed_frames<'s>(
+        &mut self,
+        s: &'s RawSample,
+        epoch: u64,
+        out: &mut impl ProfileSink,
+    ) -> Believed<'s> {
+        let (layout, none) = (&self.rt.layout, self.rt.none_addr);
+        let torn = s.py_frames.iter().position(|f| {
+            !layout.is_shim(f.flags as u8, f.code, none)
+                && (!plausible_object(f.code)
+                    || self.cache.snap_not_code(&self.rt, f, &s.code_snaps))
+        });
+        if torn.is_some() {
+            out.count(PyEvent::ReadFailed);
+        }
+        let frames = &s.py_frames[..torn.unwrap_or(s.py_frames.len())];
+        let shims: Vec<bool> = frames
+            .iter()
+            .map(|f| layout.is_shim(f.flags as u8, f.code, none))
+            .collect();
+        let mut uniq: Vec<u64> = frames
+            .iter()
+            .zip(&shims)
+            .filter(|(_, shim)| !**shim)
+            .map(|(f, _)| f.code)
+            .collect();
+        uniq.sort_unstable();
+        uniq.dedup();
+        let codes = uniq.iter().copied().zip(self.code(&uniq, epoch)).collect();
+        Believed {
+            frames,
+            shims,
+            codes,
+        }
+    }
+
+    /// The believed frames of `s` grouped into interpreter activations, outermost first, each
+    /// root first: shims and entry flags delimit them.
+    fn activations(
+        &mut self,
+        s: &RawSample,
+        b: Believed,
+        walk: &mut Activation,
+        out: &mut impl ProfileSink,
+    ) -> Vec<Vec<FrameRef>> {
+        let rule = self.rt.layout.activations;
+        // Sized up front: grown from empty, they were reallocated two or three times a sample.
+        let mut activations: Vec<Vec<FrameRef>> = Vec::with_capacity(8);
+        let mut cur: Vec<FrameRef> = Vec::with_capacity(b.frames.len()); // innermost first
+        for (f, shim) in b.frames.iter().zip(&b.shims) {
+            if *shim {
+                if !cur.is_empty() {
+                    activations.push(std::mem::take(&mut cur));
+                }
+                continue;
+            }
+            let now = b.codes.get(&f.code).cloned().flatten();
+            let info = self.code_at_sample(s, f, now, walk);
+            // 3.13+ runs a class's Python `__init__` under a frame of the interpreter's own
+            // (`_Py_InitCleanup`: it checks that `__init__` returned None), in the same eval
+            // loop: no code of the program, and no activation boundary.
+            if info.as_deref().is_some_and(CodeInfo::is_init_cleanup) {
+                continue;
+            }
+            // The eval loop's entry frame, its owner byte not written yet (its first
+            // instructions): an activation boundary, as a shim, never a frame of the program.
+            if info.as_deref().is_some_and(CodeInfo::is_trampoline) {
+                if !cur.is_empty() {
+                    activations.push(std::mem::take(&mut cur));
+                }
+                continue;
+            }
+            // Only the innermost frame runs an instruction of its own (the others are at their
+            // call), even when that frame's code could not be read.
+            let innermost = std::mem::take(&mut walk.leaf);
+            let frame = match info {
+                Some(ci) => self
+                    .cache
+                    .frame_for(&self.rt, out, f.code, &ci, f.instr, innermost),
+                None => {
+                    out.count(PyEvent::Unresolved);
+                    out.unresolved_frame()
+                }
+            };
+            cur.push(frame);
+            if Some(f.code) == walk.coro_code {
+                walk.task_from = Some(frame);
+            }
+            let ends = match rule {
+                Activations::PerFrame => true,
+                Activations::EntryFlag => f.flags & 0xff != 0,
+                Activations::Shim => false,
+            };
+            if ends {
+                activations.push(std::mem::take(&mut cur));
+            }
+        }
+        if !cur.is_empty() {
+            activations.push(cur);
+        }
+        // Built innermost first at both levels: flip to outermost activation first, root-first.
+        activations.reverse();
+        for a in &mut activations {
+            a.reverse();
+        }
+        activations
+    }
+
+    /// The code object frame `f` ran at the sample: what is at its address now (`now`), or the
+    /// copy of its head the frame walk took then (`CodeCache::sampled_code`). A copied code
+    /// object seen long enough at its address is settled: the BPF side stops copying it.
+    fn code_at_sample(
+        &mut self,
+        s: &RawSample,
+        f: &profiler_common::PyFrame,
+        now: Option<Arc<CodeInfo>>,
+        walk: &mut Activation,
+    ) -> Option<Arc<CodeInfo>> {
+        let snap = (f.flags >> PY_FRAME_SNAP_SHIFT) as usize & 0xff;
+        match snap.checked_sub(1) {
+            Some(k) if k < s.code_snaps.len() => {
+                let info = self
+                    .cache
+                    .sampled_code(&self.rt, f.code, &s.code_snaps[k], now);
+                if info
+                    .as_ref()
+                    .is_some_and(|c| self.cache.settled(f.code, c, s.time_ns, walk.epoch))
+                {
+                    walk.known
+                        .push(profiler_common::known_code_word(s.pid, f.code));
+                }
+                info
+            }
+            _ => now,
+        }
     }
 }
