@@ -10,8 +10,11 @@ pub const MAX_STACK_DEPTH: usize = 4096;
 /// many frames): about 20 times what a long 10 kHz run of deep stacks produces.
 pub const MAX_EXPANDED_FRAMES: u64 = 200_000_000;
 
+mod error;
 pub mod markers;
 pub mod timeline;
+
+pub use error::RecordingError;
 
 use std::collections::BTreeMap;
 
@@ -399,9 +402,8 @@ impl Profile {
 
     /// Rebuilds the interning maps of a profile read back from a recording, and checks that
     /// every index in it is in range (a recording is input like any other).
-    /// Checks a profile read from outside (a recording) and rebuilds its lookup tables.
-    pub fn reindex(&mut self) -> Result<(), String> {
-        let bad = |what: &str, i: usize| format!("{what} {i} refers out of range");
+    pub fn reindex(&mut self) -> Result<(), RecordingError> {
+        let bad = RecordingError::OutOfRange;
         for (i, f) in self.funcs.iter().enumerate() {
             if f.lib.is_some_and(|l| l >= self.libs.len()) {
                 return Err(bad("function", i));
@@ -425,9 +427,7 @@ impl Profile {
         for (i, &(_, prefix)) in self.stacks.iter().enumerate() {
             depth[i] = prefix.map_or(1, |p| depth[p] + 1);
             if depth[i] as usize > MAX_STACK_DEPTH {
-                return Err(format!(
-                    "has a stack deeper than {MAX_STACK_DEPTH} frames (a run records at most that)"
-                ));
+                return Err(RecordingError::TooDeep(MAX_STACK_DEPTH));
             }
         }
         let mut expanded: u64 = 0;
@@ -437,7 +437,7 @@ impl Profile {
                     .iter()
                     .any(|s| s.stack.is_some_and(|st| st >= self.stacks.len()))
                 {
-                    return Err(format!("a sample of thread {} refers out of range", t.tid));
+                    return Err(RecordingError::SampleOutOfRange(t.tid));
                 }
                 let mut distinct: Vec<StackId> = t.samples.iter().filter_map(|s| s.stack).collect();
                 distinct.sort_unstable();
@@ -446,13 +446,10 @@ impl Profile {
             }
         }
         if expanded > MAX_EXPANDED_FRAMES {
-            return Err(format!(
-                "would expand to {expanded} frames written out, more than the limit of \
-                 {MAX_EXPANDED_FRAMES}"
-            ));
+            return Err(RecordingError::TooManyFrames(expanded, MAX_EXPANDED_FRAMES));
         }
         if !self.interval_ms.is_finite() || self.interval_ms <= 0.0 {
-            return Err("the sampling interval is not positive".into());
+            return Err(RecordingError::Interval);
         }
         self.lib_ids = self
             .libs

@@ -12,8 +12,8 @@ use std::sync::Arc;
 
 use super::{Error, ErrorKind, RunInfo};
 use crate::aggregate::{
-    Category, Counters, Frame, Func, Lib, Marker, Mode, Opcode, ProcessData, Profile, Sample,
-    ThreadData, MARKER_NAMES,
+    Category, Counters, Frame, Func, Lib, Marker, Mode, Opcode, ProcessData, Profile,
+    RecordingError, Sample, ThreadData, MARKER_NAMES,
 };
 
 const FORMAT: &str = "tachyon-bpf recording";
@@ -180,12 +180,12 @@ fn category_name(c: Category) -> String {
         .to_string()
 }
 
-fn category_of(name: &str) -> Result<Category, String> {
+fn category_of(name: &str) -> Result<Category, RecordingError> {
     Category::ALL
         .iter()
         .find(|e| e.1 == name)
         .map(|e| e.0)
-        .ok_or_else(|| format!("has an unknown category {name:?}"))
+        .ok_or_else(|| RecordingError::Unknown("category", name.to_string()))
 }
 
 /// The counters a recording stores, by name: (name, getter, setter) over `Counters`.
@@ -361,19 +361,18 @@ fn to_v2(p: &Profile, run: &RunInfo) -> V2 {
 }
 
 /// Every column of a table has the table's length.
-fn same_len(what: &str, lens: &[usize]) -> Result<(), String> {
+fn same_len(what: &'static str, lens: &[usize]) -> Result<(), RecordingError> {
     if lens.windows(2).all(|w| w[0] == w[1]) {
         Ok(())
     } else {
-        Err(format!(
-            "is damaged: the {what} table's columns differ in length"
-        ))
+        Err(RecordingError::Columns(what))
     }
 }
 
-fn from_v2(r: V2) -> Result<(Profile, RunInfo), String> {
-    let mode =
-        Mode::from_name(&r.mode).ok_or_else(|| format!("has an unknown mode {:?}", r.mode))?;
+fn from_v2(r: V2) -> Result<(Profile, RunInfo), RecordingError> {
+    let Some(mode) = Mode::from_name(&r.mode) else {
+        return Err(RecordingError::Unknown("mode", r.mode));
+    };
     let mut p = Profile::new(mode, r.interval_ms);
     p.end_ms = r.end_ms;
     p.counters = counters_in(&r.counters);
@@ -385,7 +384,24 @@ fn from_v2(r: V2) -> Result<(Profile, RunInfo), String> {
             path: Arc::from(l.path),
         })
         .collect();
-    let f = r.funcs;
+    p.funcs = funcs_from_v2(r.funcs)?;
+    p.frames = frames_from_v2(r.frames)?;
+    same_len("stack", &[r.stacks.frame.len(), r.stacks.prefix.len()])?;
+    p.stacks = r.stacks.frame.into_iter().zip(r.stacks.prefix).collect();
+    for q in r.processes {
+        let retired = q.retired;
+        let data = process_from_v2(q)?;
+        if retired {
+            p.retired.push(data);
+        } else {
+            p.processes.insert(data.pid, data);
+        }
+    }
+    Ok((p, run_from_v2(r.run)))
+}
+
+fn funcs_from_v2(f: V2Funcs) -> Result<Vec<Func>, RecordingError> {
+    let mut funcs = Vec::with_capacity(f.name.len());
     same_len(
         "function",
         &[
@@ -398,7 +414,7 @@ fn from_v2(r: V2) -> Result<(Profile, RunInfo), String> {
         ],
     )?;
     for i in 0..f.name.len() {
-        p.funcs.push(Func {
+        funcs.push(Func {
             name: Arc::from(f.name[i].as_str()),
             file: f.file[i].as_deref().map(Arc::from),
             line: f.line[i],
@@ -407,7 +423,11 @@ fn from_v2(r: V2) -> Result<(Profile, RunInfo), String> {
             is_python: f.is_python[i],
         });
     }
-    let fr = r.frames;
+    Ok(funcs)
+}
+
+fn frames_from_v2(fr: V2Frames) -> Result<Vec<Frame>, RecordingError> {
+    let mut frames = Vec::with_capacity(fr.func.len());
     same_len(
         "frame",
         &[
@@ -426,7 +446,7 @@ fn from_v2(r: V2) -> Result<(Profile, RunInfo), String> {
         )?;
     }
     for i in 0..fr.func.len() {
-        p.frames.push(Frame {
+        frames.push(Frame {
             func: fr.func[i],
             line: fr.line[i],
             address: fr.address[i],
@@ -442,91 +462,90 @@ fn from_v2(r: V2) -> Result<(Profile, RunInfo), String> {
                 .flatten(),
         });
     }
-    same_len("stack", &[r.stacks.frame.len(), r.stacks.prefix.len()])?;
-    p.stacks = r.stacks.frame.into_iter().zip(r.stacks.prefix).collect();
-    for q in r.processes {
-        let mut threads = std::collections::BTreeMap::new();
-        for t in q.threads {
-            let s = t.samples;
-            same_len(
-                "sample",
-                &[
-                    s.time_ms.len(),
-                    s.stack.len(),
-                    s.state.len(),
-                    s.weight_ms.len(),
-                    s.in_mode.len(),
-                    s.cpu_delta_us.len(),
-                ],
-            )?;
-            let samples = (0..s.time_ms.len())
-                .map(|i| Sample {
-                    time_ms: s.time_ms[i],
-                    stack: s.stack[i],
-                    state: s.state[i],
-                    weight_ms: s.weight_ms[i],
-                    in_mode: s.in_mode[i],
-                    cpu_delta_us: s.cpu_delta_us[i],
-                })
-                .collect();
-            let m = t.markers;
-            same_len(
-                "marker",
-                &[
-                    m.name.len(),
-                    m.category.len(),
-                    m.start_ms.len(),
-                    m.end_ms.len(),
-                ],
-            )?;
-            let mut markers = Vec::with_capacity(m.name.len());
-            for i in 0..m.name.len() {
-                let name = MARKER_NAMES
-                    .iter()
-                    .find(|n| **n == m.name[i])
-                    .ok_or_else(|| format!("has an unknown marker {:?}", m.name[i]))?;
-                markers.push(Marker {
-                    name,
-                    category: category_of(&m.category[i])?,
-                    start_ms: m.start_ms[i],
-                    end_ms: m.end_ms[i],
-                });
-            }
-            threads.insert(
-                t.tid,
-                ThreadData {
-                    tid: t.tid,
-                    name: t.name,
-                    python_name: t.python_name,
-                    samples,
-                    markers,
-                    first_ms: t.first_ms,
-                    last_ms: t.last_ms,
-                    start_ms: t.start_ms,
-                    end_ms: t.end_ms,
-                    sched: Default::default(),
-                },
-            );
-        }
-        let data = ProcessData {
-            pid: q.pid,
-            name: q.name,
-            python: q.python,
-            threads,
-            first_ms: q.first_ms,
-            last_ms: q.last_ms,
-            start_ms: q.start_ms,
-            end_ms: q.end_ms,
-            generation: q.generation,
-        };
-        if q.retired {
-            p.retired.push(data);
-        } else {
-            p.processes.insert(data.pid, data);
-        }
+    Ok(frames)
+}
+
+fn process_from_v2(q: V2Process) -> Result<ProcessData, RecordingError> {
+    let mut threads = std::collections::BTreeMap::new();
+    for t in q.threads {
+        let data = thread_from_v2(t)?;
+        threads.insert(data.tid, data);
     }
-    let k = r.run;
-    let run = RunInfo {
+    Ok(ProcessData {
+        pid: q.pid,
+        name: q.name,
+        python: q.python,
+        threads,
+        first_ms: q.first_ms,
+        last_ms: q.last_ms,
+        start_ms: q.start_ms,
+        end_ms: q.end_ms,
+        generation: q.generation,
+    })
+}
+
+fn thread_from_v2(t: V2Thread) -> Result<ThreadData, RecordingError> {
+    let s = t.samples;
+    same_len(
+        "sample",
+        &[
+            s.time_ms.len(),
+            s.stack.len(),
+            s.state.len(),
+            s.weight_ms.len(),
+            s.in_mode.len(),
+            s.cpu_delta_us.len(),
+        ],
+    )?;
+    let samples = (0..s.time_ms.len())
+        .map(|i| Sample {
+            time_ms: s.time_ms[i],
+            stack: s.stack[i],
+            state: s.state[i],
+            weight_ms: s.weight_ms[i],
+            in_mode: s.in_mode[i],
+            cpu_delta_us: s.cpu_delta_us[i],
+        })
+        .collect();
+    let m = t.markers;
+    same_len(
+        "marker",
+        &[
+            m.name.len(),
+            m.category.len(),
+            m.start_ms.len(),
+            m.end_ms.len(),
+        ],
+    )?;
+    let mut markers = Vec::with_capacity(m.name.len());
+    for i in 0..m.name.len() {
+        let name = MARKER_NAMES
+            .iter()
+            .find(|n| **n == m.name[i])
+            .ok_or_else(|| RecordingError::Unknown("marker", m.name[i].clone()))?;
+        markers.push(Marker {
+            name,
+            category: category_of(&m.category[i])?,
+            start_ms: m.start_ms[i],
+            end_ms: m.end_ms[i],
+        });
+    }
+    Ok(ThreadData {
+        tid: t.tid,
+        name: t.name,
+        python_name: t.python_name,
+        samples,
+        markers,
+        first_ms: t.first_ms,
+        last_ms: t.last_ms,
+        start_ms: t.start_ms,
+        end_ms: t.end_ms,
+        sched: Default::default(),
+    })
+}
+
+fn run_from_v2(k: V2Run) -> RunInfo {
+    RunInfo {
         run_id: k.run_id,
         start_epoch_ms: k.start_epoch_ms,
         interval_ms: k.interval_ms,
@@ -550,8 +569,7 @@ fn from_v2(r: V2) -> Result<(Profile, RunInfo), String> {
         async_aware: k.async_aware,
         // Not recorded: the profile made from a recording says nothing of what it cost.
         bpf_programs: Vec::new(),
-    };
-    Ok((p, run))
+    }
 }
 
 // ---- Version 1: the first release's recordings, a dump of the internal profile of then.
@@ -627,31 +645,28 @@ pub const MAX_DECOMPRESSED: u64 = 512 << 20;
 
 /// A recording's decompressed JSON, checked (the fuzz targets feed this directly).
 pub fn from_json(text: &[u8]) -> Result<(Profile, RunInfo), Error> {
-    checked(text).map_err(input)
+    checked(text).map_err(|e| input(e.to_string()))
 }
 
-fn checked(text: &[u8]) -> Result<(Profile, RunInfo), String> {
-    let h: Header =
-        serde_json::from_slice(text).map_err(|_| "is not a tachyon-bpf recording".to_string())?;
+fn checked(text: &[u8]) -> Result<(Profile, RunInfo), RecordingError> {
+    let h: Header = serde_json::from_slice(text).map_err(|_| RecordingError::NotARecording)?;
     if h.format != FORMAT {
-        return Err("is not a tachyon-bpf recording".into());
+        return Err(RecordingError::NotARecording);
     }
     let (mut profile, run) = match h.version {
         1 => {
-            let rec: V1 = serde_json::from_slice(text).map_err(|e| format!("is damaged: {e}"))?;
+            let rec: V1 = serde_json::from_slice(text)
+                .map_err(|e| RecordingError::Undecodable(e.to_string()))?;
             (rec.profile, rec.run)
         }
         2 | VERSION => {
-            let rec: V2 = serde_json::from_slice(text).map_err(|e| format!("is damaged: {e}"))?;
+            let rec: V2 = serde_json::from_slice(text)
+                .map_err(|e| RecordingError::Undecodable(e.to_string()))?;
             from_v2(rec)?
         }
-        v => {
-            return Err(format!(
-                "is a version {v} recording; this tachyon-bpf reads versions 1 to {VERSION}"
-            ))
-        }
+        v => return Err(RecordingError::Version(v, VERSION)),
     };
-    profile.reindex().map_err(|e| format!("is damaged: {e}"))?;
+    profile.reindex()?;
     profile.add_missing_exception_markers();
     Ok((profile, run))
 }
