@@ -66,70 +66,93 @@ pub fn lines(p: &Profile, top: usize) -> Vec<String> {
     if all <= 0.0 {
         return out;
     }
-    let pct = |ms: f64| 100.0 * ms / all;
-    let python = v.rows.iter().any(|r| r.python);
-    if python {
-        let split = |s: &super::functions::Split| {
-            let (on, off, gil) = s.shares();
-            format!("on CPU {on:.0}%, off CPU {off:.0}%, waiting for the GIL {gil:.0}%")
-        };
-        let mut rows: Vec<&super::functions::Row> = v.rows.iter().filter(|r| r.python).collect();
-        out.push(format!(
-            "top {top} Python functions by self time ({} mode; self includes the native code they run):",
-            p.mode.name()
-        ));
-        for r in rows.iter().take(top) {
-            out.push(format!(
-                "  {:5.1}%  {}  ({})",
-                pct(r.self_time.total()),
-                r.label,
-                split(&r.self_time)
-            ));
-        }
-        rows.sort_by(|a, b| {
-            b.total
-                .total()
-                .total_cmp(&a.total.total())
-                .then_with(|| a.label.cmp(&b.label))
-        });
-        out.push(format!("top {top} Python functions by total time:"));
-        // Pass-through roots (the main module, a thread's bootstrap: in nearly every stack of
-        // theirs, no time of their own) tell nothing.
-        for r in rows
-            .iter()
-            .filter(|r| {
-                pct(r.total.total()) < 95.0 || r.self_time.total() > 0.005 * r.total.total()
-            })
-            .take(top)
-        {
-            out.push(format!(
-                "  {:5.1}%  {}  ({})",
-                pct(r.total.total()),
-                r.label,
-                split(&r.total)
-            ));
-        }
-        out.push(format!("top {top} native functions by self time on CPU:"));
-        for (label, ms) in v.native_self.iter().take(top) {
-            out.push(format!("  {:5.1}%  {label}", pct(*ms)));
-        }
+    if v.rows.iter().any(|r| r.python) {
+        python_lines(p, &v, all, top, &mut out);
     } else {
-        let (funcs, _) = function_times(p);
-        out.push(format!("top {top} by self time ({} mode):", p.mode.name()));
-        for (f, s, _) in funcs.iter().take(top) {
-            out.push(format!("  {:5.1}%  {}", pct(*s), func_label(p, *f)));
-        }
-        let mut by_total = funcs.clone();
-        by_total.sort_by(|a, b| b.2.total_cmp(&a.2).then(a.0.cmp(&b.0)));
-        out.push(format!("top {top} by total time:"));
-        for (f, _, t) in by_total
-            .iter()
-            .filter(|(_, s, t)| pct(*t) < 95.0 || *s > 0.005 * t)
-            .take(top)
-        {
-            out.push(format!("  {:5.1}%  {}", pct(*t), func_label(p, *f)));
-        }
+        function_lines(p, all, top, &mut out);
     }
+    process_lines(p, top, &mut out);
+    unnamed_line(p, top, &mut out);
+    out
+}
+
+/// The top Python functions by self and total time, with their on-CPU, off-CPU and GIL-wait
+/// split, then the top native functions by on-CPU self time.
+fn python_lines(
+    p: &Profile,
+    v: &super::functions::View,
+    all: f64,
+    top: usize,
+    out: &mut Vec<String>,
+) {
+    let pct = |ms: f64| 100.0 * ms / all;
+    let split = |s: &super::functions::Split| {
+        let (on, off, gil) = s.shares();
+        format!("on CPU {on:.0}%, off CPU {off:.0}%, waiting for the GIL {gil:.0}%")
+    };
+    let mut rows: Vec<&super::functions::Row> = v.rows.iter().filter(|r| r.python).collect();
+    out.push(format!(
+        "top {top} Python functions by self time ({} mode; self includes the native code they run):",
+        p.mode.name()
+    ));
+    for r in rows.iter().take(top) {
+        out.push(format!(
+            "  {:5.1}%  {}  ({})",
+            pct(r.self_time.total()),
+            r.label,
+            split(&r.self_time)
+        ));
+    }
+    rows.sort_by(|a, b| {
+        b.total
+            .total()
+            .total_cmp(&a.total.total())
+            .then_with(|| a.label.cmp(&b.label))
+    });
+    out.push(format!("top {top} Python functions by total time:"));
+    // Pass-through roots (the main module, a thread's bootstrap: in nearly every stack of
+    // theirs, no time of their own) tell nothing.
+    for r in rows
+        .iter()
+        .filter(|r| pct(r.total.total()) < 95.0 || r.self_time.total() > 0.005 * r.total.total())
+        .take(top)
+    {
+        out.push(format!(
+            "  {:5.1}%  {}  ({})",
+            pct(r.total.total()),
+            r.label,
+            split(&r.total)
+        ));
+    }
+    out.push(format!("top {top} native functions by self time on CPU:"));
+    for (label, ms) in v.native_self.iter().take(top) {
+        out.push(format!("  {:5.1}%  {label}", pct(*ms)));
+    }
+}
+
+/// The top functions by self and total time (a profile without Python).
+fn function_lines(p: &Profile, all: f64, top: usize, out: &mut Vec<String>) {
+    let pct = |ms: f64| 100.0 * ms / all;
+    let (funcs, _) = function_times(p);
+    out.push(format!("top {top} by self time ({} mode):", p.mode.name()));
+    for (f, s, _) in funcs.iter().take(top) {
+        out.push(format!("  {:5.1}%  {}", pct(*s), func_label(p, *f)));
+    }
+    let mut by_total = funcs.clone();
+    by_total.sort_by(|a, b| b.2.total_cmp(&a.2).then(a.0.cmp(&b.0)));
+    out.push(format!("top {top} by total time:"));
+    for (f, _, t) in by_total
+        .iter()
+        .filter(|(_, s, t)| pct(*t) < 95.0 || *s > 0.005 * t)
+        .take(top)
+    {
+        out.push(format!("  {:5.1}%  {}", pct(*t), func_label(p, *f)));
+    }
+}
+
+/// Per process, busiest first: its share on CPU and, for Python, holding and waiting for the
+/// GIL.
+fn process_lines(p: &Profile, top: usize, out: &mut Vec<String>) {
     let mut procs: Vec<(String, f64, f64, f64, f64, bool)> = Vec::new();
     for proc_ in p.all_processes() {
         let (mut ms, mut on, mut gil, mut wait) = (0.0, 0.0, 0.0, 0.0);
@@ -175,6 +198,10 @@ pub fn lines(p: &Profile, top: usize) -> Vec<String> {
     if procs.len() > top {
         out.push(format!("  ... and {} more", procs.len() - top));
     }
+}
+
+/// How many native frames no symbol named, and in which files.
+fn unnamed_line(p: &Profile, top: usize, out: &mut Vec<String>) {
     let unnamed = unnamed_frames(p);
     if !unnamed.is_empty() {
         let n: usize = unnamed.iter().map(|u| u.1).sum();
@@ -193,7 +220,6 @@ pub fn lines(p: &Profile, top: usize) -> Vec<String> {
             files.join(", ")
         ));
     }
-    out
 }
 
 /// Native code addresses in sampled stacks that no symbol table named (shown as

@@ -555,6 +555,25 @@ impl<T: Targets> Session<T> {
     /// `discover`, over the processes `awaiting_young` watches only when `young_only`: the
     /// every-millisecond look reads the mappings of those alone.
     fn discover_among(&mut self, scan: bool, refresh_threads: bool, young_only: bool) {
+        let candidates = self.candidates(scan, young_only);
+        let found: Vec<u32> = candidates
+            .into_iter()
+            .filter(|&(pid, scanned)| self.look_at(pid, scanned, scan))
+            .map(|(pid, _)| pid)
+            .collect();
+        let pids = if refresh_threads {
+            self.collector.python.pids()
+        } else {
+            found.clone()
+        };
+        self.sync_threads(pids, &found);
+    }
+
+    /// The processes to look at now, each with whether the scan of `/proc` listed it: the
+    /// explicit targets (unless `young_only`), the pending processes that are due, and with
+    /// `scan` under `--all` or `--all-pythons` every process not recently found not to be
+    /// Python.
+    fn candidates(&mut self, scan: bool, young_only: bool) -> Vec<(u32, bool)> {
         let me = std::process::id();
         let python = &self.collector.python;
         // Pending processes stay until found, known not to be Python, gone, or `PENDING_FOR` old
@@ -608,55 +627,59 @@ impl<T: Targets> Session<T> {
                     .map(|p| (p, true)),
             );
         }
-        let mut found = Vec::new();
-        for (pid, scanned) in candidates {
-            let python = &self.collector.python;
-            if python.starting(pid) {
-                // Profiled while its runtime starts: its full configuration once it has one
-                // (looked for while it is young, then on each scan: an application may load
-                // Python and start it much later).
-                let due = scan
-                    || self.pending.iter().any(|p| p.pid == pid)
-                    || crate::python::process_age(pid).is_some_and(|a| a < YOUNG);
-                if !due {
-                    continue;
-                }
-                if let Some(cfg) = self.collector.refresh_python(pid) {
-                    if let Err(e) = self.targets.set_py_proc(pid, &cfg) {
-                        log::warn!("pid {pid}: {e}");
-                    }
-                    found.push(pid);
-                }
-                continue;
+        candidates
+    }
+
+    /// Looks at process `pid` (`scanned`: the scan listed it): whether it is newly found to be
+    /// Python, or its runtime, profiled while starting, is now ready.
+    fn look_at(&mut self, pid: u32, scanned: bool, scan: bool) -> bool {
+        let python = &self.collector.python;
+        if python.starting(pid) {
+            // Profiled while its runtime starts: its full configuration once it has one
+            // (looked for while it is young, then on each scan: an application may load
+            // Python and start it much later).
+            let due = scan
+                || self.pending.iter().any(|p| p.pid == pid)
+                || crate::python::process_age(pid).is_some_and(|a| a < YOUNG);
+            if !due {
+                return false;
             }
-            if python.contains(pid) || python.known_not_python(pid) {
-                continue;
-            }
-            if !crate::python::maps_mention_python(pid) {
-                if scanned {
-                    self.not_python.insert(pid, self.scans);
-                }
-                continue;
-            }
-            // Just exec'd, forked or launched: its libraries may still be loading.
-            let young = self.pending.iter().any(|p| p.pid == pid && p.young())
-                || (self.scope.explicit.contains(&pid)
-                    && crate::python::process_age(pid).is_some_and(|a| a < YOUNG));
-            if let Some(cfg) = self.collector.try_python(pid, young) {
+            if let Some(cfg) = self.collector.refresh_python(pid) {
                 if let Err(e) = self.targets.set_py_proc(pid, &cfg) {
                     log::warn!("pid {pid}: {e}");
                 }
-                if self.scope.all_pythons {
-                    let _ = self.targets.add_target(pid);
-                }
-                found.push(pid);
+                return true;
             }
+            return false;
         }
-        let pids = if refresh_threads {
-            self.collector.python.pids()
-        } else {
-            found.clone()
-        };
+        if python.contains(pid) || python.known_not_python(pid) {
+            return false;
+        }
+        if !crate::python::maps_mention_python(pid) {
+            if scanned {
+                self.not_python.insert(pid, self.scans);
+            }
+            return false;
+        }
+        // Just exec'd, forked or launched: its libraries may still be loading.
+        let young = self.pending.iter().any(|p| p.pid == pid && p.young())
+            || (self.scope.explicit.contains(&pid)
+                && crate::python::process_age(pid).is_some_and(|a| a < YOUNG));
+        if let Some(cfg) = self.collector.try_python(pid, young) {
+            if let Err(e) = self.targets.set_py_proc(pid, &cfg) {
+                log::warn!("pid {pid}: {e}");
+            }
+            if self.scope.all_pythons {
+                let _ = self.targets.add_target(pid);
+            }
+            return true;
+        }
+        false
+    }
+
+    /// Reads the thread maps of `pids` that are due (all of `found`, the processes just found)
+    /// into the BPF side, with the names Python gave threads; forgets processes gone.
+    fn sync_threads(&mut self, pids: Vec<u32>, found: &[u32]) {
         for pid in pids {
             if !alive(pid) {
                 if gone(&mut self.dead, self.emptied, pid) {
