@@ -14,6 +14,7 @@ use profiler_common::{SAMPLE_PY_READ_FAILED, SAMPLE_PY_THREAD, SAMPLE_USTACK_SHO
 
 use super::monotonic_ns;
 use crate::capture::record::RawSample;
+use crate::process::procfs;
 use crate::process::remote::Remote;
 use crate::python::PythonRegistry;
 use crate::stack::symbols::KernelSymbols;
@@ -21,40 +22,19 @@ use crate::stack::symbols::KernelSymbols;
 /// Bytes of a blocked thread's stack copied from its stack pointer (the unwinder reads on
 /// beyond it when a frame needs more).
 const STACK_COPY: usize = 64 * 1024;
-/// Largest /proc file of a thread read here.
-const PROC_FILE_MAX: usize = 64 * 1024;
 /// Tries to read a blocked thread while it stays blocked.
 const TRIES: usize = 3;
 
 /// A thread's scheduler state letter and its voluntary and involuntary context switches.
-pub fn thread_activity(pid: u32, tid: u32) -> Option<(char, u64)> {
-    let dir = format!("/proc/{pid}/task/{tid}");
-    let stat = read_proc(&format!("{dir}/stat"))?;
-    let state = stat
-        .rsplit_once(')')?
-        .1
-        .split_whitespace()
-        .next()?
-        .chars()
-        .next()?;
-    let status = read_proc(&format!("{dir}/status"))?;
+fn thread_activity(pid: u32, tid: u32) -> Option<(char, u64)> {
+    let state = procfs::task_stat(pid, tid)?.state;
+    let status = procfs::read(&format!("/proc/{pid}/task/{tid}/status"))?;
     let switches = status
         .lines()
         .filter(|l| l.contains("ctxt_switches:"))
         .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
         .sum();
     Some((state, switches))
-}
-
-fn read_proc(path: &str) -> Option<String> {
-    use std::io::Read;
-    let mut s = String::new();
-    std::fs::File::open(path)
-        .ok()?
-        .take(PROC_FILE_MAX as u64)
-        .read_to_string(&mut s)
-        .ok()?;
-    Some(s)
 }
 
 /// The sample of a thread that is blocked now, read from outside, or `None` if it runs (or
@@ -89,7 +69,7 @@ fn read_blocked(
 ) -> Option<RawSample<'static>> {
     let dir = format!("/proc/{pid}/task/{tid}");
     // "NR ARG1..ARG6 SP PC" in a system call, "-1 SP PC" blocked elsewhere, "running".
-    let syscall = read_proc(&format!("{dir}/syscall"))?;
+    let syscall = procfs::read(&format!("{dir}/syscall"))?;
     let words: Vec<&str> = syscall.split_whitespace().collect();
     if words.len() < 3 {
         return None;
@@ -97,7 +77,7 @@ fn read_blocked(
     let hex = |w: &str| u64::from_str_radix(w.trim_start_matches("0x"), 16).ok();
     let sp = hex(words[words.len() - 2])?;
     let ip = hex(words[words.len() - 1])?;
-    let comm = read_proc(&format!("{dir}/comm")).unwrap_or_default();
+    let comm = procfs::read(&format!("{dir}/comm")).unwrap_or_default();
     let remote = Remote { pid };
     // Page by page up to the copy's size: the stack's end stops it early.
     let mut stack = Vec::with_capacity(STACK_COPY);
@@ -116,7 +96,7 @@ fn read_blocked(
         at += len as u64;
     }
     // Kernel frames, innermost first: "[<0>] name+0xoff/0xsize".
-    let kstack = read_proc(&format!("{dir}/stack"))
+    let kstack = procfs::read(&format!("{dir}/stack"))
         .unwrap_or_default()
         .lines()
         .filter_map(|l| {
@@ -170,12 +150,7 @@ impl super::Collector {
         for (tid, name) in self.python.thread_names_now(pid) {
             self.name_thread(pid, tid, name);
         }
-        let tids: Vec<u32> = std::fs::read_dir(format!("/proc/{pid}/task"))
-            .into_iter()
-            .flatten()
-            .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-            .collect();
-        for tid in tids {
+        for tid in procfs::tids(pid) {
             let sampled = self
                 .profile
                 .processes

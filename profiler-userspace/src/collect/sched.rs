@@ -53,7 +53,7 @@ impl Collector {
             // side would count it at its next switch-out.
             let used = match st.since_ns {
                 0 => 0,
-                _ => crate::process::thread_cpu_ns(pid, tid)
+                _ => crate::process::procfs::thread_cpu_ns(pid, tid)
                     .map_or(0, |s| s.saturating_sub(st.last_sum)),
             };
             self.close_sched(pid, tid, &st, now_ns, used);

@@ -6,6 +6,7 @@
 //! May import `stack` (ELF files) and `capture` (the raw sample it unwinds); nothing above.
 
 pub mod maps;
+pub mod procfs;
 pub mod remote;
 pub mod unwind;
 
@@ -75,22 +76,12 @@ pub struct Process {
 
 /// Whether `pid` is a kernel thread (`PF_KTHREAD` in the flags of `/proc/PID/stat`).
 pub fn is_kernel_thread(pid: u32) -> bool {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return false;
-    };
-    // The fields after the command name, which is in parentheses and may hold anything.
-    stat.rfind(')')
-        .and_then(|i| stat[i + 1..].split_whitespace().nth(6))
-        .and_then(|f| f.parse::<u64>().ok())
-        .is_some_and(|flags| flags & 0x0020_0000 != 0)
+    procfs::stat(pid).is_some_and(|s| s.is_kernel_thread())
 }
 
 /// The parent of `pid` (field 4 of `/proc/PID/stat`).
 fn parent_of(pid: u32) -> Option<u32> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    stat.rfind(')')
-        .and_then(|i| stat[i + 1..].split_whitespace().nth(1))
-        .and_then(|f| f.parse().ok())
+    procfs::stat(pid).map(|s| s.ppid)
 }
 
 /// Processes look at most this many levels down for descendants.
@@ -99,13 +90,10 @@ const MAX_GENERATIONS: usize = 64;
 /// Every process descending from `root` now (children, their children, ...), from the host's
 /// (pid, parent) pairs.
 pub fn descendants(root: u32) -> Vec<u32> {
-    let pairs: Vec<(u32, u32)> = std::fs::read_dir("/proc")
-        .map(|d| {
-            d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-                .filter_map(|pid: u32| Some((pid, parent_of(pid)?)))
-                .collect()
-        })
-        .unwrap_or_default();
+    let pairs: Vec<(u32, u32)> = procfs::pids()
+        .into_iter()
+        .filter_map(|pid| Some((pid, parent_of(pid)?)))
+        .collect();
     descendants_in(&pairs, root)
 }
 
@@ -129,17 +117,8 @@ fn descendants_in(pairs: &[(u32, u32)], root: u32) -> Vec<u32> {
     out
 }
 
-/// CPU time a thread has used so far, in ns (the scheduler's `sum_exec_runtime`: the first
-/// field of `/proc/PID/task/TID/schedstat`).
-pub fn thread_cpu_ns(pid: u32, tid: u32) -> Option<u64> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/schedstat")).ok()?;
-    s.split_whitespace().next()?.parse().ok()
-}
-
 pub fn read_comm(pid: u32) -> Option<String> {
-    std::fs::read_to_string(format!("/proc/{pid}/comm"))
-        .ok()
-        .map(|s| s.trim_end().to_string())
+    procfs::read(&format!("/proc/{pid}/comm")).map(|s| s.trim_end().to_string())
 }
 
 pub fn read_cmdline(pid: u32) -> Vec<String> {

@@ -27,7 +27,7 @@ pub use crate::process::remote;
 
 pub use discover::{maps_mention_python, python_name};
 pub use native_names::{is_gc_function, is_gil_function, SPLIT_FUNCTIONS};
-pub use registry::{process_age, start_time, PythonOptions, PythonRegistry};
+pub use registry::{PythonOptions, PythonRegistry};
 
 use std::sync::Arc;
 

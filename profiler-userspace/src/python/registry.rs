@@ -7,7 +7,7 @@ use profiler_common::PyProcConfig;
 
 use super::discover::PyProcess;
 use super::{plausible_object, NotPython};
-use crate::process::Process;
+use crate::process::{procfs, Process};
 
 /// What the registry shows of Python, from the command line.
 #[derive(Clone, Copy, Debug, Default)]
@@ -47,34 +47,12 @@ pub struct PythonRegistry {
     ahead: (u32, u32),
 }
 
-/// The start time of a process (field 22 of /proc/PID/stat), to tell reused pids apart.
-pub fn start_time(pid: u32) -> Option<u64> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let after = s.rsplit_once(')')?.1;
-    after.split_whitespace().nth(19)?.parse().ok()
-}
-
-/// How long ago the process started (or exec'd), from its start time and the uptime.
-pub fn process_age(pid: u32) -> Option<std::time::Duration> {
-    let start_ticks = start_time(pid)?;
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    let uptime: f64 = std::fs::read_to_string("/proc/uptime")
-        .ok()?
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()?;
-    let age = uptime - start_ticks as f64 / hz.max(1) as f64;
-    Some(std::time::Duration::from_secs_f64(age.max(0.0)))
-}
-
 /// The process `pid` is now: its start time and executable.
 fn process_key(pid: u32) -> (u64, String) {
     let exe = std::fs::read_link(format!("/proc/{pid}/exe"))
         .map(|p| p.to_string_lossy().into_owned())
         .unwrap_or_default();
-    (start_time(pid).unwrap_or(0), exe)
+    (procfs::start_time(pid).unwrap_or(0), exe)
 }
 
 impl PythonRegistry {

@@ -10,6 +10,7 @@ use super::discover::Runtime;
 use super::registry::PythonRegistry;
 use super::remote::{self, le_u64};
 use super::{threads, ThreadChanges};
+use crate::process::procfs;
 
 /// Bounds on walks of target lists (untrusted memory).
 const MAX_INTERPRETERS: usize = 64;
@@ -173,18 +174,13 @@ impl ThreadMap {
 
 /// (host tid, tid in the process's own pid namespace) of every thread.
 fn task_ids(pid: u32, ns: &mut NsTids) -> Vec<(u32, u32)> {
-    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return Vec::new();
-    };
-    let hosts: Vec<u32> = dir
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-        .collect();
+    let hosts = procfs::tids(pid);
     // `NSpid` lists a task's ids from `/proc`'s pid namespace down to its own: one entry means
     // they are the same namespace, for every thread of the process. Read once per process; the
     // threads' status files (the costly part of a thread-map refresh, made every 100 ms) are
     // then read only for processes in other namespaces (containers), once per thread.
     let nspid = |tid: u32| -> Option<Vec<u32>> {
-        let status = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/status")).ok()?;
+        let status = procfs::read(&format!("/proc/{pid}/task/{tid}/status"))?;
         let line = status.lines().find_map(|l| l.strip_prefix("NSpid:"))?;
         Some(
             line.split_whitespace()

@@ -17,6 +17,7 @@ use crate::capture::record::{Record, RecordError};
 use crate::capture::ring::RecordSource;
 use crate::capture::{Capture, CaptureError};
 use crate::collect::Collector;
+use crate::process::procfs;
 
 /// What a session tells the BPF side about its targets: the seam between the session's policy
 /// and the kernel, so the policy is tested without loading programs.
@@ -252,19 +253,7 @@ fn gone(
 
 /// Whether `pid` has exited: gone, or a zombie its parent has not reaped yet.
 fn exited(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |s| {
-        s.rsplit_once(')')
-            .is_some_and(|(_, rest)| matches!(rest.trim_start().chars().next(), Some('Z' | 'X')))
-    })
-}
-
-fn list_pids() -> Vec<u32> {
-    std::fs::read_dir("/proc")
-        .map(|d| {
-            d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-                .collect()
-        })
-        .unwrap_or_default()
+    procfs::stat(pid).is_none_or(|s| s.exited())
 }
 
 impl<T: Targets> Session<T> {
@@ -611,7 +600,7 @@ impl<T: Targets> Session<T> {
         self.looks += looks;
         if scan && (self.scope.all || self.scope.all_pythons) {
             self.scans += 1;
-            let pids = list_pids();
+            let pids = procfs::pids();
             let listed: std::collections::HashSet<u32> = pids.iter().copied().collect();
             self.not_python.retain(|p, _| listed.contains(p));
             let scans = self.scans;
@@ -640,7 +629,7 @@ impl<T: Targets> Session<T> {
             // Python and start it much later).
             let due = scan
                 || self.pending.iter().any(|p| p.pid == pid)
-                || crate::python::process_age(pid).is_some_and(|a| a < YOUNG);
+                || procfs::process_age(pid).is_some_and(|a| a < YOUNG);
             if !due {
                 return false;
             }
@@ -664,7 +653,7 @@ impl<T: Targets> Session<T> {
         // Just exec'd, forked or launched: its libraries may still be loading.
         let young = self.pending.iter().any(|p| p.pid == pid && p.young())
             || (self.scope.explicit.contains(&pid)
-                && crate::python::process_age(pid).is_some_and(|a| a < YOUNG));
+                && procfs::process_age(pid).is_some_and(|a| a < YOUNG));
         if let Some(cfg) = self.collector.try_python(pid, young) {
             if let Err(e) = self.targets.set_py_proc(pid, &cfg) {
                 log::warn!("pid {pid}: {e}");
