@@ -71,6 +71,8 @@ pub struct Lib {
 impl Lib {
     /// Whether this is the Python interpreter's own code: libpython, or a statically linked
     /// `python3.X` (the one file name convention the outputs colour by, and `collect` asks).
+    /// `python::is_interpreter_file`'s rule, repeated here (this layer imports nothing): the
+    /// outputs decide by name because recordings store libraries by name and path only.
     pub fn is_interpreter(&self) -> bool {
         self.name.starts_with("libpython") || self.name.starts_with("python")
     }

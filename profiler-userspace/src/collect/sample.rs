@@ -439,19 +439,16 @@ impl Collector {
         None
     }
 
-    /// Where an anonymous function of the Python runtime waits on a condition variable or mutex
-    /// straight from the runtime, which in CPython's glibc builds only the GIL does (its own
-    /// locks use semaphores): `take_gil` or `drop_gil` in an interpreter without a symbol table.
+    /// Where an anonymous function of the Python runtime waits for the GIL
+    /// (`python::is_anonymous_gil_wait`): `take_gil` or `drop_gil` in an interpreter without a
+    /// symbol table.
     pub(super) fn anonymous_gil_frame(&self, native: &[(FrameId, Arc<str>)]) -> Option<usize> {
         native.windows(2).position(|w| {
             let (caller, callee) = (&w[0], &w[1]);
-            matches!(
-                callee.1.as_ref(),
-                "pthread_cond_wait" | "pthread_cond_timedwait" | "pthread_mutex_lock"
-            ) && caller.1.contains("+0x")
-                && self.profile.funcs[self.profile.frames[caller.0].func]
-                    .lib
-                    .is_some_and(|l| self.profile.libs[l].is_interpreter())
+            let in_interpreter = self.profile.funcs[self.profile.frames[caller.0].func]
+                .lib
+                .is_some_and(|l| self.profile.libs[l].is_interpreter());
+            crate::python::is_anonymous_gil_wait(&caller.1, in_interpreter, &callee.1)
         })
     }
 }

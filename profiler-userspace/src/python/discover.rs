@@ -248,8 +248,7 @@ pub fn maps_mention_python(pid: u32) -> bool {
             m.lines().any(|l| {
                 l.rsplit('/')
                     .next()
-                    .map(|f| f.starts_with("python") || f.starts_with("libpython"))
-                    .unwrap_or(false)
+                    .is_some_and(super::native_names::is_interpreter_file)
             })
         })
         .unwrap_or(false)

@@ -26,7 +26,9 @@ pub mod threads;
 pub use crate::process::remote;
 
 pub use discover::{maps_mention_python, python_name};
-pub use native_names::{is_gc_function, is_gil_function, SPLIT_FUNCTIONS};
+pub use native_names::{
+    is_anonymous_gil_wait, is_gc_function, is_gil_function, is_interpreter_file, SPLIT_FUNCTIONS,
+};
 pub use registry::{PythonOptions, PythonRegistry};
 
 use std::sync::Arc;

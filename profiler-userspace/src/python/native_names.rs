@@ -4,6 +4,24 @@
 
 use super::code::CodeInfo;
 
+/// Whether a file is the Python interpreter's own code, by its name: libpython, or a statically
+/// linked `python3.X`.
+pub fn is_interpreter_file(file_name: &str) -> bool {
+    file_name.starts_with("libpython") || file_name.starts_with("python")
+}
+
+/// Whether a call from the interpreter's unnamed code (`caller`, named `file+0x...` for want of
+/// a symbol table) to `callee` waits for the GIL: in CPython's glibc builds only the GIL waits on
+/// a condition variable or mutex straight from the runtime (its own locks use semaphores), in
+/// `take_gil` or `drop_gil`.
+pub fn is_anonymous_gil_wait(caller: &str, caller_in_interpreter: bool, callee: &str) -> bool {
+    matches!(
+        callee,
+        "pthread_cond_wait" | "pthread_cond_timedwait" | "pthread_mutex_lock"
+    ) && caller.contains("+0x")
+        && caller_in_interpreter
+}
+
 /// Functions the compiler may split into parts in stripped builds (GCC's hot/cold partitioning
 /// in distribution builds), named so that an eval-loop frame in either part is recognized as
 /// one when Python frames are merged into the native stack.
