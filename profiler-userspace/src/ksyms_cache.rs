@@ -86,7 +86,7 @@ pub fn load_in(dir: &Path) -> (KernelSymbols, Source) {
         return (whole, Source::Kallsyms("no kernel text bounds"));
     };
     let path = dir.join(FILE);
-    match crate::output::files::write_atomic(&path, &stable.to_bytes(&key), 0o600) {
+    match crate::files::write_atomic(&path, &stable.to_bytes(&key), 0o600) {
         Ok(()) => (whole, Source::KallsymsCached),
         Err(_) => (whole, Source::Kallsyms("the cache could not be written")),
     }

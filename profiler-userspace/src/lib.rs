@@ -5,6 +5,7 @@
 pub mod aggregate;
 pub mod capture;
 pub mod collect;
+pub mod files;
 pub mod ksyms_cache;
 pub mod output;
 pub mod process;

@@ -87,7 +87,6 @@ fn epoch_ms() -> f64 {
 }
 
 pub async fn run(cli: RunArgs, command: Command) -> Result<i32, AppError> {
-    output::set_file_mode(cli.output_mode);
     sinks::check_usage(&cli, command == Command::Top, command == Command::Record)?;
     check_targets(&cli)?;
     check_environment()?;
@@ -715,8 +714,12 @@ fn convert_diff(
         .output
         .clone()
         .unwrap_or_else(|| std::path::PathBuf::from(format!("{}.diff.{ext}", base.display())));
-    output::write_atomic(&path, &bytes)
-        .map_err(|e| other(format!("cannot write {}: {e}", path.display())))?;
+    output::write_atomic(
+        &path,
+        &bytes,
+        output::WriteOptions::with_mode(args.output_mode),
+    )
+    .map_err(|e| other(format!("cannot write {}: {e}", path.display())))?;
     if !args.quiet {
         eprintln!(
             "tachyon-bpf: {} samples against a baseline of {}; {:.1}% of the baseline is on call \
@@ -787,7 +790,6 @@ pub async fn dump(args: DumpArgs) -> Result<i32, AppError> {
 const DUMP_WINDOW_SECS: &str = "0.2";
 
 pub async fn convert(args: ConvertArgs) -> Result<i32, AppError> {
-    output::set_file_mode(args.output_mode);
     let (mut profile, mut run) = output::recording::load(&args.input)?;
     if let Some(mode) = args.mode {
         output::recording::select_mode(&mut profile, &mut run, mode)?;
@@ -809,7 +811,12 @@ pub async fn convert(args: ConvertArgs) -> Result<i32, AppError> {
     } else {
         output::output_paths(Some(&base), &args.format)
     };
-    output::write_outputs(&profile, &run, &outputs)?;
+    output::write_outputs(
+        &profile,
+        &run,
+        &outputs,
+        output::WriteOptions::with_mode(args.output_mode),
+    )?;
     if !args.quiet {
         let paths: Vec<_> = outputs.into_iter().map(|(_, p)| p).collect();
         sinks::report_written(&paths);

@@ -116,6 +116,7 @@ pub fn report_written(paths: &[PathBuf]) {
 /// The chosen formats, written once at the end.
 pub struct Files {
     outputs: Vec<(Format, PathBuf)>,
+    write: output::WriteOptions,
 }
 
 /// The command line's choices that no sink can take, checked before anything else.
@@ -141,14 +142,20 @@ pub fn check_usage(cli: &RunArgs, top: bool, record: bool) -> Result<(), AppErro
             ));
         }
     } else if !cli.continuous
-        && cli.output.as_deref().is_some_and(output::files::is_stdout)
+        && cli
+            .output
+            .as_deref()
+            .is_some_and(tachyon_bpf::files::is_stdout)
         && output::output_paths(cli.output.as_deref(), &cli.format).len() > 1
     {
         return Err(usage(
             "-o - writes one format to standard output: give one --format",
         ));
     } else if !cli.continuous
-        && cli.output.as_deref().is_some_and(output::files::is_stdout)
+        && cli
+            .output
+            .as_deref()
+            .is_some_and(tachyon_bpf::files::is_stdout)
         && cli.format.iter().any(|f| f.is_directory())
     {
         // Said before profiling, not after: the run's profile would be lost.
@@ -170,13 +177,16 @@ impl Files {
                 writable(p)?;
             }
         }
-        Ok(Files { outputs })
+        Ok(Files {
+            outputs,
+            write: output::WriteOptions::with_mode(cli.output_mode),
+        })
     }
 }
 
 impl Sink for Files {
     fn finish(&mut self, p: &Profile, run: &RunInfo) -> Result<(), AppError> {
-        Ok(output::write_outputs(p, run, &self.outputs)?)
+        Ok(output::write_outputs(p, run, &self.outputs, self.write)?)
     }
     fn report(self: Box<Self>, quiet: bool) -> Result<(), AppError> {
         if !quiet {
@@ -190,6 +200,7 @@ impl Sink for Files {
 /// One recording (`record`).
 pub struct Recording {
     path: PathBuf,
+    write: output::WriteOptions,
 }
 
 impl Recording {
@@ -199,14 +210,17 @@ impl Recording {
             .clone()
             .unwrap_or_else(|| PathBuf::from("profile.tbpf"));
         writable(&path)?;
-        Ok(Recording { path })
+        Ok(Recording {
+            path,
+            write: output::WriteOptions::with_mode(cli.output_mode),
+        })
     }
 }
 
 impl Sink for Recording {
     fn finish(&mut self, p: &Profile, run: &RunInfo) -> Result<(), AppError> {
         let bytes = output::recording::to_bytes(p, run)?;
-        output::write_atomic(&self.path, &bytes)
+        output::write_atomic(&self.path, &bytes, self.write)
             .map_err(|e| output_err(format!("cannot write {}: {e}", self.path.display())))
     }
     fn report(self: Box<Self>, quiet: bool) -> Result<(), AppError> {
@@ -284,6 +298,7 @@ impl Sink for Top {
 /// A continuous run: one profile per --rotate interval into --output-dir, optionally pushed.
 pub struct Continuous {
     dir: PathBuf,
+    write: output::WriteOptions,
     formats: Vec<Format>,
     keep: Option<usize>,
     rotate: Duration,
@@ -308,10 +323,11 @@ impl Continuous {
             .output_dir
             .clone()
             .ok_or_else(|| usage("--continuous needs --output-dir"))?;
-        output::files::prepare_output_dir(&dir, cli.output_mode)
+        tachyon_bpf::files::prepare_output_dir(&dir, cli.output_mode)
             .map_err(|e| output_err(format!("cannot use {}: {e}", dir.display())))?;
         writable(&dir.join("tachyon-probe"))?;
         Ok(Continuous {
+            write: output::WriteOptions::with_mode(cli.output_mode),
             dir,
             formats: cli.format.clone(),
             keep: cli.keep.map(|k| k as usize),
@@ -351,7 +367,14 @@ impl Continuous {
                 cost: None,
                 ..template.clone()
             };
-            match output::continuous::write_interval(&self.dir, p, &run, &self.formats, self.keep) {
+            match output::continuous::write_interval(
+                &self.dir,
+                p,
+                &run,
+                &self.formats,
+                self.keep,
+                self.write,
+            ) {
                 Ok(_) => {
                     self.intervals += 1;
                     self.samples += p.counters.samples;

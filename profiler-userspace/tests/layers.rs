@@ -10,12 +10,14 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("capture", &[]),
     ("stack", &[]),
     ("aggregate", &[]),
+    // Writing files safely as root among other users' directories.
+    ("files", &[]),
     ("process", &["stack", "capture"]),
     // Resolved frames go back through `python::ProfileSink`, never into the profile directly.
     ("python", &["process", "stack", "capture"]),
-    ("output", &["aggregate"]),
+    ("output", &["aggregate", "files"]),
     // The boot's copy of the kernel's symbols: a `stack` table, written as `output` writes.
-    ("ksyms_cache", &["stack", "output"]),
+    ("ksyms_cache", &["stack", "files"]),
     (
         "collect",
         &[

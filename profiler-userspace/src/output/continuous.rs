@@ -26,6 +26,7 @@ pub fn write_interval(
     run: &RunInfo,
     formats: &[Format],
     keep: Option<usize>,
+    write: super::WriteOptions,
 ) -> Result<Vec<PathBuf>, super::Error> {
     let base = dir.join(stem(run.start_epoch_ms));
     let mut formats = formats.to_vec();
@@ -47,7 +48,7 @@ pub fn write_interval(
     if let Some(keep) = keep {
         prune(dir, keep.saturating_sub(1));
     }
-    write_outputs(p, run, &outputs)?;
+    write_outputs(p, run, &outputs, write)?;
     Ok(outputs.into_iter().map(|(_, p)| p).collect())
 }
 

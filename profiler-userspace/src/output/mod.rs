@@ -8,7 +8,6 @@ pub mod collapsed;
 pub mod continuous;
 pub mod diff;
 pub mod dump;
-pub mod files;
 pub mod functions;
 pub mod gecko;
 pub mod heatmap;
@@ -19,6 +18,7 @@ pub mod recording;
 pub mod serve;
 pub mod summary;
 
+use crate::files;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -307,6 +307,7 @@ pub fn write_outputs(
     p: &Profile,
     run: &RunInfo,
     outputs: &[(Format, PathBuf)],
+    opts: WriteOptions,
 ) -> Result<(), Error> {
     for (format, path) in outputs {
         let written = if format.is_directory() {
@@ -314,13 +315,9 @@ pub fn write_outputs(
                 .into_iter()
                 .map(|(n, page)| (n, page.into_bytes()))
                 .collect();
-            files::write_dir_atomic(
-                path,
-                &pages,
-                FILE_MODE.load(std::sync::atomic::Ordering::Relaxed),
-            )
+            files::write_dir_atomic(path, &pages, opts.mode)
         } else {
-            write_atomic(path, &format.render(p, run)?)
+            write_atomic(path, &format.render(p, run)?, opts)
         };
         written.map_err(|e| {
             Error::new(
@@ -425,27 +422,30 @@ pub fn frame_label(p: &Profile, frame: FrameId) -> String {
     }
 }
 
-static FILE_MODE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0o600);
-
-/// The permissions of every file written from now on (`--output-mode`; default 0600).
-pub fn set_file_mode(mode: u32) {
-    FILE_MODE.store(mode & 0o777, std::sync::atomic::Ordering::Relaxed);
+/// How output files are written: the permissions they get (`--output-mode`), whatever the
+/// umask.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WriteOptions {
+    pub mode: u32,
 }
 
-/// Writes `bytes` to `path` atomically, with the `--output-mode` permissions (0600 by default:
-/// profiles name every user's code paths) whatever the umask, by the rules of [`files`] (no
-/// planted temporary, no writing through links or into devices); `-` is standard output.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    files::write_atomic(
-        path,
-        bytes,
-        FILE_MODE.load(std::sync::atomic::Ordering::Relaxed),
-    )
+impl WriteOptions {
+    pub fn with_mode(mode: u32) -> WriteOptions {
+        WriteOptions { mode: mode & 0o777 }
+    }
 }
 
-/// The permissions files are written with (`--output-mode`).
-pub fn file_mode() -> u32 {
-    FILE_MODE.load(std::sync::atomic::Ordering::Relaxed)
+impl Default for WriteOptions {
+    /// 0600: profiles name every user's code paths.
+    fn default() -> WriteOptions {
+        WriteOptions { mode: 0o600 }
+    }
+}
+
+/// Writes `bytes` to `path` atomically, with `opts`' permissions, by the rules of [`files`]
+/// (no planted temporary, no writing through links or into devices); `-` is standard output.
+pub fn write_atomic(path: &Path, bytes: &[u8], opts: WriteOptions) -> std::io::Result<()> {
+    files::write_atomic(path, bytes, opts.mode)
 }
 
 /// Checks early that `path` can be written, so a long run never ends in a lost profile.
@@ -615,7 +615,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("tbpf-snap-{}-{f:?}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("r.tbpf");
-        write_atomic(&path, &bytes).unwrap();
+        write_atomic(&path, &bytes, WriteOptions::default()).unwrap();
         let (p2, run2) = recording::load(&path).unwrap();
         let _ = std::fs::remove_dir_all(&dir);
         let out = f.render(&p2, &run2).unwrap();
