@@ -737,3 +737,11 @@ mod pod {
     // SAFETY: as above.
     unsafe impl aya::Pod for super::ThreadSched {}
 }
+
+/// The instruction (in code units) a 3.11+ frame is at, from its instruction pointer word and its
+/// code object's address: code units start `code_adaptive` bytes into the code object, 2 bytes
+/// each. The BPF frame walk and user space's own walk compute it the same way.
+#[inline(always)]
+pub fn interp_instruction(ip: u64, code: u64, code_adaptive: u32) -> i32 {
+    (ip.wrapping_sub(code).wrapping_sub(code_adaptive as u64) as i64 / 2) as i32
+}

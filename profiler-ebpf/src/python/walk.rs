@@ -218,7 +218,7 @@ fn record_frame<const CALLEES: bool>(w: *mut Walk, f: *mut PyFrame, i: usize) {
         frame_i32(fbuf, pc.frame_instr)
     } else {
         let ip = frame_u64(fbuf, pc.frame_instr);
-        (ip.wrapping_sub(code).wrapping_sub(pc.code_adaptive as u64) as i64 / 2) as i32
+        interp_instruction(ip, code, pc.code_adaptive)
     };
     f.flags = if pc.frame_owner != NO_OFFSET {
         fbuf[(pc.frame_owner as usize) & (FRAME_BUF - 1)] as u32

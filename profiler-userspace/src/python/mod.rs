@@ -12,6 +12,7 @@ pub mod asyncio;
 pub mod code;
 pub mod code_cache;
 pub mod discover;
+pub mod frame_chain;
 pub mod layout;
 pub mod merge;
 pub mod native_names;

@@ -1,7 +1,6 @@
 //! A sample's Python frames: its code objects named (from what was read, or the copies the
 //! frame walk took), grouped into interpreter activations, and merged into its native stack.
 
-use std::collections::HashSet;
 use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
@@ -13,6 +12,7 @@ use profiler_common::{
 
 use super::code::CodeInfo;
 use super::discover::PyProcess;
+use super::frame_chain::FrameChain;
 use super::layout::Activations;
 use super::registry::PythonRegistry;
 use super::remote::{self, le_u64};
@@ -157,22 +157,15 @@ impl PythonRegistry {
             }
         }
         let read = (c.frame_read_size as usize).clamp(8, profiler_common::FRAME_BUF);
-        let mut seen = HashSet::new();
-        while frame != 0 && out.frames.len() < profiler_common::MAX_PY_FRAMES {
-            if !seen.insert(frame) {
-                break;
-            }
-            let Some(buf) = r.read(frame, read) else {
-                out.read_failed = true;
-                break;
-            };
+        let mut chain = FrameChain::new(r, frame, c.frame_previous, read);
+        for (_, buf) in chain.by_ref() {
             let u64_at = |off: u32| le_u64(&buf, off as usize);
             let code = u64_at(c.frame_code).unwrap_or(0) & c.code_mask;
             let instr = if c.layout == profiler_common::PY_LAYOUT_FRAMEOBJECT {
                 remote::le_u32(&buf, c.frame_instr as usize).unwrap_or(0) as i32
             } else {
                 let ip = u64_at(c.frame_instr).unwrap_or(0);
-                (ip.wrapping_sub(code).wrapping_sub(c.code_adaptive as u64) as i64 / 2) as i32
+                profiler_common::interp_instruction(ip, code, c.code_adaptive)
             };
             let flags = if c.frame_owner != profiler_common::NO_OFFSET {
                 buf.get(c.frame_owner as usize).copied().unwrap_or(0) as u32
@@ -188,8 +181,8 @@ impl PythonRegistry {
                     .and_then(|cb| r.u64(cb.wrapping_add(c.step_task as u64)))
                     .unwrap_or(0);
             }
-            frame = u64_at(c.frame_previous).unwrap_or(0);
         }
+        out.read_failed = chain.read_failed;
         Some(out)
     }
 }

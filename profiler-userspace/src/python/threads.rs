@@ -16,12 +16,11 @@
 //! is written here.
 
 use super::code::read_unicode;
+use super::frame_chain::FrameChain;
 use super::layout::Layout;
 use super::objects::{TPFLAGS_INLINE_VALUES, TYPE};
 use super::remote::{le_u64, Remote};
 
-/// Frames walked from a thread's innermost to its outermost.
-const MAX_FRAMES: usize = 512;
 /// Entries of a dictionary looked at: a thread object has a few dozen attributes.
 const MAX_ENTRIES: u64 = 128;
 
@@ -41,15 +40,17 @@ fn bootstrap_self(remote: &Remote, l: &Layout, str_type: u64, tstate: u64) -> Op
         frame = remote.u64(frame.checked_add(l.cframe_frame as u64)?)?;
     }
     let mut found = None;
-    for _ in 0..MAX_FRAMES {
-        if frame == 0 {
-            break;
-        }
-        let code = remote.u64(frame + l.frame_code as u64)? & l.code_mask;
+    let len = l.frame_code as usize + 8;
+    let mut chain = FrameChain::new(remote, frame, l.frame_previous, len);
+    for (at, buf) in chain.by_ref() {
+        let code = le_u64(&buf, l.frame_code as usize)? & l.code_mask;
         if code != 0 && is_bootstrap(remote, l, str_type, code) {
-            found = Some(frame);
+            found = Some(at);
         }
-        frame = remote.u64(frame + l.frame_previous as u64)?;
+    }
+    // As before the walk was shared: a chain cut by a failed read names no thread.
+    if chain.read_failed {
+        return None;
     }
     let me = remote.u64(found? + l.frame_localsplus as u64)? & l.code_mask;
     (me != 0).then_some(me)

@@ -2,7 +2,6 @@
 //! await chains of running tasks, the event loops' threads and the `<task>` frames, and the
 //! passes of `all` over every suspended task.
 
-use std::collections::HashSet;
 use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
@@ -12,6 +11,7 @@ use profiler_common::PyProcConfig;
 use super::{AsyncLayout, AwaitChain, NameCache, TaskBytes, HANDLE_CALLBACK, STEP_TASK};
 use crate::process::Process;
 use crate::python::discover::PyProcess;
+use crate::python::frame_chain::FrameChain;
 use crate::python::registry::PythonRegistry;
 use crate::python::remote::le_u64;
 use crate::python::{FrameRef, ProfileSink, PyEvent};
@@ -237,14 +237,11 @@ impl PyProcess {
                     .unwrap_or(0);
             }
             let len = self.rt.layout.frame_localsplus as usize + 8 * LOCALS_SCANNED;
-            let mut seen = HashSet::new();
             // Locals are looked at rootward of the loop (`run_until_complete` holds the main
             // task), not in every frame of every thread.
             let mut in_loop = false;
-            while frame != 0 && seen.len() < profiler_common::MAX_PY_FRAMES && seen.insert(frame) {
-                let Some(buf) = self.rt.remote.read(frame, len) else {
-                    break;
-                };
+            let chain = FrameChain::new(&self.rt.remote, frame, c.frame_previous, len);
+            for (_, buf) in chain {
                 let code = le_u64(&buf, c.frame_code as usize).unwrap_or(0) & c.code_mask;
                 let owner = buf.get(c.frame_owner as usize).copied().unwrap_or(0);
                 let info = match self.rt.layout.is_shim(owner, code, self.rt.none_addr) {
@@ -266,7 +263,6 @@ impl PyProcess {
                         self.aio.seen_task = t;
                     }
                 }
-                frame = le_u64(&buf, c.frame_previous as usize).unwrap_or(0);
             }
         }
     }
