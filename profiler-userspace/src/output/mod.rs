@@ -1,8 +1,13 @@
 //! Output writers, one per format, all written from the aggregated profile: the live run and
 //! `convert` (from a recording) call the same `render`. Files are written atomically and
-//! safely (`files`).
+//! safely (the crate's `files`), with the permissions `WriteOptions` says.
 //!
-//! May import `aggregate` only: formats know profiles, not how they were captured.
+//! Formats: `gecko/` (Firefox Profiler; its markers in `gecko/markers.rs`), `pprof`, `collapsed`,
+//! `jsonl`, `pstats`, `heatmap`, `diff`; `recording` (the `.tbpf` format, docs/recording.md);
+//! `dump` (`tachyon-bpf dump`'s text and JSON); `summary` and `functions` (the end-of-run lines
+//! and `top`'s view); `continuous` (intervals and the push); `serve` (`--open`).
+//!
+//! May import `aggregate` and `files` only: formats know profiles, not how they were captured.
 
 pub mod collapsed;
 pub mod continuous;

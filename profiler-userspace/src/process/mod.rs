@@ -3,6 +3,8 @@
 //! when a sample's address falls outside every known module (`dlopen`): at once when they were
 //! read before the sample was taken, otherwise at most every `REFRESH_MIN`.
 //!
+//! `procfs` is the one reader of `/proc`'s process and thread files (`stat` parsed once).
+//!
 //! May import `stack` (ELF files) and `capture` (the raw sample it unwinds); nothing above.
 
 pub mod maps;

@@ -4,6 +4,17 @@
 //! native functions other layers ask about (`SPLIT_FUNCTIONS`, `is_gil_function`,
 //! `is_gc_function`).
 //!
+//! Where things live:
+//! - `registry`: the Python processes (`PythonRegistry`, `PythonOptions`), verdicts on others;
+//! - `discover`: finding a runtime (`PyProcess`, its `Runtime`), its version and layout;
+//! - `layout`: per-version layouts; `objects`: CPython object offsets beyond them;
+//! - `code_cache`, `code`: code objects (read, validated per epoch, retired), line tables;
+//! - `thread_map`, `threads`: threads' thread states and `threading` names;
+//! - `resolve`: a sample's frames grouped into activations; `merge`: into the native stack;
+//! - `frame_chain`: the one walk of a frame chain from outside;
+//! - `asyncio/`: tasks, await chains and per-process asyncio state (`--async-aware`);
+//! - `native_names`: the interpreter's functions other layers ask about; `opcodes`.
+//!
 //! May import `process`, `stack` and `capture` (the raw sample); never `aggregate`. Resolved
 //! frames and counted events go to the caller through `ProfileSink`, which `collect`
 //! implements over its profile: this module hands over what it knows and gets ids back.
