@@ -72,7 +72,8 @@ pub fn callgrind(tachyon: &Path, py: &Path, dir: &Path) -> Result<(Vec<String>, 
         );
         let handler: f64 = annotated
             .lines()
-            .find(|l| l.contains("Collector::handle_in ["))
+            // `collect::sample::<impl ...::Collector>::handle_in` since collect has modules.
+            .find(|l| l.contains("Collector") && l.contains("::handle_in ["))
             .and_then(|l| l.split_whitespace().next())
             .and_then(|n| n.replace(',', "").parse().ok())
             .with_context(|| "callgrind_annotate shows no Collector::handle_in")?;
