@@ -98,10 +98,9 @@ pub struct CaptureOptions {
     pub rate_hz: u64,
     /// Load the compat program set even where the modern one fits (`--compat-programs`).
     pub force_compat: bool,
-    /// Keep the verifier's instruction-level log of a refused program (`--verbose`); otherwise
-    /// only its messages and statistics, which keep the error and fit the log buffer however
-    /// large the program (a full log of the compat set overflows it, and the load then fails
-    /// with ENOSPC instead of the real reason).
+    /// Keep the verifier's instruction-level log of a refused program (`--verbose`): it is
+    /// loaded again with that log (see `Capture::load`); otherwise only the verifier's messages
+    /// and statistics, which keep the error and fit the log buffer however large the program.
     pub full_verifier_log: bool,
     /// Enable the programs' failure logs (`--debug-bpf`, see `take_logs`).
     pub debug_bpf: bool,
@@ -272,7 +271,23 @@ pub fn clamp_stack_size(bytes: usize) -> usize {
 }
 
 impl Capture {
+    /// Loads the programs that fit the running kernel. The verifier is asked for its statistics
+    /// only: its instruction-level log of a program that passes can outgrow any buffer (the
+    /// compat set's on 5.10), and a full buffer fails the load with ENOSPC. With
+    /// `full_verifier_log`, a refused program is loaded again with that log, for the user.
     pub fn load(opts: &CaptureOptions) -> Result<Capture, CaptureError> {
+        match Capture::load_logged(opts, VerifierLogLevel::STATS) {
+            Err(CaptureError::Refused { .. }) if opts.full_verifier_log => {
+                Capture::load_logged(opts, VerifierLogLevel::DEBUG | VerifierLogLevel::STATS)
+            }
+            loaded => loaded,
+        }
+    }
+
+    fn load_logged(
+        opts: &CaptureOptions,
+        log_level: VerifierLogLevel,
+    ) -> Result<Capture, CaptureError> {
         let ring = opts.ring_bytes.next_power_of_two().max(1 << 20);
         let possible =
             aya::util::nr_cpus().map_err(|(s, e)| CaptureError::Cpus(format!("{s}: {e}")))?;
@@ -289,11 +304,6 @@ impl Capture {
         // The loader parses the kernel's BTF itself; the tracepoints' loads need only their ids.
         let tracepoint_btf =
             Btf::parse(&tracepoint_btf, aya::Endianness::default()).map_err(load_error)?;
-        let log_level = if opts.full_verifier_log {
-            VerifierLogLevel::DEBUG | VerifierLogLevel::STATS
-        } else {
-            VerifierLogLevel::STATS
-        };
         let sched = sched_entries(host_threads());
         let mut bpf = EbpfLoader::new()
             .verifier_log_level(log_level)

@@ -72,7 +72,7 @@ pub fn callgrind(tachyon: &Path, py: &Path, dir: &Path) -> Result<(Vec<String>, 
         );
         let handler: f64 = annotated
             .lines()
-            // `collect::sample::<impl ...::Collector>::handle_in` since collect has modules.
+            // The method is `collect::sample::<impl ...::Collector>::handle_in`.
             .find(|l| l.contains("Collector") && l.contains("::handle_in ["))
             .and_then(|l| l.split_whitespace().next())
             .and_then(|n| n.replace(',', "").parse().ok())
