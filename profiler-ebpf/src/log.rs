@@ -2,6 +2,10 @@
 //! kind on each CPU are logged with the pid, tid and the address involved; every occurrence is
 //! counted in `LOG_BUDGET`, so user space says how many were not logged.
 //!
+//! The modern program set logs; the compat set (kernels before 5.18) only counts: on 5.10 the
+//! logging code's branches took the compat sampler past the verifier's limit of pending
+//! branches ("the sequence of 8193 jumps is too complex"), even when the level says off.
+//!
 //! Off by default: user space sets aya-log's level global to 0 in the object's read-only data,
 //! which the kernel freezes, so the verifier knows the test below is false and drops the
 //! logging code it guards. Sampling then costs nothing more than it did without it.

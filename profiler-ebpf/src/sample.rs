@@ -110,86 +110,6 @@ pub(crate) fn capture<const MODERN: bool>(
     // timer interrupt, and `sched_switch` runs with interrupts disabled, so neither nests in the
     // other.
     let hdr = unsafe { &mut *(base as *mut SampleHeader) };
-    begin_header(hdr, kind, pid, tid, now, cpu, sched_state);
-
-    registers::<MODERN>(ctx, cfg, base, regs);
-    if maps_changed(cfg, pid) {
-        hdr.flags |= SAMPLE_MAPS_CHANGED;
-    }
-
-    python_state::<MODERN>(cfg, base, cpu, pid, tid);
-    // SAFETY: fields of the header written above; volatile so that the value comes from memory.
-    let mut py_len = unsafe { core::ptr::read_volatile(&hdr.py_len) } as usize;
-    // SAFETY: as above.
-    let mut flags = unsafe { core::ptr::read_volatile(&hdr.flags) };
-    if flags & SAMPLE_PY_TRUNCATED != 0 {
-        count(STAT_PY_TRUNCATED);
-    }
-    if flags & SAMPLE_PY_READ_FAILED != 0 {
-        count(STAT_PY_READ_FAIL);
-    }
-    if flags & (SAMPLE_PY_READ_FAILED | SAMPLE_PY_CYCLE) != 0 {
-        log_frame_chain(pid, tid, flags, py_len as u64);
-    }
-    if py_len > MAX_PY_FRAMES {
-        py_len = MAX_PY_FRAMES;
-    }
-    hdr.py_len = py_len as u32;
-
-    // The user stack: first up to the next page boundary, then whole pages, so the copy ends
-    // exactly where the stack mapping ends.
-    // The code heads follow the frames (see `copy_code_head`).
-    // SAFETY: a field of the header; volatile as above.
-    let mut snaps = unsafe { core::ptr::read_volatile(&hdr.py_snaps) } as usize;
-    if snaps > PY_CODE_SNAPS {
-        snaps = PY_CODE_SNAPS;
-    }
-    hdr.py_snaps = snaps as u32;
-    let area =
-        SampleHeader::SIZE + py_len * core::mem::size_of::<PyFrame>() + snaps * CodeSnap::SIZE;
-    let copied = copy_user_stack::<MODERN>(cfg, base, cpu, pid, tid, area, &mut flags);
-    hdr.ustack_len = copied as u32;
-    hdr.flags = flags;
-    if copied == 0 && flags & SAMPLE_NO_USER == 0 {
-        log::failure(LOG_USTACK, pid, tid, hdr.sp, 0);
-    }
-
-    let mut total = area + copied;
-    if total > SCRATCH_SIZE {
-        total = SCRATCH_SIZE;
-    }
-    // SAFETY: total <= SCRATCH_SIZE, the size of the buffer behind base.
-    let record = unsafe { core::slice::from_raw_parts(base as *const u8, total) };
-    // A ring this full keeps its room for off-CPU captures and events (`sample_stop_bytes`).
-    if kind == RECORD_SAMPLE
-        && cfg.sample_stop_bytes != 0
-        && SAMPLES.query(BPF_RB_AVAIL_DATA as u64) >= cfg.sample_stop_bytes as u64
-    {
-        count(STAT_LOST);
-        log::failure(LOG_DROPPED, pid, tid, total as u64, 0);
-        return false;
-    }
-    if SAMPLES.output::<[u8]>(record, wake_flags()).is_ok() {
-        count(STAT_SAMPLES);
-        true
-    } else {
-        count(STAT_LOST);
-        log::failure(LOG_DROPPED, pid, tid, total as u64, 0);
-        false
-    }
-}
-
-/// The header's fixed part: who, where and when; everything else zeroed.
-#[inline(always)]
-fn begin_header(
-    hdr: &mut SampleHeader,
-    kind: u32,
-    pid: u32,
-    tid: u32,
-    now: u64,
-    cpu: u32,
-    sched_state: u64,
-) {
     hdr.kind = kind;
     hdr.pid = pid;
     hdr.tid = tid;
@@ -214,20 +134,7 @@ fn begin_header(
     zero(&mut hdr.sp);
     zero(&mut hdr.bp);
     zero(&mut hdr.lr);
-}
 
-/// The user registers: the interrupted ones when the thread was in user mode; otherwise those
-/// it saved on entering the kernel, with the kernel stack.
-#[inline(always)]
-fn registers<const MODERN: bool>(
-    ctx: *mut c_void,
-    cfg: &Config,
-    base: *mut u8,
-    regs: Option<&arch::Regs>,
-) {
-    // SAFETY: the record's header (see `capture`), made here from the pointer as in
-    // `python_state`.
-    let hdr = unsafe { &mut *(base as *mut SampleHeader) };
     // The registers are read from the context here, where they are used: read at the start
     // and kept on the stack, their words were written only when in user mode, and 6.1's
     // verifier (which did not carry what the first test of the mode proved to the second)
@@ -239,8 +146,7 @@ fn registers<const MODERN: bool>(
         hdr.lr = u.lr;
     } else {
         hdr.flags |= SAMPLE_KERNEL_MODE;
-        let saved = user_regs::<MODERN>(cfg);
-        match arch::read_user(saved) {
+        match arch::read_user(user_regs::<MODERN>(cfg)) {
             Ok(Some(u)) => {
                 hdr.ip = u.ip;
                 hdr.sp = u.sp;
@@ -251,9 +157,10 @@ fn registers<const MODERN: bool>(
             Err(()) => {
                 hdr.flags |= SAMPLE_NO_USER;
                 count(STAT_UREGS_FAIL);
-                // The modern set's address is a typed pointer, which a log may not format.
-                let at = if MODERN { 0 } else { saved };
-                log::failure(LOG_UREGS, hdr.pid, hdr.tid, at, 0);
+                if MODERN {
+                    // The modern set's address is a typed pointer, which a log may not format.
+                    log::failure(LOG_UREGS, pid, tid, 0, 0);
+                }
             }
         }
         // SAFETY: the buffer is the header's kstack array of MAX_KSTACK u64.
@@ -271,52 +178,152 @@ fn registers<const MODERN: bool>(
             count(STAT_KSTACK_FAIL);
         }
     }
-}
 
-/// Python: the frame chain and the GIL/GC words of the same instant. Flags and the walk's
-/// results are kept in the header (map memory) and read back from there: to the verifier, a
-/// value read from a map is any value, so paths that differ only in them merge, and the frame
-/// loop (512 steps without bpf_loop) and the rest of the program are verified once, not once
-/// per flag combination or possible frame count.
-#[inline(always)]
-fn python_state<const MODERN: bool>(cfg: &Config, base: *mut u8, cpu: u32, pid: u32, tid: u32) {
-    // SAFETY: the record's header (see `capture`). Made here from the pointer: a `&mut`
-    // parameter would tell the compiler it aliases nothing, which changes the code it makes
-    // (and so what the verifier walks).
-    let hdr = unsafe { &mut *(base as *mut SampleHeader) };
+    if maps_changed(cfg, pid) {
+        hdr.flags |= SAMPLE_MAPS_CHANGED;
+    }
+
+    // Python: the frame chain and the GIL/GC words of the same instant. Flags and the walk's
+    // results are kept in the header (map memory) and read back from there: to the verifier, a
+    // value read from a map is any value, so paths that differ only in them merge, and the
+    // frame loop (512 steps without bpf_loop) and the rest of the program are verified once,
+    // not once per flag combination or possible frame count.
     // SAFETY: the value is copied out at once.
-    let Some(pc) = (unsafe { PY_PROCS.get(pid) }) else {
-        return;
-    };
-    let pc = *pc;
-    match thread_state(cfg, &pc, pid, tid) {
-        None => {
-            hdr.flags |= SAMPLE_PY_MISS;
-            count(STAT_PY_MISS);
-            log::failure(LOG_TSTATE, pid, tid, 0, 0);
+    if let Some(pc) = unsafe { PY_PROCS.get(pid) } {
+        let pc = *pc;
+        match thread_state(cfg, &pc, pid, tid) {
+            None => {
+                hdr.flags |= SAMPLE_PY_MISS;
+                count(STAT_PY_MISS);
+                if MODERN {
+                    log::failure(LOG_TSTATE, pid, tid, 0, 0);
+                }
+            }
+            Some(tstate) => {
+                hdr.flags |= SAMPLE_PY_THREAD;
+                hdr.py_tstate = tstate;
+                walk_python::<MODERN>(cpu, &pc, tstate);
+            }
         }
-        Some(tstate) => {
-            hdr.flags |= SAMPLE_PY_THREAD;
-            hdr.py_tstate = tstate;
-            walk_python::<MODERN>(cpu, &pc, tstate);
+        if pc.gil_locked != 0 {
+            hdr.py_gil_locked = read_user::<u32>(pc.gil_locked).unwrap_or(0);
+            hdr.py_gil_holder = read_user::<u64>(pc.gil_last_holder).unwrap_or(0);
+        }
+        if pc.gc_collecting != 0 {
+            hdr.py_gc_collecting = read_user::<u32>(pc.gc_collecting).unwrap_or(0);
+        }
+        if pc.tstate_status != NO_OFFSET && hdr.py_tstate != 0 {
+            hdr.py_status = read_user::<u32>(hdr.py_tstate + pc.tstate_status as u64).unwrap_or(0);
+        }
+        if hdr.py_tstate != 0 && has_exception(&pc, hdr.py_tstate) {
+            hdr.flags |= SAMPLE_PY_EXCEPTION;
+        }
+        // `--async-aware`: the task the thread's event loop runs.
+        if pc.tstate_running_task != NO_OFFSET && hdr.py_tstate != 0 {
+            hdr.py_task =
+                read_user::<u64>(hdr.py_tstate + pc.tstate_running_task as u64).unwrap_or(0);
         }
     }
-    if pc.gil_locked != 0 {
-        hdr.py_gil_locked = read_user::<u32>(pc.gil_locked).unwrap_or(0);
-        hdr.py_gil_holder = read_user::<u64>(pc.gil_last_holder).unwrap_or(0);
+    // SAFETY: fields of the header written above; volatile so that the value comes from memory.
+    let mut py_len = unsafe { core::ptr::read_volatile(&hdr.py_len) } as usize;
+    // SAFETY: as above.
+    let mut flags = unsafe { core::ptr::read_volatile(&hdr.flags) };
+    if flags & SAMPLE_PY_TRUNCATED != 0 {
+        count(STAT_PY_TRUNCATED);
     }
-    if pc.gc_collecting != 0 {
-        hdr.py_gc_collecting = read_user::<u32>(pc.gc_collecting).unwrap_or(0);
+    if flags & SAMPLE_PY_READ_FAILED != 0 {
+        count(STAT_PY_READ_FAIL);
     }
-    if pc.tstate_status != NO_OFFSET && hdr.py_tstate != 0 {
-        hdr.py_status = read_user::<u32>(hdr.py_tstate + pc.tstate_status as u64).unwrap_or(0);
+    if MODERN && flags & (SAMPLE_PY_READ_FAILED | SAMPLE_PY_CYCLE) != 0 {
+        log_frame_chain(pid, tid, flags, py_len as u64);
     }
-    if hdr.py_tstate != 0 && has_exception(&pc, hdr.py_tstate) {
-        hdr.flags |= SAMPLE_PY_EXCEPTION;
+    if py_len > MAX_PY_FRAMES {
+        py_len = MAX_PY_FRAMES;
     }
-    // `--async-aware`: the task the thread's event loop runs.
-    if pc.tstate_running_task != NO_OFFSET && hdr.py_tstate != 0 {
-        hdr.py_task = read_user::<u64>(hdr.py_tstate + pc.tstate_running_task as u64).unwrap_or(0);
+    hdr.py_len = py_len as u32;
+
+    // The user stack: first up to the next page boundary, then whole pages, so the copy ends
+    // exactly where the stack mapping ends.
+    // The code heads follow the frames (see `snap`).
+    // SAFETY: a field of the header; volatile as above.
+    let mut snaps = unsafe { core::ptr::read_volatile(&hdr.py_snaps) } as usize;
+    if snaps > PY_CODE_SNAPS {
+        snaps = PY_CODE_SNAPS;
+    }
+    hdr.py_snaps = snaps as u32;
+    let area =
+        SampleHeader::SIZE + py_len * core::mem::size_of::<PyFrame>() + snaps * CodeSnap::SIZE;
+    let mut copied_total: usize = 0;
+    if flags & SAMPLE_NO_USER == 0 && hdr.sp != 0 {
+        let sp = hdr.sp;
+        let mut want = cfg.ustack_size as usize;
+        // The stack in use ends below the thread's outermost frame: copied up to the page
+        // boundary after that, not to the end of its mapping. (Whole pages: a last chunk of
+        // any length would have the verifier walk each step of this loop many times over.)
+        let end = stack_in_use_end(cfg, pid, tid, sp);
+        if end > sp {
+            let upto = ((end + USTACK_CHUNK as u64 - 1) & !(USTACK_CHUNK as u64 - 1)) - sp;
+            if upto < want as u64 {
+                want = upto as usize;
+            }
+        }
+        if MODERN {
+            // One chunk a `bpf_loop` step: the verifier walks the step once, where it walked
+            // each of the unrolled loop's 16 steps (two-thirds of the sampler's instructions
+            // verified, and of the scheduler program's capture).
+            copied_total = copy_stack(cpu, pid, tid, sp, area, want, &mut flags);
+        } else {
+            let mut top: u64 = 0;
+            let key = thread_key(pid, tid);
+            for k in 0..(MAX_USTACK / USTACK_CHUNK) {
+                // Read back through memory: LLVM would otherwise fold the offset into an induction
+                // variable whose bounds the verifier cannot follow.
+                // SAFETY: a local.
+                let copied = unsafe { core::ptr::read_volatile(&copied_total) };
+                let Some(next) = copy_chunk(
+                    base, area, sp, k as u64, copied, want, key, &mut top, &mut flags,
+                ) else {
+                    break;
+                };
+                // SAFETY: a local.
+                unsafe { core::ptr::write_volatile(&mut copied_total, next) };
+            }
+        }
+    }
+    // SAFETY: a local.
+    let copied = unsafe { core::ptr::read_volatile(&copied_total) };
+    hdr.ustack_len = copied as u32;
+    hdr.flags = flags;
+    if MODERN && copied == 0 && flags & SAMPLE_NO_USER == 0 {
+        log::failure(LOG_USTACK, pid, tid, hdr.sp, 0);
+    }
+
+    let mut total = area + copied;
+    if total > SCRATCH_SIZE {
+        total = SCRATCH_SIZE;
+    }
+    // SAFETY: total <= SCRATCH_SIZE, the size of the buffer behind base.
+    let record = unsafe { core::slice::from_raw_parts(base as *const u8, total) };
+    // A ring this full keeps its room for off-CPU captures and events (`sample_stop_bytes`).
+    if kind == RECORD_SAMPLE
+        && cfg.sample_stop_bytes != 0
+        && SAMPLES.query(BPF_RB_AVAIL_DATA as u64) >= cfg.sample_stop_bytes as u64
+    {
+        count(STAT_LOST);
+        if MODERN {
+            log::failure(LOG_DROPPED, pid, tid, total as u64, 0);
+        }
+        return false;
+    }
+    if SAMPLES.output::<[u8]>(record, wake_flags()).is_ok() {
+        count(STAT_SAMPLES);
+        true
+    } else {
+        count(STAT_LOST);
+        if MODERN {
+            log::failure(LOG_DROPPED, pid, tid, total as u64, 0);
+        }
+        false
     }
 }
 

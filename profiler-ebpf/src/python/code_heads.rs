@@ -3,13 +3,10 @@
 
 use core::ffi::c_void;
 
-use aya_ebpf::{
-    bindings::BPF_RB_AVAIL_DATA,
-    helpers::generated::{bpf_loop, bpf_probe_read_user},
-};
+use aya_ebpf::helpers::generated::bpf_probe_read_user;
 use profiler_common::*;
 
-use crate::maps::{copied_slot, CONFIG, KNOWN_CODES, SAMPLES, SCRATCH, WALK};
+use crate::maps::{copied_slot, KNOWN_CODES, SCRATCH, WALK};
 
 pub(crate) extern "C" fn copy_head_step(index: u64, _ctx: *mut c_void) -> i64 {
     copy_code_head(index)
@@ -196,54 +193,5 @@ pub(crate) fn copy_string<const N: usize>(to: &mut [u8; N], addr: u64) {
     if r != 0 && N >= 16 {
         // SAFETY: 16 <= N.
         unsafe { (to.as_mut_ptr().add(8) as *mut u64).write_unaligned(0) };
-    }
-}
-
-/// Copies the code heads the walk chose into the record (`copy_code_head`); with `bpf_loop`,
-/// then those of code user space has not read (`choose_unknown_code`).
-#[inline(always)]
-pub(crate) fn copy_code_heads<const MODERN: bool>() {
-    let Some(w) = WALK.get_ptr_mut(0) else {
-        return;
-    };
-    if MODERN {
-        // SAFETY: the callbacks have the signature bpf_loop expects; they take no context.
-        unsafe {
-            bpf_loop(
-                PY_CODE_SNAPS as u32,
-                copy_head_step as *mut c_void,
-                core::ptr::null_mut(),
-                0,
-            );
-            // Then the heads of code user space has not read (`choose_unknown_code`), after those; not while
-            // the ring holds more than its wake-up mark: a reader that falls behind has not
-            // read the code either, and larger records would only put it further behind.
-            // This CPU's walk state, written by the walk.
-            let w = &mut *w;
-            w.snap_from = core::ptr::read_volatile(&w.snaps);
-            let behind = CONFIG
-                .get(0)
-                .is_none_or(|c| SAMPLES.query(BPF_RB_AVAIL_DATA as u64) >= c.wakeup_bytes as u64);
-            if !behind {
-                bpf_loop(
-                    MAX_PY_FRAMES as u32,
-                    choose_unknown_step as *mut c_void,
-                    core::ptr::null_mut(),
-                    0,
-                );
-                bpf_loop(
-                    PY_CODE_SNAPS as u32,
-                    copy_unknown_head_step as *mut c_void,
-                    core::ptr::null_mut(),
-                    0,
-                );
-            }
-        }
-    } else {
-        for k in 0..PY_CODE_SNAPS {
-            if copy_code_head(k as u64) != 0 {
-                break;
-            }
-        }
     }
 }

@@ -2,7 +2,7 @@
 
 use core::ffi::c_void;
 
-use aya_ebpf::helpers::generated::bpf_loop;
+use aya_ebpf::{bindings::BPF_RB_AVAIL_DATA, helpers::generated::bpf_loop};
 use profiler_common::*;
 
 use super::{code_heads::*, frame_i32, frame_u64, read_frame, thread_state::caller_frame};
@@ -84,7 +84,41 @@ pub(crate) fn walk_python<const MODERN: bool>(cpu: u32, pc: &PyProcConfig, tstat
                 0,
             );
         }
-        rewalk_from_caller(pc, hdr as *mut SampleHeader, w, cframe);
+        // In the eval loop's first instructions (3.11, 3.12) the current `_PyCFrame` is new and
+        // its frame not set yet: what is there is the last call's, a chain that does not reach
+        // the previous `_PyCFrame`'s frame (`Walk::expect`), or breaks off. The thread then runs
+        // its caller's frames, in the previous `_PyCFrame` (the callee has not started): walked
+        // again from there. (Kernels without `bpf_loop` keep such a sample as it was read.)
+        // SAFETY: fields written by the walk.
+        let (flags, expect) = unsafe {
+            (
+                core::ptr::read_volatile(&hdr.flags),
+                core::ptr::read_volatile(&(*w).expect),
+            )
+        };
+        if cframe != 0 && expect != 0 && flags & SAMPLE_PY_TRUNCATED == 0 {
+            let caller = caller_frame(pc, cframe);
+            if caller != 0 {
+                hdr.flags = flags & !(SAMPLE_PY_READ_FAILED | SAMPLE_PY_CYCLE);
+                hdr.py_len = 0;
+                // SAFETY: as above.
+                unsafe {
+                    let w = &mut *w;
+                    w.frame = caller;
+                    w.expect = 0;
+                    w.walks = w.walks.wrapping_add(1);
+                    w.snaps = 0;
+                    w.callee = 0;
+                    w.handle = 0;
+                    bpf_loop(
+                        MAX_PY_FRAMES as u32,
+                        walk_step as *mut c_void,
+                        core::ptr::null_mut(),
+                        0,
+                    );
+                }
+            }
+        }
     } else {
         for i in 0..MAX_PY_FRAMES {
             if walk_frame::<false>(i as u64) != 0 {
@@ -94,54 +128,51 @@ pub(crate) fn walk_python<const MODERN: bool>(cpu: u32, pc: &PyProcConfig, tstat
     }
     // The code heads, in a pass of their own: a step that also copied them would need more
     // stack than a `bpf_loop` callback has room for under the switch program.
-    copy_code_heads::<MODERN>();
+    if MODERN {
+        // SAFETY: as above.
+        unsafe {
+            bpf_loop(
+                PY_CODE_SNAPS as u32,
+                copy_head_step as *mut c_void,
+                core::ptr::null_mut(),
+                0,
+            );
+            // Then the heads of code user space has not read (`choose_unknown_code`), after those; not while
+            // the ring holds more than its wake-up mark: a reader that falls behind has not
+            // read the code either, and larger records would only put it further behind.
+            let w = &mut *w;
+            w.snap_from = core::ptr::read_volatile(&w.snaps);
+            let behind = CONFIG
+                .get(0)
+                .is_none_or(|c| SAMPLES.query(BPF_RB_AVAIL_DATA as u64) >= c.wakeup_bytes as u64);
+            if !behind {
+                bpf_loop(
+                    MAX_PY_FRAMES as u32,
+                    choose_unknown_step as *mut c_void,
+                    core::ptr::null_mut(),
+                    0,
+                );
+                bpf_loop(
+                    PY_CODE_SNAPS as u32,
+                    copy_unknown_head_step as *mut c_void,
+                    core::ptr::null_mut(),
+                    0,
+                );
+            }
+        }
+    } else {
+        for k in 0..PY_CODE_SNAPS {
+            if copy_code_head(k as u64) != 0 {
+                break;
+            }
+        }
+    }
     // `--async-aware` on 3.11-3.13: the task whose step the innermost `Handle._run` calls.
     // SAFETY: this CPU's walk state, written by the steps above.
     let handle = unsafe { core::ptr::read_volatile(&(*w).handle) };
     if handle != 0 {
         if let Some(cb) = read_user::<u64>(handle.wrapping_add(pc.handle_callback as u64)) {
             hdr.py_task = read_user::<u64>(cb.wrapping_add(pc.step_task as u64)).unwrap_or(0);
-        }
-    }
-}
-
-/// In the eval loop's first instructions (3.11, 3.12) the current `_PyCFrame` is new and
-/// its frame not set yet: what is there is the last call's, a chain that does not reach
-/// the previous `_PyCFrame`'s frame (`Walk::expect`), or breaks off. The thread then runs
-/// its caller's frames, in the previous `_PyCFrame` (the callee has not started): walked
-/// again from there. (Kernels without `bpf_loop` keep such a sample as it was read.)
-#[inline(always)]
-fn rewalk_from_caller(pc: &PyProcConfig, hdr: *mut SampleHeader, w: *mut Walk, cframe: u64) {
-    // SAFETY: the record's header (see `walk_python`).
-    let hdr = unsafe { &mut *hdr };
-    // SAFETY: fields written by the walk.
-    let (flags, expect) = unsafe {
-        (
-            core::ptr::read_volatile(&hdr.flags),
-            core::ptr::read_volatile(&(*w).expect),
-        )
-    };
-    if cframe != 0 && expect != 0 && flags & SAMPLE_PY_TRUNCATED == 0 {
-        let caller = caller_frame(pc, cframe);
-        if caller != 0 {
-            hdr.flags = flags & !(SAMPLE_PY_READ_FAILED | SAMPLE_PY_CYCLE);
-            hdr.py_len = 0;
-            // SAFETY: as above.
-            unsafe {
-                let w = &mut *w;
-                w.frame = caller;
-                w.expect = 0;
-                w.walks = w.walks.wrapping_add(1);
-                w.snaps = 0;
-                w.callee = 0;
-                w.handle = 0;
-                bpf_loop(
-                    MAX_PY_FRAMES as u32,
-                    walk_step as *mut c_void,
-                    core::ptr::null_mut(),
-                    0,
-                );
-            }
         }
     }
 }
@@ -182,9 +213,92 @@ pub(crate) fn walk_frame<const CALLEES: bool>(index: u64) -> i64 {
     // SAFETY: i < MAX_PY_FRAMES and the scratch buffer holds MAX_PY_FRAMES frames after the
     // header.
     let f = unsafe { &mut *frames.add(i) };
-    record_frame::<CALLEES>(w as *mut Walk, f as *mut PyFrame, i);
+    // What the frame says goes to memory as soon as it is known, and is read back (volatile)
+    // where it is used again: few values live at once, so the step fits the 32 bytes of stack
+    // a `bpf_loop` callback has under the switch program.
+    {
+        let fbuf = &w.fbuf;
+        let pc = &w.pc;
+        let code = frame_u64(fbuf, pc.frame_code) & pc.code_mask;
+        f.code = code;
+        f.instr = if pc.layout == PY_LAYOUT_FRAMEOBJECT {
+            frame_i32(fbuf, pc.frame_instr)
+        } else {
+            let ip = frame_u64(fbuf, pc.frame_instr);
+            interp_instruction(ip, code, pc.code_adaptive)
+        };
+        f.flags = if pc.frame_owner != NO_OFFSET {
+            fbuf[(pc.frame_owner as usize) & (FRAME_BUF - 1)] as u32
+        } else {
+            0
+        };
+        // The code head is copied for frames with locals of their own (module and class
+        // bodies, `exec`): their code runs once and may be freed before user space reads it,
+        // while a function's code lives as long as the function. Without the offset, the
+        // innermost frames are copied. Without `bpf_loop`, so is the innermost frame's; with
+        // it, any code user space has not settled (`choose_unknown_code`), the innermost frame's included.
+        w.once = if pc.frame_locals != NO_OFFSET {
+            (frame_u64(fbuf, pc.frame_locals) != 0) as u32
+        } else {
+            (i < PY_CODE_SNAPS) as u32
+        };
+        w.next = frame_u64(fbuf, pc.frame_previous);
+        if pc.handle_run_code != 0 && code == pc.handle_run_code && w.handle == 0 {
+            w.handle = frame_u64(fbuf, pc.frame_self);
+        }
+        let mark = fbuf[(pc.frame_owner as usize) & (FRAME_BUF - 1)] as u32;
+        if CALLEES && w.expect != 0 && pc.entry_mark != 0 && mark == pc.entry_mark {
+            w.expect = (w.next != w.expect) as u64;
+        }
+    }
     hdr.py_len = i as u32 + 1;
-    choose_code_heads::<CALLEES>(w as *mut Walk, f as *mut PyFrame, i);
+    {
+        // SAFETY: reads of fields written above.
+        let (code, owner, once) = unsafe {
+            (
+                core::ptr::read_volatile(&f.code),
+                core::ptr::read_volatile(&f.flags),
+                core::ptr::read_volatile(&w.once),
+            )
+        };
+        // A C-stack shim frame (owner 3 and up, 3.12+) has no code of its own, and its other
+        // fields are left as they were.
+        let shim = code == 0 || (w.pc.frame_owner != NO_OFFSET && owner >= 3);
+        if !shim {
+            // A function that code run once calls may be freed with it (a module body calling
+            // a helper it deletes after, as `hashlib` does): its head is copied too, unless
+            // the caller is the outermost frame (a program's main module, which outlives it).
+            // Copied once the walk is done; frames learn their copy's index there (`copy_code_head`).
+            // SAFETY: reads of fields written by earlier steps.
+            let (callee, outer) = unsafe {
+                (
+                    core::ptr::read_volatile(&w.callee),
+                    core::ptr::read_volatile(&w.next) == 0,
+                )
+            };
+            let k = w.snaps as usize;
+            if CALLEES && once != 0 && callee != 0 && !outer && k < PY_CODE_SNAPS {
+                w.snap_code[k & (PY_CODE_SNAPS - 1)] = callee;
+                w.snap_at[k & (PY_CODE_SNAPS - 1)] = w.callee_at;
+                w.snaps = k as u32 + 1;
+            }
+            // Read back from memory: a count carried over in a register lets the compiler join
+            // the two tests in a way older verifiers follow into impossible bounds.
+            // SAFETY: a read of the field written above.
+            let k = unsafe { core::ptr::read_volatile(&w.snaps) } as usize;
+            // The innermost frame's is copied here only without `bpf_loop`: with it, `choose_unknown_code`
+            // copies it unless user space has settled that code (`KNOWN_CODES`).
+            if ((k == 0 && !CALLEES) || once != 0) && k < PY_CODE_SNAPS {
+                w.snap_code[k & (PY_CODE_SNAPS - 1)] = code;
+                w.snap_at[k & (PY_CODE_SNAPS - 1)] = i as u32;
+                w.snaps = k as u32 + 1;
+                w.callee = 0;
+            } else {
+                w.callee = code;
+                w.callee_at = i as u32;
+            }
+        }
+    }
     // SAFETY: a read of the field written above.
     let previous = unsafe { core::ptr::read_volatile(&w.next) };
     if previous == w.frame {
@@ -197,104 +311,4 @@ pub(crate) fn walk_frame<const CALLEES: bool>(index: u64) -> i64 {
     }
     w.frame = previous;
     0
-}
-
-/// Records frame `i` from the frame buffer: its code, instruction and owner, and what the
-/// walk needs next (the previous frame, whether its code runs once, the asyncio handle).
-/// What the frame says goes to memory as soon as it is known, and is read back (volatile)
-/// where it is used again: few values live at once, so the step fits the 32 bytes of stack
-/// a `bpf_loop` callback has under the switch program.
-#[inline(always)]
-fn record_frame<const CALLEES: bool>(w: *mut Walk, f: *mut PyFrame, i: usize) {
-    // SAFETY: this CPU's walk state and the record's frame `i` (see `walk_frame`). Made here
-    // from pointers: `&mut` parameters would tell the compiler they alias nothing, which
-    // changes the code it makes and so what the verifier walks.
-    let (w, f) = unsafe { (&mut *w, &mut *f) };
-    let fbuf = &w.fbuf;
-    let pc = &w.pc;
-    let code = frame_u64(fbuf, pc.frame_code) & pc.code_mask;
-    f.code = code;
-    f.instr = if pc.layout == PY_LAYOUT_FRAMEOBJECT {
-        frame_i32(fbuf, pc.frame_instr)
-    } else {
-        let ip = frame_u64(fbuf, pc.frame_instr);
-        interp_instruction(ip, code, pc.code_adaptive)
-    };
-    f.flags = if pc.frame_owner != NO_OFFSET {
-        fbuf[(pc.frame_owner as usize) & (FRAME_BUF - 1)] as u32
-    } else {
-        0
-    };
-    // The code head is copied for frames with locals of their own (module and class
-    // bodies, `exec`): their code runs once and may be freed before user space reads it,
-    // while a function's code lives as long as the function. Without the offset, the
-    // innermost frames are copied. Without `bpf_loop`, so is the innermost frame's; with
-    // it, any code user space has not settled (`choose_unknown_code`), the innermost frame's included.
-    w.once = if pc.frame_locals != NO_OFFSET {
-        (frame_u64(fbuf, pc.frame_locals) != 0) as u32
-    } else {
-        (i < PY_CODE_SNAPS) as u32
-    };
-    w.next = frame_u64(fbuf, pc.frame_previous);
-    if pc.handle_run_code != 0 && code == pc.handle_run_code && w.handle == 0 {
-        w.handle = frame_u64(fbuf, pc.frame_self);
-    }
-    let mark = fbuf[(pc.frame_owner as usize) & (FRAME_BUF - 1)] as u32;
-    if CALLEES && w.expect != 0 && pc.entry_mark != 0 && mark == pc.entry_mark {
-        w.expect = (w.next != w.expect) as u64;
-    }
-}
-
-/// Chooses the code heads to copy for frame `i` (see `copy_code_head`).
-#[inline(always)]
-fn choose_code_heads<const CALLEES: bool>(w: *mut Walk, f: *mut PyFrame, i: usize) {
-    // SAFETY: this CPU's walk state and the record's frame `i` (see `walk_frame`). Made here
-    // from pointers: `&mut` parameters would tell the compiler they alias nothing, which
-    // changes the code it makes and so what the verifier walks.
-    let (w, f) = unsafe { (&mut *w, &mut *f) };
-    // SAFETY: reads of fields written above.
-    let (code, owner, once) = unsafe {
-        (
-            core::ptr::read_volatile(&f.code),
-            core::ptr::read_volatile(&f.flags),
-            core::ptr::read_volatile(&w.once),
-        )
-    };
-    // A C-stack shim frame (owner 3 and up, 3.12+) has no code of its own, and its other
-    // fields are left as they were.
-    let shim = code == 0 || (w.pc.frame_owner != NO_OFFSET && owner >= 3);
-    if !shim {
-        // A function that code run once calls may be freed with it (a module body calling
-        // a helper it deletes after, as `hashlib` does): its head is copied too, unless
-        // the caller is the outermost frame (a program's main module, which outlives it).
-        // Copied once the walk is done; frames learn their copy's index there (`copy_code_head`).
-        // SAFETY: reads of fields written by earlier steps.
-        let (callee, outer) = unsafe {
-            (
-                core::ptr::read_volatile(&w.callee),
-                core::ptr::read_volatile(&w.next) == 0,
-            )
-        };
-        let k = w.snaps as usize;
-        if CALLEES && once != 0 && callee != 0 && !outer && k < PY_CODE_SNAPS {
-            w.snap_code[k & (PY_CODE_SNAPS - 1)] = callee;
-            w.snap_at[k & (PY_CODE_SNAPS - 1)] = w.callee_at;
-            w.snaps = k as u32 + 1;
-        }
-        // Read back from memory: a count carried over in a register lets the compiler join
-        // the two tests in a way older verifiers follow into impossible bounds.
-        // SAFETY: a read of the field written above.
-        let k = unsafe { core::ptr::read_volatile(&w.snaps) } as usize;
-        // The innermost frame's is copied here only without `bpf_loop`: with it, `choose_unknown_code`
-        // copies it unless user space has settled that code (`KNOWN_CODES`).
-        if ((k == 0 && !CALLEES) || once != 0) && k < PY_CODE_SNAPS {
-            w.snap_code[k & (PY_CODE_SNAPS - 1)] = code;
-            w.snap_at[k & (PY_CODE_SNAPS - 1)] = i as u32;
-            w.snaps = k as u32 + 1;
-            w.callee = 0;
-        } else {
-            w.callee = code;
-            w.callee_at = i as u32;
-        }
-    }
 }

@@ -277,8 +277,19 @@ impl Capture {
     /// `full_verifier_log`, a refused program is loaded again with that log, for the user.
     pub fn load(opts: &CaptureOptions) -> Result<Capture, CaptureError> {
         match Capture::load_logged(opts, VerifierLogLevel::STATS) {
-            Err(CaptureError::Refused { .. }) if opts.full_verifier_log => {
-                Capture::load_logged(opts, VerifierLogLevel::DEBUG | VerifierLogLevel::STATS)
+            Err(mut first @ CaptureError::Refused { .. }) if opts.full_verifier_log => {
+                let again =
+                    Capture::load_logged(opts, VerifierLogLevel::DEBUG | VerifierLogLevel::STATS);
+                // The first refusal's reason stands (the second load may fail only because its
+                // log filled the buffer); the second gives the log.
+                if let (
+                    Err(CaptureError::Refused { log, .. }),
+                    CaptureError::Refused { log: first_log, .. },
+                ) = (again, &mut first)
+                {
+                    *first_log = log;
+                }
+                Err(first)
             }
             loaded => loaded,
         }
