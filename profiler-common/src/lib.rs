@@ -99,6 +99,7 @@ pub mod names {
     pub const MAP_WALK: &str = "WALK";
     pub const MAP_SCHED: &str = "SCHED";
     pub const MAP_SCHED_NEW: &str = "SCHED_NEW";
+    pub const MAP_CAPTURING: &str = "CAPTURING";
     pub const MAP_SAMPLES: &str = "SAMPLES";
     pub const MAP_STACK_TOPS: &str = "STACK_TOPS";
     pub const MAP_EXEC_VM: &str = "EXEC_VM";
@@ -107,7 +108,7 @@ pub mod names {
     /// aya-log's ring of log records (`--debug-bpf`), and the global that sets its level.
     pub const MAP_AYA_LOGS: &str = "AYA_LOGS";
     pub const GLOBAL_AYA_LOG_LEVEL: &str = "AYA_LOG_LEVEL";
-    pub const MAPS: [&str; 16] = [
+    pub const MAPS: [&str; 17] = [
         MAP_CONFIG,
         MAP_TARGETS,
         MAP_PY_PROCS,
@@ -118,6 +119,7 @@ pub mod names {
         MAP_WALK,
         MAP_SCHED,
         MAP_SCHED_NEW,
+        MAP_CAPTURING,
         MAP_SAMPLES,
         MAP_STACK_TOPS,
         MAP_EXEC_VM,
@@ -132,20 +134,23 @@ pub mod names {
     /// `sched_switch`: modern (the `prev_state` argument) and compat.
     pub const PROG_SWITCH: &str = "tachyon_switch";
     pub const PROG_SWITCH_COMPAT: &str = "tachyon_switch_compat";
-    /// `sched_switch` for times only (`OFFCPU_TIMES`): no capture, so a small fraction of the
-    /// instructions for the verifier to walk at start-up.
-    pub const PROG_SWITCH_TIMES: &str = "tachyon_switch_times";
-    pub const PROG_SWITCH_TIMES_COMPAT: &str = "tachyon_switch_times_compat";
+    /// In the thread coming back on the CPU, where a blocked thread's interval is known and its
+    /// capture decided (`OFFCPU_STACKS`): the `sched_exit_tp` tracepoint (6.16+), else a kprobe
+    /// on the kernel's `finish_task_switch` (modern and compat).
+    pub const PROG_SWITCH_IN: &str = "tachyon_switch_in";
+    pub const PROG_SWITCH_IN_KPROBE: &str = "tachyon_switch_in_kprobe";
+    pub const PROG_SWITCH_IN_COMPAT: &str = "tachyon_switch_in_compat";
     pub const PROG_FORK: &str = "tachyon_fork";
     pub const PROG_EXEC: &str = "tachyon_exec";
     pub const PROG_EXIT: &str = "tachyon_exit";
-    pub const PROGRAMS: [&str; 9] = [
+    pub const PROGRAMS: [&str; 10] = [
         PROG_SAMPLE,
         PROG_SAMPLE_COMPAT,
         PROG_SWITCH,
         PROG_SWITCH_COMPAT,
-        PROG_SWITCH_TIMES,
-        PROG_SWITCH_TIMES_COMPAT,
+        PROG_SWITCH_IN,
+        PROG_SWITCH_IN_KPROBE,
+        PROG_SWITCH_IN_COMPAT,
         PROG_FORK,
         PROG_EXEC,
         PROG_EXIT,
@@ -175,11 +180,17 @@ pub const STAT_SWITCH_CAPTURES: u32 = 8;
 pub const STAT_UREGS_FAIL: u32 = 9;
 /// Scheduler accounting records written (`RECORD_SCHED`).
 pub const STAT_SCHED_RECORDS: u32 = 10;
-/// Off-CPU intervals at a new blocking point that got no capture (budget spent or ring full).
+/// Off-CPU intervals at a new blocking point that got no capture (budget spent, ring full, or
+/// the thread's switch-in not seen).
 pub const STAT_OFF_UNCAPTURED: u32 = 11;
 /// Threads the scheduler map had no room for (their times are not accounted).
 pub const STAT_SCHED_FULL: u32 = 12;
-pub const STAT_COUNT: u32 = 13;
+/// Off-CPU intervals shorter than a sampling period that the sampling left out (see
+/// `ATTR_NONE`): their time is in the thread's totals, and the kept ones stand for it.
+pub const STAT_OFF_SAMPLED_OUT: u32 = 13;
+/// Samples skipped because they interrupted an off-CPU capture on their CPU (its buffers in use).
+pub const STAT_SAMPLE_NESTED: u32 = 14;
+pub const STAT_COUNT: u32 = 15;
 
 /// Failure kinds the BPF programs log with `--debug-bpf` (aya-log), each at most
 /// [`LOG_FIRST`] times per CPU; `LOG_BUDGET` counts every occurrence per CPU, so user space
@@ -276,6 +287,16 @@ pub const STATS: [(u32, &str, &str); STAT_COUNT as usize] = [
         STAT_SCHED_FULL,
         "schedMapFull",
         "threads without scheduler accounting: the thread map was full",
+    ),
+    (
+        STAT_OFF_SAMPLED_OUT,
+        "offSampledOut",
+        "off-CPU intervals shorter than a sampling period left out by the sampling",
+    ),
+    (
+        STAT_SAMPLE_NESTED,
+        "sampleNested",
+        "samples skipped: they interrupted an off-CPU capture on their CPU",
     ),
 ];
 
@@ -509,7 +530,7 @@ pub struct SampleHeader {
     pub py_gc_collecting: u32,
     /// `CodeSnap`s in the record, after the Python frames.
     pub py_snaps: u32,
-    /// `RECORD_SWITCH_OUT`: the task state the thread left the CPU in (0: preempted, runnable).
+    /// `RECORD_SWITCH_OUT`: the task state the thread blocked in.
     pub sched_state: u64,
     /// The asyncio task the thread's event loop runs at the sampled instant (see
     /// `PyProcConfig::tstate_running_task`), or 0.
@@ -613,12 +634,20 @@ pub const ATTR_LATEST: u32 = SCHED_SLOTS as u32;
 /// Blocked where no capture could be taken (the ring buffer was full, or more new blocking
 /// points than the capture budget): time without a stack.
 pub const ATTR_UNCAPTURED: u32 = SCHED_SLOTS as u32 + 1;
-/// Times only (`OFFCPU_TIMES`): no stack is wanted.
+/// No stack is charged: times only (`OFFCPU_TIMES`), or a short interval the sampling left out
+/// (`OFFCPU_STACKS`). An off-CPU interval of length `L` shorter than a sampling period `P` is
+/// kept with probability `L / P`, and a kept one stands for `P` (its slot's `off_ns` gets
+/// `P - L` more): each stack's expected off-CPU time stays exact, as on-CPU samples' does. The
+/// thread's own totals and its Off CPU markers count every interval exactly.
 pub const ATTR_NONE: u32 = SCHED_SLOTS as u32 + 2;
 pub const ATTR_COUNT: usize = SCHED_SLOTS + 3;
 /// (`ThreadSched::attr` only.) A thread first seen as it left the CPU: what it did before it
 /// last came on is not known, so no off-CPU interval is charged before that.
 pub const ATTR_UNKNOWN: u32 = u32::MAX;
+/// (`ThreadSched::attr` only.) The thread blocked and has not come back yet: where its interval
+/// is charged is decided when it does (`tachyon_switch_in`), once its length is known. Still
+/// pending at its next switch-out (its switch-in was not seen), it is `ATTR_UNCAPTURED`.
+pub const ATTR_PENDING: u32 = u32::MAX - 1;
 
 /// What the scheduler program knows of one thread (the `SCHED` map, keyed by [`thread_key`]).
 /// The thread's time is a sequence of on- and off-CPU intervals. One at least a sampling period
@@ -636,7 +665,8 @@ pub struct ThreadSched {
     pub last_sum: u64,
     /// `ATTR_*` or a slot: where the off-CPU interval that began then is charged.
     pub attr: u32,
-    pub _pad: u32,
+    /// The task state it blocked in (`ATTR_PENDING`), for the capture at its switch-in.
+    pub blocked_state: u32,
     /// The open span: its first interval's start (0: none) and last interval's end.
     pub span_start: u64,
     pub span_end: u64,

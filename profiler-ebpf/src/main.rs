@@ -10,9 +10,12 @@
 //! A `sched_switch` BTF tracepoint program accounts each profiled thread's on- and off-CPU time
 //! in a map and sends it at sampling granularity, never per switch (see `ThreadSched`). It runs
 //! for the thread leaving the CPU only: the thread's CPU time since its previous switch-out says
-//! when it came back. When a thread leaves to block at a point it has not blocked at recently,
-//! it captures the same record as a sample (the thread is current, so its stacks and Python
-//! frames are those of the moment it stopped running).
+//! when it came back. A thread that leaves to block is decided on when it comes back, in a
+//! kprobe on `finish_task_switch` in its own context (its stacks and Python frames are still
+//! those of the moment it stopped running, and the interval's length is known): a point it
+//! blocked at recently is charged to that point's capture; a new one is captured, as a sample
+//! is, always if it blocked a sampling period or more, else with a probability in proportion
+//! to its length.
 //! `sched_process_fork`/`exec`/`exit` programs report lifetimes and follow children.
 //!
 //! One object for every kernel from 5.10 (ring buffers 5.8, BTF tracepoints 5.5, bounded loops
@@ -23,9 +26,10 @@
 //!   `tachyon_sample_compat` walks and copies with bounded loops and finds the registers at the
 //!   top of the task's kernel stack.
 //! - `tachyon_switch` takes the task state from `sched_switch`'s `prev_state` argument (5.18+);
-//!   `tachyon_switch_compat` reads it from the task, as those kernels' own tracepoint did. Its
-//!   off-CPU capture is the compat sampler's, and it reads the user registers from the kernel
-//!   stack where the modern one reads them through `bpf_task_pt_regs`'s typed pointer.
+//!   `tachyon_switch_compat` reads it from the task, as those kernels' own tracepoint did.
+//! - `tachyon_switch_in_compat`'s capture is the compat sampler's, and it reads the user
+//!   registers from the kernel stack where `tachyon_switch_in` reads them through
+//!   `bpf_task_pt_regs`'s typed pointer.
 //!
 //! So there are two sets: the modern one where the kernel has all three (5.18+), the compat one
 //! everywhere else. Both produce the same records.
@@ -45,8 +49,9 @@
 #![no_main]
 
 use aya_ebpf::{
-    macros::{btf_tracepoint, perf_event},
-    programs::{BtfTracePointContext, PerfEventContext},
+    macros::{btf_tracepoint, kprobe, perf_event},
+    programs::{BtfTracePointContext, PerfEventContext, ProbeContext},
+    EbpfContext,
 };
 
 mod arch;
@@ -75,33 +80,41 @@ pub fn tachyon_sample_compat(ctx: PerfEventContext) -> u32 {
 }
 
 /// `sched_switch(preempt, prev, next, prev_state)` (5.18+): runs on the CPU switching, with `prev`
-/// current. The modern set: captures use `bpf_loop` and `bpf_task_pt_regs` too.
+/// current. The modern set. Accounting only: no capture (see `tachyon_switch_in`).
 #[btf_tracepoint(function = "sched_switch")]
 pub fn tachyon_switch(ctx: BtfTracePointContext) -> u32 {
-    switch::<true, true>(&ctx);
+    switch::<true>(&ctx);
     0
 }
 
 /// `sched_switch(preempt, prev, next)` (before 5.18): the state is read from `prev`.
 #[btf_tracepoint(function = "sched_switch")]
 pub fn tachyon_switch_compat(ctx: BtfTracePointContext) -> u32 {
-    switch::<false, true>(&ctx);
+    switch::<false>(&ctx);
     0
 }
 
-/// `tachyon_switch` for times only (`OFFCPU_TIMES`, cpu mode): the same accounting, and no
-/// capture of the threads that block, so that the verifier does not walk one at start-up (it
-/// took 60% of the start-up's CPU time).
-#[btf_tracepoint(function = "sched_switch")]
-pub fn tachyon_switch_times(ctx: BtfTracePointContext) -> u32 {
-    switch::<true, false>(&ctx);
+/// `sched_exit_tp(is_switch, ...)` (6.16+): the end of `__schedule`, in the thread coming back
+/// on the CPU (preemption off, interrupts on): the capture of a thread that blocked, decided now
+/// that its interval's length is known (`OFFCPU_STACKS`). The modern set.
+#[btf_tracepoint(function = "sched_exit_tp")]
+pub fn tachyon_switch_in(ctx: BtfTracePointContext) -> u32 {
+    sched::switch_in::<true>(ctx.as_ptr());
     0
 }
 
-/// `tachyon_switch_compat` for times only.
-#[btf_tracepoint(function = "sched_switch")]
-pub fn tachyon_switch_times_compat(ctx: BtfTracePointContext) -> u32 {
-    switch::<false, false>(&ctx);
+/// `tachyon_switch_in` where the kernel has no `sched_exit_tp`: a kprobe on `finish_task_switch`
+/// (static, often a `.isra` clone: no fentry), in the thread coming back, interrupts off.
+#[kprobe]
+pub fn tachyon_switch_in_kprobe(ctx: ProbeContext) -> u32 {
+    sched::switch_in::<true>(ctx.as_ptr());
+    0
+}
+
+/// `tachyon_switch_in_kprobe` for older kernels: the compat sampler's capture.
+#[kprobe]
+pub fn tachyon_switch_in_compat(ctx: ProbeContext) -> u32 {
+    sched::switch_in::<false>(ctx.as_ptr());
     0
 }
 

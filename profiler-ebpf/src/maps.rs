@@ -27,6 +27,10 @@ pub(crate) static STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(STAT_C
 /// Userspace sizes it to the number of possible CPUs.
 #[map]
 pub(crate) static SCRATCH: Array<[u8; SCRATCH_SIZE]> = Array::with_max_entries(1, 0);
+/// 1 while this CPU's `tachyon_switch_in` (`sched_exit_tp`, interrupts on) captures: a sample
+/// that interrupts it is skipped (`STAT_SAMPLE_NESTED`), as it would reuse the buffers in use.
+#[map]
+pub(crate) static CAPTURING: PerCpuArray<u32> = PerCpuArray::with_max_entries(1, 0);
 #[map]
 pub(crate) static FRAME: PerCpuArray<[u8; FRAME_BUF]> = PerCpuArray::with_max_entries(1, 0);
 /// The state of this CPU's frame walk. In a map rather than on the stack: what the verifier

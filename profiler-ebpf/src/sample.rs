@@ -38,6 +38,10 @@ pub(crate) fn sample<const MODERN: bool>(ctx: PerfEventContext) -> u32 {
     if !targeted(cfg, pid) {
         return 0;
     }
+    if CAPTURING.get(0).is_some_and(|&b| b != 0) {
+        count(STAT_SAMPLE_NESTED);
+        return 0;
+    }
     // SAFETY: the context of a perf_event program is a bpf_perf_event_data.
     let regs: &arch::Regs = unsafe { &(*ctx.ctx).regs };
     // SAFETY: helper without preconditions.
@@ -107,8 +111,9 @@ pub(crate) fn capture<const MODERN: bool>(
     let base = scratch as *mut u8;
     // SAFETY: the scratch buffer is SCRATCH_SIZE bytes, larger than the header, 8-aligned (map
     // values are), and one capture at a time uses a CPU's slot: the cpu-clock event arrives in a
-    // timer interrupt, and `sched_switch` runs with interrupts disabled, so neither nests in the
-    // other.
+    // timer interrupt; the switch-in's kprobe runs with interrupts disabled, and its tracepoint
+    // (`sched_exit_tp`, interrupts on, preemption off) raises `CAPTURING`, which the sampler
+    // respects.
     let hdr = unsafe { &mut *(base as *mut SampleHeader) };
     hdr.kind = kind;
     hdr.pid = pid;

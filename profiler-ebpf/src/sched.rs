@@ -1,6 +1,6 @@
 //! Scheduler accounting (`sched_switch`): each profiled thread's on- and off-CPU intervals,
-//! summed per thread in `SCHED` and sent at sampling granularity, and the capture of a thread
-//! that blocks at a new point.
+//! summed per thread in `SCHED` and sent at sampling granularity; and at its switch-in
+//! (`finish_task_switch`), the capture of a thread that blocked at a new point.
 
 use core::ffi::c_void;
 
@@ -8,10 +8,9 @@ use aya_ebpf::{
     helpers::{
         bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_ns,
         bpf_probe_read_kernel,
-        generated::{bpf_get_current_task_btf, bpf_task_pt_regs},
+        generated::{bpf_get_current_task_btf, bpf_get_prandom_u32, bpf_task_pt_regs},
     },
     programs::BtfTracePointContext,
-    EbpfContext,
 };
 use profiler_common::*;
 
@@ -53,14 +52,10 @@ pub(crate) const TASK_DEAD: u64 = 0x80;
 /// thread's intervals are summed in `SCHED` and sent at sampling granularity (see
 /// `ThreadSched`). Only the leaving side is traced: since its previous switch-out the thread was
 /// off CPU, then on CPU for the CPU time it used meanwhile, so this one event closes both
-/// intervals (and the program does nothing for the thread coming in). A thread that leaves to
-/// block is captured only where it blocks at a point it has not blocked at recently (see
-/// `block_attr`).
-/// `STACKS`: blocked threads may be captured (`OFFCPU_STACKS`); without it, times only.
+/// intervals (and the program does nothing for the thread coming in). Where a thread that leaves
+/// to block is charged is decided when it comes back (`switch_in`).
 #[inline(always)]
-pub(crate) fn switch<const MODERN: bool, const STACKS: bool>(
-    ctx: &BtfTracePointContext,
-) -> Option<()> {
+pub(crate) fn switch<const MODERN: bool>(ctx: &BtfTracePointContext) -> Option<()> {
     let cfg = CONFIG.get(0)?;
     let pid_tgid = bpf_get_current_pid_tgid();
     let pid = (pid_tgid >> 32) as u32;
@@ -119,13 +114,15 @@ pub(crate) fn switch<const MODERN: bool, const STACKS: bool>(
         }
     };
     close_intervals(st, key, now, sum);
-    st.attr = if !STACKS || cfg.offcpu != OFFCPU_STACKS {
+    st.attr = if cfg.offcpu != OFFCPU_STACKS {
         ATTR_NONE
     } else if prev_state == 0 {
         // Preempted while runnable: it stopped where it ran.
         ATTR_LATEST
     } else {
-        block_attr::<MODERN>(ctx.as_ptr(), cfg, st, pid, tid, now, prev_state)
+        // Decided when it comes back (`switch_in`), once the interval's length is known.
+        st.blocked_state = prev_state as u32;
+        ATTR_PENDING
     };
     st.since_ns = now;
     st.last_sum = sum;
@@ -136,6 +133,11 @@ pub(crate) fn switch<const MODERN: bool, const STACKS: bool>(
 /// `sum`: it was off CPU, then on CPU for the CPU time it used meanwhile.
 #[inline(always)]
 pub(crate) fn close_intervals(st: &mut ThreadSched, key: u64, now: u64, sum: u64) {
+    if st.attr == ATTR_PENDING {
+        // Its switch-in was not seen (a kprobe can miss): time without a stack.
+        count(STAT_OFF_UNCAPTURED);
+        st.attr = ATTR_UNCAPTURED;
+    }
     let since = st.since_ns;
     let mut on = sum.saturating_sub(st.last_sum);
     if on > now.saturating_sub(since) {
@@ -278,13 +280,49 @@ pub(crate) unsafe fn sched_header(r: *mut SchedRecord, pid: u32, tid: u32, t0: u
     (*r).t1_ns = t1;
 }
 
-/// Where the off-CPU interval of a thread that blocks now is charged. A blocking point is known
-/// by its signature (`block_signature`); the thread keeps its last `SCHED_SLOTS` points, each with
-/// the capture taken there. A point it blocked at recently has the same stack: its capture
-/// applies, and nothing is copied. Only a new point is captured (a thread that ran in between
-/// and blocks elsewhere is never charged to an older stack), at most 16 times a sampling period
-/// per thread with bursts of 16 (a cell-rate limiter: `tat` is when the next is due). A new point
-/// beyond that budget, or whose capture the full ring refused, is time without a stack.
+/// A profiled thread comes back on the CPU (`finish_task_switch`, in its own context: its user
+/// registers, stacks and Python frames are still those of the point where it blocked). If it
+/// blocked (`ATTR_PENDING`), decides where the interval it was away for is charged.
+#[inline(always)]
+pub(crate) fn switch_in<const MODERN: bool>(ctx: *mut c_void) -> Option<()> {
+    let cfg = CONFIG.get(0)?;
+    if cfg.offcpu != OFFCPU_STACKS {
+        return None;
+    }
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let pid = (pid_tgid >> 32) as u32;
+    let tid = pid_tgid as u32;
+    if tid == 0 || !targeted(cfg, pid) {
+        return None;
+    }
+    let key = thread_key(pid, tid);
+    // SAFETY: a live map value; its switch-out ran before on some CPU, and its next runs after.
+    let st = unsafe { &mut *SCHED.get_ptr_mut(key)? };
+    if st.attr != ATTR_PENDING {
+        return None;
+    }
+    // SAFETY: helper without preconditions.
+    let now = unsafe { bpf_ktime_get_ns() };
+    let len = now.saturating_sub(st.since_ns);
+    let busy = CAPTURING.get_ptr_mut(0)?;
+    // SAFETY: this CPU's flag; only an interrupting sample reads it meanwhile.
+    unsafe { *busy = 1 };
+    st.attr = block_attr::<MODERN>(ctx, cfg, st, pid, tid, now, len);
+    // SAFETY: as above.
+    unsafe { *busy = 0 };
+    Some(())
+}
+
+/// Where the off-CPU interval of a thread that blocked, and is back after `len` ns, is charged.
+/// An interval shorter than a sampling period `P` is sampled first: kept with probability
+/// `len / P`, and then it stands for `P` (see `ATTR_NONE`), so each stack's expected off-CPU
+/// time stays exact while a thread is looked at about once a period, however often it blocks.
+/// A kept or long interval is charged by its blocking point, known by its signature
+/// (`block_signature`): the thread keeps its last `SCHED_SLOTS` points, each with the capture
+/// taken there, and a point it blocked at recently has the same stack, so its capture applies
+/// and nothing is copied. A new point is captured. A cell-rate limiter (`tat`: when the next
+/// capture is due) bounds captures to 16 a period with bursts of 16 whatever the luck; a new
+/// point beyond that, or whose capture the full ring refused, is time without a stack.
 #[inline(always)]
 pub(crate) fn block_attr<const MODERN: bool>(
     ctx: *mut c_void,
@@ -293,16 +331,28 @@ pub(crate) fn block_attr<const MODERN: bool>(
     pid: u32,
     tid: u32,
     now: u64,
-    prev_state: u64,
+    len: u64,
 ) -> u32 {
+    let period = cfg.sched_span_ns;
+    let mut extra = 0u64;
+    if len < period {
+        // SAFETY: helper without preconditions.
+        let r = unsafe { bpf_get_prandom_u32() } as u64;
+        // r / 2^32 >= len / P; no overflow: r < 2^32 and len < P <= 10^9 < 2^32.
+        if r * period >= len << 32 {
+            count(STAT_OFF_SAMPLED_OUT);
+            return ATTR_NONE;
+        }
+        extra = period - len;
+    }
     let sig = block_signature::<MODERN>(cfg, pid, tid);
     for i in 0..SCHED_SLOTS {
         if st.slot_cap[i] != 0 && st.slot_sig[i] == sig {
+            add_extra(st, i, extra);
             return i as u32;
         }
     }
-    let gap = cfg.sched_span_ns;
-    if st.tat > now.saturating_add(gap) {
+    if st.tat > now.saturating_add(period) {
         count(STAT_OFF_UNCAPTURED);
         return ATTR_UNCAPTURED;
     }
@@ -311,16 +361,35 @@ pub(crate) fn block_attr<const MODERN: bool>(
         // The open span charges time to the capture this slot is about to forget.
         emit(st, thread_key(pid, tid), 0, 0, SEND_SPAN);
     }
-    if !capture::<MODERN>(ctx, cfg, RECORD_SWITCH_OUT, pid, tid, now, None, prev_state) {
+    if !capture::<MODERN>(
+        ctx,
+        cfg,
+        RECORD_SWITCH_OUT,
+        pid,
+        tid,
+        now,
+        None,
+        st.blocked_state as u64,
+    ) {
         count(STAT_OFF_UNCAPTURED);
         return ATTR_UNCAPTURED;
     }
     st.slot_sig[slot] = sig;
     st.slot_cap[slot] = now;
     st.next_slot = (slot + 1) as u32;
-    st.tat = if st.tat > now { st.tat } else { now } + gap / 16;
+    st.tat = if st.tat > now { st.tat } else { now } + period / 16;
     count(STAT_SWITCH_CAPTURES);
+    add_extra(st, slot, extra);
     slot as u32
+}
+
+/// A kept short interval stands for a sampling period: what it adds beyond its own length goes
+/// to its slot in the open span (the interval itself joins the span at the next switch-out).
+#[inline(always)]
+fn add_extra(st: &mut ThreadSched, slot: usize, extra: u64) {
+    if let Some(o) = st.off_ns.get_mut(slot) {
+        *o += extra;
+    }
 }
 
 /// Where the current thread blocks, as one word: its user-mode instruction and stack pointers

@@ -502,16 +502,17 @@ fn check_guest(g: &Guest, dir: &Path, expected_set: &str) -> Vec<String> {
     if kernel["release"] != g.kernel_release.as_str() || kernel["programs"] != expected_set {
         fail(format!("meta.tachyon.kernel is {kernel}"));
     }
-    // Cpu mode ran the scheduler program that keeps times only, of the kernel's set.
-    let times = match expected_set {
-        "modern" => "tachyon_switch_times",
-        _ => "tachyon_switch_times_compat",
+    // Cpu mode ran the kernel's set's accounting alone: no switch-in capture program.
+    let (times, captures): (&str, &[&str]) = match expected_set {
+        "modern" => (
+            "tachyon_switch",
+            &["tachyon_switch_in", "tachyon_switch_in_kprobe"],
+        ),
+        _ => ("tachyon_switch_compat", &["tachyon_switch_in_compat"]),
     };
     let programs = &meta["meta"]["tachyon"]["bpfPrograms"];
-    let full_ran = ["tachyon_switch", "tachyon_switch_compat"]
-        .iter()
-        .any(|p| !programs[p].is_null());
-    if programs[times]["runs"].as_u64().unwrap_or(0) == 0 || full_ran {
+    let captured = captures.iter().any(|p| !programs[p].is_null());
+    if programs[times]["runs"].as_u64().unwrap_or(0) == 0 || captured {
         fail(format!(
             "--all-pythons -m cpu: {times} did not run alone: {programs}"
         ));
@@ -532,6 +533,20 @@ fn check_guest(g: &Guest, dir: &Path, expected_set: &str) -> Vec<String> {
         }
     } else {
         fail(format!("all.json does not load: {}", read("all.err")));
+    }
+
+    // Wall mode captured blocked threads as they came back: the kernel's switch-in program
+    // (the `sched_exit_tp` tracepoint where the kernel has it, else the kprobe) ran.
+    let wall: serde_json::Value =
+        serde_json::from_str(&read("pid.json")).unwrap_or(serde_json::Value::Null);
+    let wall_programs = &wall["meta"]["tachyon"]["bpfPrograms"];
+    let switch_in_ran = captures
+        .iter()
+        .any(|p| wall_programs[p]["runs"].as_u64().unwrap_or(0) > 0);
+    if !switch_in_ran {
+        fail(format!(
+            "-p PID -m wall: no switch-in program ({captures:?}) ran: {wall_programs}"
+        ));
     }
 
     // --pid in wall mode: each sleeping thread's time is in nap() -> time.sleep -> the kernel.

@@ -372,6 +372,9 @@ pub struct KernelInfo {
     pub switch_has_prev_state: bool,
     /// BPF ring buffers (5.8+), which nothing can replace.
     pub has_ringbuf: bool,
+    /// The `sched_exit_tp` tracepoint (6.16+): the end of `__schedule`, in the thread coming
+    /// back on the CPU. Elsewhere a kprobe on `finish_task_switch` does its part.
+    pub has_sched_exit_tp: bool,
     /// The modern program set is loaded (see the BPF crate's documentation): the kernel has
     /// every one of its features, and the compat set was not asked for.
     pub modern: bool,
@@ -454,6 +457,7 @@ impl KernelInfo {
             has_current_task_btf,
             switch_has_prev_state,
             has_ringbuf: has("BPF_FUNC_ringbuf_output"),
+            has_sched_exit_tp: btf.tracepoint_args(SCHED_EXIT_TP).is_some(),
             modern: has_bpf_loop
                 && has_task_pt_regs
                 && has_current_task_btf
@@ -477,6 +481,12 @@ impl KernelInfo {
         if tracepoints.is_empty() {
             return Ok((info, Vec::new()));
         }
+        // `sched_exit_tp` too, where the kernel has it.
+        let mut tracepoints = tracepoints.to_vec();
+        if info.has_sched_exit_tp {
+            tracepoints.push(SCHED_EXIT_TP);
+        }
+        let tracepoints = &tracepoints[..];
         let blob = btf.tracepoint_btf(tracepoints).ok_or_else(|| {
             let missing = tracepoints
                 .iter()
@@ -488,6 +498,9 @@ impl KernelInfo {
         Ok((info, blob))
     }
 }
+
+/// The tracepoint at the end of `__schedule` (6.16+).
+pub const SCHED_EXIT_TP: &str = "sched_exit_tp";
 
 /// The running kernel's release (`uname -r`).
 pub fn kernel_release() -> String {

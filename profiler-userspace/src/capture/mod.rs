@@ -13,7 +13,7 @@ use std::os::fd::{AsFd, AsRawFd};
 
 use aya::maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf};
 use aya::programs::perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent};
-use aya::programs::{BtfTracePoint, PerfEvent, ProgramError};
+use aya::programs::{BtfTracePoint, KProbe, PerfEvent, ProgramError};
 use aya::{Btf, Ebpf, EbpfLoader, VerifierLogLevel};
 use profiler_common::{
     names, thread_key, Config, PyProcConfig, ThreadSched, MAX_USTACK, OFFCPU_NONE, OFFCPU_STACKS,
@@ -68,6 +68,8 @@ pub enum CaptureError {
         #[source]
         source: ProgramError,
     },
+    #[error("attaching to the kernel's {symbol} for off-CPU stacks failed: {why} (-m cpu does without it)")]
+    SwitchIn { symbol: String, why: String },
     #[error("attaching to the {name} tracepoint failed: {source}")]
     Tracepoint {
         name: &'static str,
@@ -127,10 +129,12 @@ const TRACEPOINTS: [&str; 4] = [LIFETIMES[0].1, LIFETIMES[1].1, LIFETIMES[2].1, 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ProgramSet {
     pub sample: &'static str,
-    /// The scheduler program that captures blocked threads (`OFFCPU_STACKS`), and the one that
-    /// only accounts their times (`OFFCPU_TIMES`).
+    /// The scheduler's accounting (`sched_switch`), and the capture of blocked threads as they
+    /// come back (`finish_task_switch`, `OFFCPU_STACKS` only).
     pub switch: &'static str,
-    pub switch_times: &'static str,
+    pub switch_in: &'static str,
+    /// `switch_in` is a tracepoint program (`sched_exit_tp`), not a kprobe.
+    pub switch_in_tracepoint: bool,
 }
 
 impl ProgramSet {
@@ -139,25 +143,37 @@ impl ProgramSet {
             ProgramSet {
                 sample: names::PROG_SAMPLE,
                 switch: names::PROG_SWITCH,
-                switch_times: names::PROG_SWITCH_TIMES,
+                switch_in: if k.has_sched_exit_tp {
+                    names::PROG_SWITCH_IN
+                } else {
+                    names::PROG_SWITCH_IN_KPROBE
+                },
+                switch_in_tracepoint: k.has_sched_exit_tp,
             }
         } else {
             ProgramSet {
                 sample: names::PROG_SAMPLE_COMPAT,
                 switch: names::PROG_SWITCH_COMPAT,
-                switch_times: names::PROG_SWITCH_TIMES_COMPAT,
+                switch_in: names::PROG_SWITCH_IN_COMPAT,
+                switch_in_tracepoint: false,
             }
         }
     }
+}
 
-    /// The scheduler program for off-CPU mode `offcpu` (`OFFCPU_*`).
-    pub fn switch_for(&self, offcpu: u32) -> &'static str {
-        if offcpu == OFFCPU_STACKS {
-            self.switch
-        } else {
-            self.switch_times
+/// The kernel function a thread coming back on a CPU runs first, as `/proc/kallsyms` names it:
+/// `finish_task_switch`, or the compiler's clone of it (`finish_task_switch.isra.0`).
+fn switch_in_symbol() -> Option<String> {
+    // The kernel's own file, not one a target controls. Read line by line, up to the name: the
+    // whole table is megabytes.
+    let file = std::fs::File::open("/proc/kallsyms").ok()?;
+    for line in std::io::BufRead::lines(std::io::BufReader::new(file)).map_while(Result::ok) {
+        let name = line.split_whitespace().nth(2)?;
+        if name == "finish_task_switch" || name.starts_with("finish_task_switch.") {
+            return Some(name.to_string());
         }
     }
+    None
 }
 
 pub struct Capture {
@@ -167,6 +183,7 @@ pub struct Capture {
     programs: ProgramSet,
     attached: Vec<aya::programs::perf_event::PerfEventLinkId>,
     tracepoints: Vec<(&'static str, aya::programs::tp_btf::BtfTracePointLinkId)>,
+    switch_in: Option<aya::programs::kprobe::KProbeLinkId>,
     offcpu: u32,
     pub cpus: Vec<u32>,
     /// Holds the kernel's BPF run-time statistics on while it lives (None without
@@ -213,7 +230,8 @@ impl CaptureError {
             CaptureError::Load { .. }
             | CaptureError::Refused { .. }
             | CaptureError::Missing { .. }
-            | CaptureError::Attach { .. } => ErrorKind::Kernel,
+            | CaptureError::Attach { .. }
+            | CaptureError::SwitchIn { .. } => ErrorKind::Kernel,
             CaptureError::Tracepoint { source, .. } => match os_error(source) {
                 Some(libc::EPERM | libc::EACCES) => ErrorKind::Permission,
                 _ => ErrorKind::Kernel,
@@ -381,7 +399,10 @@ impl Capture {
             .map(|&(n, tp)| (n, tp, "process lifetimes"))
             .collect();
         if opts.offcpu != OFFCPU_NONE {
-            tracepoints.push((programs.switch_for(opts.offcpu), SWITCH, "off-CPU time"));
+            tracepoints.push((programs.switch, SWITCH, "off-CPU time"));
+        }
+        if opts.offcpu == OFFCPU_STACKS && programs.switch_in_tracepoint {
+            tracepoints.push((programs.switch_in, btf::SCHED_EXIT_TP, "off-CPU stacks"));
         }
         for (name, tp, purpose) in tracepoints {
             let prog: &mut BtfTracePoint = bpf
@@ -392,6 +413,15 @@ impl Capture {
             prog.load(tp, &tracepoint_btf)
                 .map_err(refused(name, purpose))?;
         }
+        if opts.offcpu == OFFCPU_STACKS && !programs.switch_in_tracepoint {
+            let prog: &mut KProbe = bpf
+                .program_mut(programs.switch_in)
+                .expect("switch-in program")
+                .try_into()
+                .map_err(load_error)?;
+            prog.load()
+                .map_err(refused(programs.switch_in, "off-CPU stacks"))?;
+        }
         let cpus =
             aya::util::online_cpus().map_err(|(s, e)| CaptureError::Cpus(format!("{s}: {e}")))?;
         Ok(Capture {
@@ -400,6 +430,7 @@ impl Capture {
             programs,
             attached: Vec::new(),
             tracepoints: Vec::new(),
+            switch_in: None,
             offcpu: opts.offcpu,
             cpus,
             stats: aya::sys::enable_stats(aya::sys::Stats::RunTime).ok(),
@@ -480,8 +511,30 @@ impl Capture {
     /// Starts sampling: one software cpu-clock event per online CPU, every `1/rate` s of CPU time,
     /// and the scheduler program when off-CPU time is recorded.
     pub fn attach(&mut self, rate_hz: u64) -> Result<(), CaptureError> {
+        if self.offcpu == OFFCPU_STACKS && self.programs.switch_in_tracepoint {
+            // Before the accounting: a thread it marks blocked is then always seen back.
+            self.attach_tracepoint(self.programs.switch_in, btf::SCHED_EXIT_TP)?;
+        } else if self.offcpu == OFFCPU_STACKS {
+            let symbol = switch_in_symbol().ok_or(CaptureError::SwitchIn {
+                symbol: "finish_task_switch".into(),
+                why: "not in /proc/kallsyms".into(),
+            })?;
+            let prog: &mut KProbe = self
+                .bpf
+                .program_mut(self.programs.switch_in)
+                .expect("switch-in program")
+                .try_into()
+                .map_err(load_error)?;
+            let link = prog
+                .attach(symbol.as_str(), 0)
+                .map_err(|e| CaptureError::SwitchIn {
+                    why: e.to_string(),
+                    symbol: symbol.clone(),
+                })?;
+            self.switch_in = Some(link);
+        }
         if self.offcpu != OFFCPU_NONE {
-            self.attach_tracepoint(self.programs.switch_for(self.offcpu), SWITCH)?;
+            self.attach_tracepoint(self.programs.switch, SWITCH)?;
         }
         let period_ns = (1_000_000_000 / rate_hz.max(1)).max(1);
         let prog: &mut PerfEvent = self
@@ -506,6 +559,15 @@ impl Capture {
 
     /// Stops sampling (records already in the ring buffer stay readable).
     pub fn detach(&mut self) {
+        if let Some(link) = self.switch_in.take() {
+            if let Some(Ok(prog)) = self
+                .bpf
+                .program_mut(self.programs.switch_in)
+                .map(<&mut KProbe>::try_from)
+            {
+                let _ = prog.detach(link);
+            }
+        }
         for (name, link) in self.tracepoints.drain(..) {
             if let Some(Ok(prog)) = self
                 .bpf
