@@ -1,7 +1,10 @@
 //! The scheduler's accounting records: each thread's on- and off-CPU intervals charged to its
 //! timeline, and what the BPF side still held at the end of an interval or of a thread.
 
-use profiler_common::{thread_key, ExitSchedRecord, SchedRecord, ThreadSched, ATTR_UNKNOWN};
+use profiler_common::{
+    thread_key, ExitSchedRecord, SchedRecord, ThreadSched, ATTR_NONE, ATTR_PENDING,
+    ATTR_UNCAPTURED, ATTR_UNKNOWN,
+};
 
 use super::{ensure_process, Collector};
 use crate::aggregate::timeline::Window;
@@ -56,6 +59,10 @@ impl Collector {
                 _ => crate::process::procfs::thread_cpu_ns(pid, tid)
                     .map_or(0, |s| s.saturating_sub(st.last_sum)),
             };
+            let mut st = st;
+            if st.attr == ATTR_PENDING {
+                self.settle_blocked(pid, tid, &mut st, now_ns);
+            }
             self.close_sched(pid, tid, &st, now_ns, used);
             if let Some(t) = self
                 .profile
@@ -66,6 +73,36 @@ impl Collector {
                 t.sched.settle(now);
             }
         }
+    }
+
+    /// A thread still blocked at `now_ns`, whose interval its switch-in would have charged: one
+    /// that has been away a sampling period or more is read from outside as `dump` reads a
+    /// blocked thread (its stack does not change until it wakes), and its interval so far is
+    /// charged to that read; a shorter one is left to the sampling (`ATTR_NONE`), as its
+    /// switch-in would most often have done.
+    fn settle_blocked(&mut self, pid: u32, tid: u32, st: &mut ThreadSched, now_ns: u64) {
+        let away_ms = (now_ns.saturating_sub(st.since_ns)) as f64 / 1e6;
+        if away_ms < self.profile.interval_ms {
+            st.attr = ATTR_NONE;
+            return;
+        }
+        let Some(s) = super::blocked::blocked_sample(&self.python, &self.kernel, pid, tid, now_ns)
+        else {
+            st.attr = ATTR_UNCAPTURED;
+            return;
+        };
+        // An off-CPU capture (`off_cpu` is set) taken at `now_ns`, in a slot of its own: the
+        // open span's slots keep their captures.
+        self.handle_in(s, false);
+        let slot = st.next_slot as usize % st.slot_cap.len();
+        if st.off_ns[slot] != 0 && st.span_start != 0 {
+            // The span still charges that slot's capture: charge it first.
+            let span = ThreadSched { since_ns: 0, ..*st };
+            self.close_sched(pid, tid, &span, now_ns, 0);
+            st.span_start = 0;
+        }
+        st.slot_cap[slot] = now_ns;
+        st.attr = slot as u32;
     }
 
     /// A thread exited: what the BPF side held of it, closed at its exit with its exact CPU
