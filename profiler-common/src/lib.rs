@@ -186,7 +186,7 @@ pub const STAT_OFF_UNCAPTURED: u32 = 11;
 /// Threads the scheduler map had no room for (their times are not accounted).
 pub const STAT_SCHED_FULL: u32 = 12;
 /// Off-CPU intervals shorter than a sampling period that the sampling left out (see
-/// `ATTR_NONE`): their time is in the thread's totals, and the kept ones stand for it.
+/// `ATTR_NONE`): their time is charged to the next one kept.
 pub const STAT_OFF_SAMPLED_OUT: u32 = 13;
 /// Samples skipped because they interrupted an off-CPU capture on their CPU (its buffers in use).
 pub const STAT_SAMPLE_NESTED: u32 = 14;
@@ -635,10 +635,11 @@ pub const ATTR_LATEST: u32 = SCHED_SLOTS as u32;
 /// points than the capture budget): time without a stack.
 pub const ATTR_UNCAPTURED: u32 = SCHED_SLOTS as u32 + 1;
 /// No stack is charged: times only (`OFFCPU_TIMES`), or a short interval the sampling left out
-/// (`OFFCPU_STACKS`). An off-CPU interval of length `L` shorter than a sampling period `P` is
-/// kept with probability `L / P`, and a kept one stands for `P` (its slot's `off_ns` gets
-/// `P - L` more): each stack's expected off-CPU time stays exact, as on-CPU samples' does. The
-/// thread's own totals and its Off CPU markers count every interval exactly.
+/// (`OFFCPU_STACKS`). Off-CPU intervals shorter than a sampling period `P` are sampled by their
+/// time, as on-CPU time is: their lengths add up in `ThreadSched::short_ns`, and the interval
+/// that brings the sum to `P` is kept and charged with the whole sum (its slot's `off_ns` gets
+/// the others' share). So each stack's off-CPU time is sampled in proportion to it, and every
+/// thread's total stays exact. The thread's Off CPU markers count every interval exactly.
 pub const ATTR_NONE: u32 = SCHED_SLOTS as u32 + 2;
 pub const ATTR_COUNT: usize = SCHED_SLOTS + 3;
 /// (`ThreadSched::attr` only.) A thread first seen as it left the CPU: what it did before it
@@ -679,8 +680,10 @@ pub struct ThreadSched {
     /// Block signature and capture time of each slot (capture time 0: empty).
     pub slot_sig: [u64; SCHED_SLOTS],
     pub slot_cap: [u64; SCHED_SLOTS],
-    /// Capture rate limiter: when the next capture is due at the allowed rate.
-    pub tat: u64,
+    /// Off-CPU time of short intervals the sampling left out since the last one it kept (see
+    /// `ATTR_NONE`), which that next kept one is charged with; starts at a random share of a
+    /// sampling period.
+    pub short_ns: u64,
 }
 
 /// A thread's [`ThreadSched`] as it exited at `time_ns` with CPU time `sum_ns`

@@ -101,7 +101,10 @@ pub(crate) fn switch<const MODERN: bool>(ctx: &BtfTracePointContext) -> Option<(
             zero(&mut fresh.next_slot);
             zero_all(&mut fresh.slot_sig);
             zero_all(&mut fresh.slot_cap);
-            zero(&mut fresh.tat);
+            // A random phase: which short interval is kept does not depend on when the
+            // thread was first seen.
+            // SAFETY: helper without preconditions.
+            fresh.short_ns = unsafe { bpf_get_prandom_u32() } as u64 % cfg.sched_span_ns.max(1);
             // By reference: a copy by value would land on the stack this map slot avoids.
             #[allow(clippy::needless_borrows_for_generic_args)]
             let inserted = SCHED.insert(key, &*fresh, 0);
@@ -314,15 +317,15 @@ pub(crate) fn switch_in<const MODERN: bool>(ctx: *mut c_void) -> Option<()> {
 }
 
 /// Where the off-CPU interval of a thread that blocked, and is back after `len` ns, is charged.
-/// An interval shorter than a sampling period `P` is sampled first: kept with probability
-/// `len / P`, and then it stands for `P` (see `ATTR_NONE`), so each stack's expected off-CPU
-/// time stays exact while a thread is looked at about once a period, however often it blocks.
-/// A kept or long interval is charged by its blocking point, known by its signature
-/// (`block_signature`): the thread keeps its last `SCHED_SLOTS` points, each with the capture
-/// taken there, and a point it blocked at recently has the same stack, so its capture applies
-/// and nothing is copied. A new point is captured. A cell-rate limiter (`tat`: when the next
-/// capture is due) bounds captures to 16 a period with bursts of 16 whatever the luck; a new
-/// point beyond that, or whose capture the full ring refused, is time without a stack.
+/// An interval shorter than a sampling period `P` is sampled by its time (see `ATTR_NONE`):
+/// kept when the short time summed since the last kept one reaches `P`, and charged with that
+/// sum; so a thread is looked at about once a period, however often it blocks, and its total
+/// stays exact. A kept or long interval is charged by its blocking point, known by its
+/// signature (`block_signature`): the thread keeps its last `SCHED_SLOTS` points, each with the
+/// capture taken there, and a point it blocked at recently has the same stack, so its capture
+/// applies and nothing is copied. A new point is captured: at most twice a period per thread
+/// (a long interval lasts a period; kept short ones come a period of off-CPU time apart). A
+/// capture the full ring refused is time without a stack.
 #[inline(always)]
 pub(crate) fn block_attr<const MODERN: bool>(
     ctx: *mut c_void,
@@ -336,14 +339,14 @@ pub(crate) fn block_attr<const MODERN: bool>(
     let period = cfg.sched_span_ns;
     let mut extra = 0u64;
     if len < period {
-        // SAFETY: helper without preconditions.
-        let r = unsafe { bpf_get_prandom_u32() } as u64;
-        // r / 2^32 >= len / P; no overflow: r < 2^32 and len < P <= 10^9 < 2^32.
-        if r * period >= len << 32 {
+        let sum = st.short_ns + len;
+        if sum < period {
+            st.short_ns = sum;
             count(STAT_OFF_SAMPLED_OUT);
             return ATTR_NONE;
         }
-        extra = period - len;
+        extra = st.short_ns;
+        st.short_ns = 0;
     }
     let sig = block_signature::<MODERN>(cfg, pid, tid);
     for i in 0..SCHED_SLOTS {
@@ -352,15 +355,14 @@ pub(crate) fn block_attr<const MODERN: bool>(
             return i as u32;
         }
     }
-    if st.tat > now.saturating_add(period) {
-        count(STAT_OFF_UNCAPTURED);
-        return ATTR_UNCAPTURED;
-    }
     let slot = (st.next_slot as usize) % SCHED_SLOTS;
     if st.off_ns[slot] != 0 {
         // The open span charges time to the capture this slot is about to forget.
         emit(st, thread_key(pid, tid), 0, 0, SEND_SPAN);
     }
+    // Before the capture, so that no register holds `extra` through it: a value known on one
+    // path (0) and not on the other would have the verifier walk the whole capture twice.
+    add_extra(st, slot, extra);
     if !capture::<MODERN>(
         ctx,
         cfg,
@@ -371,20 +373,29 @@ pub(crate) fn block_attr<const MODERN: bool>(
         None,
         st.blocked_state as u64,
     ) {
+        // The slot keeps its older capture: the time goes without a stack.
+        if let (Some(o), Some(u)) = (
+            st.off_ns.get(slot).copied(),
+            st.off_ns.get_mut(ATTR_UNCAPTURED as usize),
+        ) {
+            *u += o;
+        }
+        if let Some(o) = st.off_ns.get_mut(slot) {
+            *o = 0;
+        }
         count(STAT_OFF_UNCAPTURED);
         return ATTR_UNCAPTURED;
     }
     st.slot_sig[slot] = sig;
     st.slot_cap[slot] = now;
     st.next_slot = (slot + 1) as u32;
-    st.tat = if st.tat > now { st.tat } else { now } + period / 16;
     count(STAT_SWITCH_CAPTURES);
-    add_extra(st, slot, extra);
     slot as u32
 }
 
-/// A kept short interval stands for a sampling period: what it adds beyond its own length goes
-/// to its slot in the open span (the interval itself joins the span at the next switch-out).
+/// A kept short interval is charged with the short intervals left out before it: their time
+/// goes to its slot in the open span (the interval itself joins the span at the next
+/// switch-out).
 #[inline(always)]
 fn add_extra(st: &mut ThreadSched, slot: usize, extra: u64) {
     if let Some(o) = st.off_ns.get_mut(slot) {
