@@ -680,9 +680,9 @@ pub struct ThreadSched {
     /// Block signature and capture time of each slot (capture time 0: empty).
     pub slot_sig: [u64; SCHED_SLOTS],
     pub slot_cap: [u64; SCHED_SLOTS],
-    /// Off-CPU time of short intervals the sampling left out since the last one it kept (see
-    /// `ATTR_NONE`), which that next kept one is charged with; starts at a random share of a
-    /// sampling period.
+    /// Off-CPU time of short intervals the sampling left out since the last one it kept, as
+    /// the accounting closed them (see `ATTR_NONE`), which that next kept one is charged with;
+    /// starts at a random share of a sampling period.
     pub short_ns: u64,
 }
 

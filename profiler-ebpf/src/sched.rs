@@ -148,6 +148,12 @@ pub(crate) fn close_intervals(st: &mut ThreadSched, key: u64, now: u64, sum: u64
     }
     let back = now - on;
     if st.attr != ATTR_UNKNOWN && back > since {
+        if st.attr == ATTR_NONE {
+            // Left out by the sampling (or times only): the next kept interval is charged with
+            // it, as the accounting measures it (from the CPU time, which starts a little
+            // before the thread is back: the switch-in's own measure runs longer).
+            st.short_ns += back - since;
+        }
         interval(st, key, since, back, 0);
     }
     if on > 0 {
@@ -339,9 +345,8 @@ pub(crate) fn block_attr<const MODERN: bool>(
     let period = cfg.sched_span_ns;
     let mut extra = 0u64;
     if len < period {
-        let sum = st.short_ns + len;
-        if sum < period {
-            st.short_ns = sum;
+        // `short_ns` holds the accounted length of those left out since the last one kept.
+        if st.short_ns + len < period {
             count(STAT_OFF_SAMPLED_OUT);
             return ATTR_NONE;
         }

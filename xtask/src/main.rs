@@ -371,7 +371,7 @@ fn main() -> Result<()> {
             let bin = build_release()?;
             let dir = workspace().join("target/bench");
             std::fs::create_dir_all(&dir)?;
-            // One section alone (6, 9, 10 or 11) is printed, not written to bench/results.md.
+            // One section alone (6, 9, 10, 11 or 12) is printed, not written to bench/results.md.
             let md = match rest.first().map(String::as_str) {
                 Some("pingpong") => {
                     let py = bench::workload_python(&tools)?;
@@ -386,13 +386,16 @@ fn main() -> Result<()> {
                     let py = bench::workload_python(&tools)?;
                     bench::callgrind(&bin, &py, &dir)?.0
                 }
+                Some("service") => {
+                    bench::service(&bin, &tools, &bench::setup_py_spy(&tools)?, &dir)?.0
+                }
                 _ => return bench::bench(&bin, &tools),
             };
             println!("{}", md.join("\n"));
         }
         _ => {
             eprintln!(
-                "usage: cargo xtask <setup | build-ebpf [--arch aarch64] | build [--arch aarch64] | dist | run -- ARGS | test [FILTER] | kernels [--arch aarch64] | bench [pingpong | cpython | asyncio | callgrind] | fuzz [SECONDS] | soak [SECONDS]>"
+                "usage: cargo xtask <setup | build-ebpf [--arch aarch64] | build [--arch aarch64] | dist | run -- ARGS | test [FILTER] | kernels [--arch aarch64] | bench [pingpong | cpython | asyncio | callgrind | service] | fuzz [SECONDS] | soak [SECONDS]>"
             );
             std::process::exit(2);
         }

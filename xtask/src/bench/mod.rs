@@ -31,10 +31,14 @@
 //!     CPU per sample. `cargo xtask bench asyncio` runs it alone.
 //! 11. **Instructions per sample**: user space's instructions per sample, counted by callgrind
 //!     (no load on the machine moves the count). `cargo xtask bench callgrind` runs it alone.
+//! 12. **A web service, always on**: gunicorn `gthread` (2 x 8 threads, Flask) under `wrk`,
+//!     alone and under tachyon-bpf (wall and cpu, 49 Hz and 1 kHz) and py-spy, interleaved
+//!     rounds: throughput, the profiler's steady CPU (user + BPF), `tachyon_sample`'s run time,
+//!     off-CPU captures and scheduler records a second. `cargo xtask bench service` runs it alone.
 //!
 //! The targets from the issues are printed beside each number. Sections 1-5 are in `load.rs`,
-//! 6 in `pingpong.rs`, 7 and 8 in `host.rs`, 9 in `cpython.rs`, 10 in `asyncio.rs` and 11 in
-//! `callgrind.rs`; the Python workloads are the files under `workloads/`.
+//! 6 in `pingpong.rs`, 7 and 8 in `host.rs`, 9 in `cpython.rs`, 10 in `asyncio.rs`, 11 in
+//! `callgrind.rs` and 12 in `service.rs`; the Python workloads are the files under `workloads/`.
 
 mod asyncio;
 mod callgrind;
@@ -42,11 +46,13 @@ mod cpython;
 mod host;
 mod load;
 mod pingpong;
+mod service;
 
 pub use asyncio::asyncio_tasks;
 pub use callgrind::callgrind;
 pub use cpython::cpython_sampler;
 pub use pingpong::pingpong;
+pub use service::service;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -431,6 +437,9 @@ pub fn bench(tachyon: &Path, tools: &Path) -> Result<()> {
     let (c_md, c_raw) = callgrind::callgrind(tachyon, &py, &dir)?;
     md.extend(c_md);
     raw.insert("callgrind".into(), c_raw);
+    let (s_md, s_raw) = service::service(tachyon, tools, &py_spy, &dir)?;
+    md.extend(s_md);
+    raw.insert("service".into(), s_raw);
 
     let text = md.join("\n") + "\n";
     print!("{text}");
