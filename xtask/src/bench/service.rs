@@ -80,7 +80,7 @@ impl Service {
             .context("starting gunicorn")?;
         let s = Service { child };
         let t0 = Instant::now();
-        while !std::net::TcpStream::connect(format!("127.0.0.1:{PORT}")).is_ok() {
+        while std::net::TcpStream::connect(format!("127.0.0.1:{PORT}")).is_err() {
             if t0.elapsed() > Duration::from_secs(20) {
                 bail!("the service did not answer within 20 s");
             }
