@@ -5,8 +5,9 @@
 //! python3) of `cargo xtask dist`; unstable's newest kernel boots with this machine's root
 //! shared read-only (see `xtask/src/kernels.rs`).
 //!
-//! In each guest: `--all-pythons` in cpu mode over two running interpreters (the scheduler
-//! program for times only), `--pid` in wall mode on sleeping threads, and `-- COMMAND` on a
+//! In each guest: `--all-pythons` in cpu mode over two running interpreters (the scheduler's
+//! accounting alone), `--pid` in wall mode on sleeping threads (the kernel's switch-in capture:
+//! `sched_exit_tp` or the `finish_task_switch` kprobe), and `-- COMMAND` on a
 //! script that times its own sleeps (the wheel's binary, on the releases). Back on the host,
 //! every profile is read through the Firefox Profiler CLI: Python frames merged into the native
 //! stacks, off-CPU time where and as long as it happened, no BPF program left behind, and the
