@@ -265,6 +265,12 @@ impl<'a> Running<'a> {
         let ring = unsafe { AsyncFd::register_with_interest(ring, tokio::io::Interest::READABLE) }
             .map_err(|e| other(format!("ring buffer: {e}")))?;
         session.targets.attach(rate)?;
+        if let Some(why) = &session.targets.switch_in_refused {
+            eprintln!(
+                "tachyon-bpf: warning: no off-CPU stacks: {why}; blocked time is shown as \
+                 [off-CPU, stack not captured]"
+            );
+        }
         Ok(Running {
             cli,
             command,

@@ -765,3 +765,52 @@ fn off_cpu_time_matches_the_scheduler_at_any_switch_rate() {
         );
     }
 }
+
+const BLOCKER: &str = r#"
+import time
+t0 = time.monotonic()
+for _ in range(20):
+    time.sleep(0.05)
+print(time.monotonic() - t0)
+"#;
+
+/// Wall mode's capture of blocked threads needs the kernel's `sched_exit_tp` or a kprobe. The
+/// compat set always uses the kprobe: where the kernel has kprobes, the blocked time is charged
+/// to `time.sleep`; where it has none (this CI's kernel), the run goes on with a warning and
+/// charges the same time to `[off-CPU, stack not captured]`, never loses it.
+#[test]
+fn wall_mode_without_a_switch_in_probe_keeps_the_blocked_time() {
+    require_root();
+    let has_kprobes = Path::new("/sys/bus/event_source/devices/kprobe/type").exists();
+    let dir = scratch("offcpu_no_switch_in");
+    let py = python("3.12.1");
+    let file = dir.join("blocker.py");
+    std::fs::write(&file, BLOCKER).unwrap();
+    let out = dir.join("blocker.json");
+    let o = profile_command(
+        &out,
+        &["--compat-programs"],
+        &[py.to_str().unwrap(), file.to_str().unwrap()],
+    );
+    let err = stderr_of(&o);
+    let slept_ms: f64 = String::from_utf8_lossy(&o.stdout)
+        .trim()
+        .parse::<f64>()
+        .expect("the script's time")
+        * 1000.0;
+    let warned = err.contains("warning: no off-CPU stacks");
+    assert_eq!(
+        warned, !has_kprobes,
+        "kprobes {has_kprobes}, warning {warned}: {err}"
+    );
+    let v = Viewer::load(&out).unwrap();
+    let (_, c) = thread_with(&v, "<module>");
+    let asleep = c.count(|n| n.iter().any(|f| f == "sleep" || f.ends_with("time_sleep")));
+    let uncaptured = c.count(|n| n.iter().any(|f| f == "[off-CPU, stack not captured]"));
+    let blocked = if has_kprobes { asleep } else { uncaptured } as f64;
+    assert!(
+        (blocked - slept_ms).abs() <= 0.1 * slept_ms,
+        "kprobes {has_kprobes}: {blocked:.0} ms of blocked time charged, the script slept \
+         {slept_ms:.0} ms (asleep {asleep}, uncaptured {uncaptured})"
+    );
+}

@@ -68,8 +68,6 @@ pub enum CaptureError {
         #[source]
         source: ProgramError,
     },
-    #[error("attaching to the kernel's {symbol} for off-CPU stacks failed: {why} (-m cpu does without it)")]
-    SwitchIn { symbol: String, why: String },
     #[error("attaching to the {name} tracepoint failed: {source}")]
     Tracepoint {
         name: &'static str,
@@ -184,6 +182,9 @@ pub struct Capture {
     attached: Vec<aya::programs::perf_event::PerfEventLinkId>,
     tracepoints: Vec<(&'static str, aya::programs::tp_btf::BtfTracePointLinkId)>,
     switch_in: Option<aya::programs::kprobe::KProbeLinkId>,
+    /// Why blocked threads cannot be captured as they come back (wall mode then charges their
+    /// time to `[off-CPU, stack not captured]`).
+    pub switch_in_refused: Option<String>,
     offcpu: u32,
     pub cpus: Vec<u32>,
     /// Holds the kernel's BPF run-time statistics on while it lives (None without
@@ -230,8 +231,7 @@ impl CaptureError {
             CaptureError::Load { .. }
             | CaptureError::Refused { .. }
             | CaptureError::Missing { .. }
-            | CaptureError::Attach { .. }
-            | CaptureError::SwitchIn { .. } => ErrorKind::Kernel,
+            | CaptureError::Attach { .. } => ErrorKind::Kernel,
             CaptureError::Tracepoint { source, .. } => match os_error(source) {
                 Some(libc::EPERM | libc::EACCES) => ErrorKind::Permission,
                 _ => ErrorKind::Kernel,
@@ -431,6 +431,7 @@ impl Capture {
             attached: Vec::new(),
             tracepoints: Vec::new(),
             switch_in: None,
+            switch_in_refused: None,
             offcpu: opts.offcpu,
             cpus,
             stats: aya::sys::enable_stats(aya::sys::Stats::RunTime).ok(),
@@ -511,27 +512,11 @@ impl Capture {
     /// Starts sampling: one software cpu-clock event per online CPU, every `1/rate` s of CPU time,
     /// and the scheduler program when off-CPU time is recorded.
     pub fn attach(&mut self, rate_hz: u64) -> Result<(), CaptureError> {
-        if self.offcpu == OFFCPU_STACKS && self.programs.switch_in_tracepoint {
+        if self.offcpu == OFFCPU_STACKS {
             // Before the accounting: a thread it marks blocked is then always seen back.
-            self.attach_tracepoint(self.programs.switch_in, btf::SCHED_EXIT_TP)?;
-        } else if self.offcpu == OFFCPU_STACKS {
-            let symbol = switch_in_symbol().ok_or(CaptureError::SwitchIn {
-                symbol: "finish_task_switch".into(),
-                why: "not in /proc/kallsyms".into(),
-            })?;
-            let prog: &mut KProbe = self
-                .bpf
-                .program_mut(self.programs.switch_in)
-                .expect("switch-in program")
-                .try_into()
-                .map_err(load_error)?;
-            let link = prog
-                .attach(symbol.as_str(), 0)
-                .map_err(|e| CaptureError::SwitchIn {
-                    why: e.to_string(),
-                    symbol: symbol.clone(),
-                })?;
-            self.switch_in = Some(link);
+            if let Err(why) = self.attach_switch_in() {
+                self.switch_in_refused = Some(why);
+            }
         }
         if self.offcpu != OFFCPU_NONE {
             self.attach_tracepoint(self.programs.switch, SWITCH)?;
@@ -554,6 +539,31 @@ impl Capture {
                 .map_err(|source| CaptureError::Attach { cpu, source })?;
             self.attached.push(link);
         }
+        Ok(())
+    }
+
+    /// Starts the capture of blocked threads as they come back: the `sched_exit_tp` tracepoint,
+    /// else a kprobe on `finish_task_switch`. Without either (a kernel before 6.16 without
+    /// kprobes, or one whose lockdown refuses them), wall mode goes on without off-CPU stacks:
+    /// the reason, for a warning.
+    fn attach_switch_in(&mut self) -> Result<(), String> {
+        if self.programs.switch_in_tracepoint {
+            return self
+                .attach_tracepoint(self.programs.switch_in, btf::SCHED_EXIT_TP)
+                .map_err(|e| e.to_string());
+        }
+        let symbol = switch_in_symbol()
+            .ok_or("the kernel has no sched_exit_tp (6.16+) and no finish_task_switch to probe")?;
+        let prog: &mut KProbe = self
+            .bpf
+            .program_mut(self.programs.switch_in)
+            .expect("switch-in program")
+            .try_into()
+            .map_err(|e: ProgramError| e.to_string())?;
+        let link = prog.attach(symbol.as_str(), 0).map_err(|e| {
+            format!("the kernel has no sched_exit_tp (6.16+) and refused a kprobe on {symbol}: {e}")
+        })?;
+        self.switch_in = Some(link);
         Ok(())
     }
 
