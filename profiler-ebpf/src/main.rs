@@ -10,12 +10,12 @@
 //! A `sched_switch` BTF tracepoint program accounts each profiled thread's on- and off-CPU time
 //! in a map and sends it at sampling granularity, never per switch (see `ThreadSched`). It runs
 //! for the thread leaving the CPU only: the thread's CPU time since its previous switch-out says
-//! when it came back. A thread that leaves to block is decided on when it comes back, in a
-//! kprobe on `finish_task_switch` in its own context (its stacks and Python frames are still
-//! those of the moment it stopped running, and the interval's length is known): a point it
-//! blocked at recently is charged to that point's capture; a new one is captured, as a sample
-//! is, always if it blocked a sampling period or more, else with a probability in proportion
-//! to its length.
+//! when it came back. A thread that leaves to block is decided on when it comes back, in its own
+//! context (its stacks and Python frames are still those of the moment it stopped running, and
+//! the interval's length is known): on the `sched_exit_tp` tracepoint (6.16+), else in a kprobe
+//! on `finish_task_switch`. An interval of a sampling period or more is always charged; shorter
+//! ones are sampled by their time (see `sched::block_attr`). A point the thread blocked at
+//! recently is charged to that point's capture; a new one is captured, as a sample is.
 //! `sched_process_fork`/`exec`/`exit` programs report lifetimes and follow children.
 //!
 //! One object for every kernel from 5.10 (ring buffers 5.8, BTF tracepoints 5.5, bounded loops

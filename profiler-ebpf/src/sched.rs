@@ -1,6 +1,7 @@
 //! Scheduler accounting (`sched_switch`): each profiled thread's on- and off-CPU intervals,
-//! summed per thread in `SCHED` and sent at sampling granularity; and at its switch-in
-//! (`finish_task_switch`), the capture of a thread that blocked at a new point.
+//! summed per thread in `SCHED` and sent at sampling granularity; and when a thread that
+//! blocked comes back (`sched_exit_tp`, or a kprobe on `finish_task_switch`), where its interval
+//! is charged, with the capture of a new blocking point.
 
 use core::ffi::c_void;
 
@@ -289,7 +290,8 @@ pub(crate) unsafe fn sched_header(r: *mut SchedRecord, pid: u32, tid: u32, t0: u
     (*r).t1_ns = t1;
 }
 
-/// A profiled thread comes back on the CPU (`finish_task_switch`, in its own context: its user
+/// A profiled thread comes back on the CPU (`sched_exit_tp` or `finish_task_switch`, in its own
+/// context: its user
 /// registers, stacks and Python frames are still those of the point where it blocked). If it
 /// blocked (`ATTR_PENDING`), decides where the interval it was away for is charged.
 #[inline(always)]
