@@ -365,8 +365,23 @@ fn all_pythons_finds_running_and_new_interpreters() {
         let _ = k.wait();
     }
     assert!(o.status.success(), "{}", stderr_of(&o));
+    // A look while the dynamic loader maps libpython reads its data at the wrong offset: the
+    // interpreter must be looked at again, never written off.
+    assert!(
+        !stderr_of(&o).contains("not supported"),
+        "{}",
+        stderr_of(&o)
+    );
     let v = Viewer::load(&out).unwrap();
     let procs = v.processes().unwrap();
+    for (_, name, _) in &scripts {
+        let names: Vec<&str> = procs.iter().map(|p| p.name.as_str()).collect();
+        assert!(
+            names.iter().any(|n| n.contains(name.as_str())),
+            "{name} was not found: {names:?}\n{}",
+            stderr_of(&o)
+        );
+    }
     for (i, (label, name, _)) in scripts.iter().enumerate() {
         let t = main_thread(&procs, name);
         let paths = v.call_paths(&t.handle).unwrap();

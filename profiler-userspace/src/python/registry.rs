@@ -178,6 +178,15 @@ impl PythonRegistry {
                 self.not_python_again(proc.pid, key, false);
                 None
             }
+            Err(NotPython::Unsupported(what)) if young => {
+                // Just exec'd: the dynamic loader may be mapping libpython's segments one by
+                // one, and a look between two reads the runtime's data at the wrong offset (a
+                // 3.13 runtime then seems to have no debug offsets). Looked at again, as a
+                // missing runtime is, until it is no longer young.
+                log::debug!("pid {}: {what} (young process, looked at again)", proc.pid);
+                self.not_python_again(proc.pid, key, false);
+                None
+            }
             Err(NotPython::Unsupported(what)) => {
                 if self.reported.insert(proc.pid) {
                     eprintln!(

@@ -650,10 +650,11 @@ impl<T: Targets> Session<T> {
             }
             return false;
         }
-        // Just exec'd, forked or launched: its libraries may still be loading.
+        // Just exec'd, forked or launched: its libraries may still be loading. By its age too:
+        // a scan may find a program that exec'd before the run's exec events were on, or
+        // before its exec event was read.
         let young = self.pending.iter().any(|p| p.pid == pid && p.young())
-            || (self.scope.explicit.contains(&pid)
-                && procfs::process_age(pid).is_some_and(|a| a < YOUNG));
+            || procfs::process_age(pid).is_some_and(|a| a < YOUNG);
         if let Some(cfg) = self.collector.try_python(pid, young) {
             if let Err(e) = self.targets.set_py_proc(pid, &cfg) {
                 log::warn!("pid {pid}: {e}");
