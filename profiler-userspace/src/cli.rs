@@ -122,6 +122,14 @@ pub struct RunArgs {
     /// The application name pushed (default tachyon-bpf.MODE{host=HOSTNAME}).
     #[arg(long, value_name = "NAME", requires = "push")]
     pub push_name: Option<String>,
+    /// A label given to every process's samples (e.g. cluster=eu-1), in every format and push
+    /// (repeatable). Names are letters, digits and _, not starting with a digit.
+    #[arg(long = "label", value_name = "NAME=VALUE", value_parser = parse_label)]
+    pub labels: Vec<(String, String)>,
+    /// Copy this environment variable of each profiled process into its labels, when it has it
+    /// (repeatable). Only the variables named are read of a process's environment.
+    #[arg(long = "env-label", value_name = "VAR", value_parser = parse_env_var)]
+    pub env_labels: Vec<String>,
     /// Bytes of user stack copied per sample for DWARF unwinding (4096-65536): only the part in
     /// use is copied, so the limit costs only the deep stacks that need it (nested imports
     /// under Python 3.12 go past 32 KiB).
@@ -231,6 +239,56 @@ fn parse_push_url(s: &str) -> Result<String, String> {
             "{s:?} is not an http:// or https:// URL with a host"
         )),
     }
+}
+
+/// A label name as backends accept it (Pyroscope's and Prometheus's rule).
+fn valid_label_name(n: &str) -> bool {
+    !n.is_empty()
+        && n.len() <= 128
+        && !n.starts_with(|c: char| c.is_ascii_digit())
+        && n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+/// Labels the profiler sets itself: `--label` cannot replace them.
+const OWN_LABELS: &[&str] = &[
+    "pid",
+    "tid",
+    "process",
+    "thread",
+    "service_name",
+    "container_id",
+    "pod_uid",
+    "systemd_unit",
+    "host",
+];
+
+/// `--label NAME=VALUE`.
+fn parse_label(s: &str) -> Result<(String, String), String> {
+    let (n, v) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?} is not NAME=VALUE"))?;
+    if !valid_label_name(n) {
+        return Err(format!(
+            "{n:?} is not a label name: letters, digits and _, not starting with a digit"
+        ));
+    }
+    if OWN_LABELS.contains(&n) {
+        return Err(format!("{n:?} is a label tachyon-bpf sets itself"));
+    }
+    if v.is_empty() || v.len() > 256 || v.chars().any(char::is_control) {
+        return Err(format!(
+            "the value of {n:?} must be 1 to 256 bytes without control characters"
+        ));
+    }
+    Ok((n.to_string(), v.to_string()))
+}
+
+/// `--env-label VAR`: an environment variable's name.
+fn parse_env_var(s: &str) -> Result<String, String> {
+    if s.is_empty() || s.len() > 128 || s.contains('=') || s.chars().any(|c| c.is_control()) {
+        return Err(format!("{s:?} is not an environment variable's name"));
+    }
+    Ok(s.to_string())
 }
 
 fn parse_mode(s: &str) -> Result<u32, String> {

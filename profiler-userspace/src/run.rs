@@ -246,6 +246,7 @@ impl<'a> Running<'a> {
         let mut collector =
             Collector::new(start_ns, registry, cli.mode, interval_ms, Kernel::load());
         collector.add_kernel_code(capture.program_code());
+        collector.env_labels = cli.env_labels.clone();
         if cli.verbose {
             eprintln!("tachyon-bpf: kernel symbols {}", collector.kernel_source);
         }
@@ -311,6 +312,8 @@ impl<'a> Running<'a> {
                 .collect(),
             async_aware: cli.async_aware.clone(),
             bpf_programs: Vec::new(),
+            host: output::continuous::hostname(),
+            labels: cli.labels.clone(),
         }
     }
 

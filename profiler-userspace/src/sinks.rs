@@ -332,16 +332,10 @@ impl Continuous {
             formats: cli.format.clone(),
             keep: cli.keep.map(|k| k as usize),
             rotate: cli.rotate,
-            pusher: cli.push.as_deref().map(|url| {
-                let name = cli.push_name.clone().unwrap_or_else(|| {
-                    format!(
-                        "tachyon-bpf.{}{{host={}}}",
-                        cli.mode.name(),
-                        output::continuous::hostname()
-                    )
-                });
-                output::continuous::Pusher::start(url, name)
-            }),
+            pusher: cli
+                .push
+                .as_deref()
+                .map(|url| output::continuous::Pusher::start(url, cli.push_name.clone())),
             quiet: cli.quiet,
             start_epoch_ms: output::continuous::epoch_ms(),
             started: Instant::now(),
@@ -385,14 +379,7 @@ impl Continuous {
                 }
             }
             if let Some(pusher) = &self.pusher {
-                match Format::Pprof.render(p, &run) {
-                    Ok(bytes) => pusher.push(
-                        bytes,
-                        run.start_epoch_ms,
-                        run.start_epoch_ms + run.duration_ms,
-                    ),
-                    Err(e) => eprintln!("tachyon-bpf: pprof for {}: {e}", pusher.name()),
-                }
+                pusher.push(p, &run);
             }
             if !self.quiet {
                 log::info!("interval written: {} samples", p.counters.samples);

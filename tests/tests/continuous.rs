@@ -379,3 +379,136 @@ fn push_follows_no_redirect_and_counts_every_interval_once() {
         }
     }
 }
+
+/// A busy interpreter whose one function is `{name}_fn`, named `name` by `OTEL_SERVICE_NAME`.
+fn named_service(dir: &Path, name: &str) -> KillOnDrop {
+    let script = dir.join(format!("{name}.py"));
+    std::fs::write(
+        &script,
+        format!(
+            "import time\ndef {name}_fn():\n    t0 = time.monotonic()\n    while time.monotonic() - t0 < 60:\n        sum(range(500))\n{name}_fn()\n"
+        ),
+    )
+    .unwrap();
+    KillOnDrop(
+        Command::new(python("3.12.1"))
+            .arg(&script)
+            .env("OTEL_SERVICE_NAME", name)
+            .spawn()
+            .unwrap(),
+    )
+}
+
+#[test]
+fn push_sends_one_series_per_service_with_its_own_samples() {
+    require_root();
+    let dir = scratch("continuous_push_series");
+    let a = named_service(&dir, "alpha");
+    let b = named_service(&dir, "beta");
+    let (pa, pb) = (a.0.id().to_string(), b.0.id().to_string());
+    let (port, got) = ingest_server(Duration::ZERO);
+    let url = format!("http://127.0.0.1:{port}");
+    let out = dir.join("out");
+    let o = run_profiler(
+        &[
+            "-p",
+            &pa,
+            "-p",
+            &pb,
+            "--continuous",
+            "--rotate",
+            "1s",
+            "--output-dir",
+            out.to_str().unwrap(),
+            "-f",
+            "pprof",
+            "-r",
+            "199",
+            "-d",
+            "4",
+            "--push",
+            &url,
+            "--label",
+            "region=test-1",
+        ],
+        Duration::from_secs(60),
+    );
+    let err = stderr_of(&o);
+    assert!(o.status.success(), "{err}");
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .unwrap()
+        .trim()
+        .to_string();
+    let reqs = got.lock().unwrap().clone();
+    let mut per_series: BTreeMap<String, usize> = BTreeMap::new();
+    for (i, (target_url, body)) in reqs.iter().enumerate() {
+        let query = target_url.split_once('?').unwrap().1;
+        let q: BTreeMap<&str, &str> = query
+            .split('&')
+            .filter_map(|kv| kv.split_once('='))
+            .collect();
+        let name = percent_decode(q["name"]);
+        let f = dir.join(format!("push{i}.pb.gz"));
+        std::fs::write(&f, body).unwrap();
+        let top = pprof_top(&f);
+        // Pyroscope's `APP.MODE{labels}`: the service is the application.
+        let (own, other) = if name.starts_with("alpha.wall{") {
+            ("alpha_fn", "beta_fn")
+        } else if name.starts_with("beta.wall{") {
+            ("beta_fn", "alpha_fn")
+        } else {
+            panic!("a series of another name: {name}");
+        };
+        assert!(
+            name.contains(&format!("host={host}")) && name.contains("region=test-1"),
+            "{name}"
+        );
+        assert!(top.contains(own) && !top.contains(other), "{name}:\n{top}");
+        *per_series.entry(name).or_default() += 1;
+    }
+    assert_eq!(per_series.len(), 2, "{per_series:?}");
+    let [sent, failed, dropped, left] = push_counts(&err);
+    assert!(sent >= 3 && failed + dropped + left == 0, "{err}");
+    // Each interval was pushed as one request per service it has samples of: as many as the
+    // interval files written with that service's samples (the last, short interval may hold
+    // one service's alone).
+    let files = intervals(&out);
+    assert_eq!(files.len() as u64, sent, "{files:?}\n{err}");
+    for service in ["alpha", "beta"] {
+        let with = files
+            .keys()
+            .filter(|stem| {
+                let f = out.join(format!("{stem}.pb.gz"));
+                let o = Command::new("go")
+                    .args(["tool", "pprof", "-raw"])
+                    .arg(&f)
+                    .env("HOME", std::env::temp_dir())
+                    .output()
+                    .unwrap();
+                assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+                String::from_utf8_lossy(&o.stdout).contains(&format!("service_name:[{service}]"))
+            })
+            .count();
+        let pushed = per_series
+            .iter()
+            .find(|(n, _)| n.starts_with(&format!("{service}.")))
+            .map_or(0, |(_, &n)| n);
+        assert_eq!(pushed, with, "{service}: {per_series:?}");
+    }
+}
+
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' && i + 2 < b.len() + 1 {
+            out.push(u8::from_str_radix(&s[i + 1..i + 3], 16).unwrap());
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).unwrap()
+}

@@ -11,6 +11,7 @@ pub const MAX_STACK_DEPTH: usize = 4096;
 pub const MAX_EXPANDED_FRAMES: u64 = 200_000_000;
 
 mod error;
+pub mod identity;
 pub mod markers;
 pub mod timeline;
 
@@ -305,6 +306,9 @@ pub struct ProcessData {
     /// 0 for the program a pid runs at the end of the run; 1, 2, ... for earlier programs of the
     /// same pid (before an exec, or before the pid was reused), in order.
     pub generation: u32,
+    /// Its service, container and labels (read at its first sample; absent in recordings made
+    /// before they were read).
+    pub identity: Option<identity::Identity>,
 }
 
 /// Counters shown in the summary and stored in the profile's metadata.
@@ -558,6 +562,7 @@ impl Profile {
             start_ms: births.remove(&(pid, 0)),
             end_ms: None,
             generation: 0,
+            identity: None,
         });
         // Named again after an exec folded the moment before it in (`exec`).
         if p.name.is_empty() {
@@ -781,6 +786,7 @@ impl Profile {
                     start_ms: None,
                     end_ms: None,
                     generation: 0,
+                    identity: p.identity.clone(),
                 },
             );
         }

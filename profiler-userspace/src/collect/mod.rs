@@ -13,6 +13,7 @@
 use rustc_hash::FxHashMap;
 use std::sync::Arc;
 
+use crate::aggregate::identity::{Identity, ServiceSource};
 use crate::aggregate::{
     state, Category, Frame, FrameId, Func, LibId, Mode, Opcode, Profile, StackId,
 };
@@ -76,6 +77,8 @@ pub struct Collector {
     uncaptured: Option<Option<StackId>>,
     /// `--async-aware all`: when each process's tasks were last looked at.
     task_passes: FxHashMap<u32, u64>,
+    /// `--env-label`: the environment variables copied into each process's labels.
+    pub env_labels: Vec<String>,
 }
 
 /// The time the first pass over a process's tasks stands for (later ones: the time since the
@@ -195,8 +198,15 @@ fn state_bits(s: PyThreadState) -> u8 {
 
 /// Makes sure the profile has process `pid`, named by its Python label when it is a Python
 /// process (else by `comm`). Called for every sample and event: allocates only on a (re)name.
-fn ensure_process(profile: &mut Profile, python: &PythonRegistry, pid: u32, comm: &str, t_ms: f64) {
-    match python.labels(pid) {
+fn ensure_process(
+    profile: &mut Profile,
+    python: &PythonRegistry,
+    env_labels: &[String],
+    pid: u32,
+    comm: &str,
+    t_ms: f64,
+) {
+    let p = match python.labels(pid) {
         Some((label, version)) => {
             let p = profile.process_mut(pid, label, t_ms);
             // A process first made under this label (by the first sample of a process known as
@@ -204,14 +214,39 @@ fn ensure_process(profile: &mut Profile, python: &PythonRegistry, pid: u32, comm
             if p.name != label || p.python.is_none() {
                 p.name = label.to_string();
                 p.python = Some(version.to_string());
+                // Named after its program until now: after its script from now on.
+                if let Some(id) = p.identity.as_mut() {
+                    if id.service_source == ServiceSource::Program {
+                        id.service = python.program(pid).unwrap_or(comm).to_string();
+                    }
+                }
             }
+            p
         }
         None => {
             let p = profile.process_mut(pid, comm, t_ms);
             if p.name.is_empty() && !comm.is_empty() {
                 p.name = comm.to_string();
             }
+            p
         }
+    };
+    if p.identity.is_none() {
+        // Once per process (per program: an exec starts a new one), at its first sample.
+        let mut program = python.program(pid).unwrap_or(&p.name).to_string();
+        let raw = crate::process::identity::read(pid, env_labels);
+        if program.is_empty() {
+            let exe = raw.executable.as_deref().unwrap_or_default();
+            program = exe.rsplit('/').next().unwrap_or_default().to_string();
+        }
+        p.identity = Some(Identity::from_parts(
+            &raw.cgroup,
+            &raw.status,
+            &raw.env,
+            raw.executable,
+            &program,
+            env_labels,
+        ));
     }
 }
 
@@ -280,6 +315,7 @@ impl Collector {
             stack_tops: Vec::new(),
             uncaptured: None,
             task_passes: FxHashMap::default(),
+            env_labels: Vec::new(),
         }
     }
 
@@ -403,7 +439,14 @@ impl Collector {
                 .get(&pid)
                 .map_or("", |p| p.comm.as_str())
                 .to_string();
-            ensure_process(&mut self.profile, &self.python, pid, &comm, t_ms);
+            ensure_process(
+                &mut self.profile,
+                &self.python,
+                &self.env_labels,
+                pid,
+                &comm,
+                t_ms,
+            );
             for (tid, stacks) in loops {
                 let name = format!("asyncio tasks (loop in thread {tid})");
                 for frames in stacks {

@@ -343,7 +343,14 @@ impl Collector {
         }
         let stack = self.profile.stack(root_first);
         let comm = self.procs.get(&pid).map_or("", |p| p.comm.as_str());
-        ensure_process(&mut self.profile, &self.python, pid, comm, t_ms);
+        ensure_process(
+            &mut self.profile,
+            &self.python,
+            &self.env_labels,
+            pid,
+            comm,
+            t_ms,
+        );
         if s.off_cpu {
             // Charged by the accounting records that name it.
             self.profile.counters.offcpu_captures += 1;

@@ -26,7 +26,14 @@ impl Collector {
 
     pub(super) fn account(&mut self, pid: u32, tid: u32, w: &Window) {
         let uncaptured = self.uncaptured_stack();
-        ensure_process(&mut self.profile, &self.python, pid, "", w.t1);
+        ensure_process(
+            &mut self.profile,
+            &self.python,
+            &self.env_labels,
+            pid,
+            "",
+            w.t1,
+        );
         let mode = self.profile.mode;
         let t = self
             .profile

@@ -1,6 +1,7 @@
 //! Continuous profiling: one profile per interval in a directory (each file atomic, oldest
 //! intervals removed beyond `--keep`), and pushing each interval's pprof to a Pyroscope-style
-//! ingest endpoint from a worker thread that retries with back-off and never blocks sampling.
+//! ingest endpoint from a worker thread that retries with back-off and never blocks sampling:
+//! one series per service and container (`series`), each with its own processes' samples.
 
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
@@ -8,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::{write_outputs, Format, RunInfo};
-use crate::aggregate::Profile;
+use crate::aggregate::{ProcessData, Profile};
 
 const PREFIX: &str = "tachyon-";
 
@@ -125,9 +126,77 @@ impl PushStats {
 }
 
 struct Upload {
-    body: Vec<u8>,
+    /// Each series' name and gzipped pprof.
+    series: Vec<(String, Vec<u8>)>,
     from_s: u64,
     until_s: u64,
+}
+
+/// A Pyroscope application name's part: letters, digits, `.`, `-` and `_`, others replaced by
+/// `_`.
+fn app_name_part(s: &str) -> String {
+    let out: String = s
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    if out.is_empty() {
+        "unknown".into()
+    } else {
+        out
+    }
+}
+
+/// A label value inside a Pyroscope name's braces: without `,`, `=`, `{`, `}`, quotes and
+/// blanks, which its syntax gives a meaning.
+fn label_value(s: &str) -> String {
+    s.chars()
+        .map(|c| {
+            if c.is_whitespace() || c.is_control() || ",={}\"'\\".contains(c) {
+                '_'
+            } else {
+                c
+            }
+        })
+        .collect()
+}
+
+/// The series an interval is pushed as: one per service and container, each named
+/// `SERVICE.MODE{host=HOST,container_id=...,pod_uid=...,LABELS}` as Pyroscope expects, with
+/// the (pid, generation) of the processes whose samples it carries. Processes without an
+/// identity (none are, in a live run) go to `tachyon-bpf`'s series.
+pub fn series(p: &Profile, run: &RunInfo) -> Vec<(String, Vec<(u32, u32)>)> {
+    let mut out: std::collections::BTreeMap<String, Vec<(u32, u32)>> = Default::default();
+    for proc in p.all_processes() {
+        let id = proc.identity.as_ref();
+        let service = id.map_or("tachyon-bpf", |i| i.service.as_str());
+        let mut labels = vec![("host".to_string(), run.host.clone())];
+        for (k, v) in super::process_labels(proc, run) {
+            // The service is the application's name; `systemd_unit` says no more than it.
+            if k != "service_name" && k != "systemd_unit" {
+                labels.push((k, v));
+            }
+        }
+        let name = format!(
+            "{}.{}{{{}}}",
+            app_name_part(service),
+            run.mode,
+            labels
+                .iter()
+                .map(|(k, v)| format!("{k}={}", label_value(v)))
+                .collect::<Vec<_>>()
+                .join(",")
+        );
+        out.entry(name)
+            .or_default()
+            .push((proc.pid, proc.generation));
+    }
+    out.into_iter().collect()
 }
 
 /// Sends interval profiles to `{url}/ingest` from its own thread.
@@ -135,21 +204,21 @@ pub struct Pusher {
     tx: Option<SyncSender<Upload>>,
     thread: Option<std::thread::JoinHandle<()>>,
     pub stats: Arc<PushStats>,
-    name: String,
+    /// `--push-name`: every process in one series of this name.
+    name: Option<String>,
 }
 
 impl Pusher {
-    /// `url`: the ingest server's base URL; `name`: the application name (Pyroscope's
-    /// `name=app{tag=value}`).
-    pub fn start(url: &str, name: String) -> Pusher {
+    /// `url`: the ingest server's base URL; `name`: one application name (Pyroscope's
+    /// `name=app{tag=value}`) for every process, instead of one series per service.
+    pub fn start(url: &str, name: Option<String>) -> Pusher {
         // A few intervals may queue while the endpoint is slow; beyond that the newest wait
         // for nobody: they are dropped (and counted), sampling goes on.
         let (tx, rx) = sync_channel::<Upload>(4);
         let stats = Arc::new(PushStats::default());
         let st = stats.clone();
         let endpoint = format!("{}/ingest", url.trim_end_matches('/'));
-        let app = name.clone();
-        let thread = std::thread::spawn(move || push_loop(rx, &endpoint, &app, &st));
+        let thread = std::thread::spawn(move || push_loop(rx, &endpoint, &st));
         Pusher {
             tx: Some(tx),
             thread: Some(thread),
@@ -158,16 +227,38 @@ impl Pusher {
         }
     }
 
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-
-    /// Queues an interval's pprof; never waits.
-    pub fn push(&self, body: Vec<u8>, from_ms: f64, until_ms: f64) {
+    /// Queues an interval's pprof, one per series; never waits (the pprof are made here, on
+    /// the caller's thread, from the interval's profile).
+    pub fn push(&self, p: &Profile, run: &RunInfo) {
+        let series: Vec<(String, Vec<u8>)> = match &self.name {
+            Some(name) => match super::pprof::to_bytes(p, run) {
+                Ok(body) => vec![(name.clone(), body)],
+                Err(e) => {
+                    log::warn!("pprof for {name}: {e}");
+                    Vec::new()
+                }
+            },
+            None => series(p, run)
+                .into_iter()
+                .filter_map(|(name, procs)| {
+                    let keep = |q: &ProcessData| procs.contains(&(q.pid, q.generation));
+                    match super::pprof::to_bytes_of(p, run, &keep) {
+                        Ok(body) => Some((name, body)),
+                        Err(e) => {
+                            log::warn!("pprof for {name}: {e}");
+                            None
+                        }
+                    }
+                })
+                .collect(),
+        };
+        if series.is_empty() {
+            return;
+        }
         let u = Upload {
-            body,
-            from_s: (from_ms / 1000.0) as u64,
-            until_s: (until_ms / 1000.0).ceil() as u64,
+            series,
+            from_s: (run.start_epoch_ms / 1000.0) as u64,
+            until_s: ((run.start_epoch_ms + run.duration_ms) / 1000.0).ceil() as u64,
         };
         if let Some(tx) = &self.tx {
             self.stats.with(|c| c.pending += 1);
@@ -204,7 +295,7 @@ impl Pusher {
     }
 }
 
-fn push_loop(rx: Receiver<Upload>, endpoint: &str, name: &str, stats: &PushStats) {
+fn push_loop(rx: Receiver<Upload>, endpoint: &str, stats: &PushStats) {
     // No redirects: a profile goes to the host it was told to, or nowhere. Only a 2xx answer
     // counts as sent.
     let agent: ureq::Agent = ureq::Agent::config_builder()
@@ -214,49 +305,58 @@ fn push_loop(rx: Receiver<Upload>, endpoint: &str, name: &str, stats: &PushStats
         .build()
         .into();
     while let Ok(u) = rx.recv() {
-        let url = format!(
-            "{endpoint}?name={}&from={}&until={}&format=pprof&spyName=tachyon-bpf&sampleRate=100",
-            super::percent_encode(name),
-            u.from_s,
-            u.until_s
-        );
-        let mut delay = Duration::from_millis(500);
-        let mut ok = false;
-        for attempt in 0..4 {
-            match agent
-                .post(&url)
-                .header("Content-Type", "application/octet-stream")
-                .send(&u.body[..])
-            {
-                Ok(r) if r.status().is_success() => {
-                    ok = true;
-                    break;
-                }
-                Ok(r) if r.status().is_redirection() => {
-                    log::warn!(
-                        "push to {endpoint}: the server redirects ({}), which is not followed",
-                        r.status()
-                    );
-                    break;
-                }
-                Ok(r) => {
-                    log::warn!(
-                        "push to {endpoint} failed (attempt {}): {}",
-                        attempt + 1,
-                        r.status()
-                    );
-                    std::thread::sleep(delay);
-                    delay *= 2;
-                }
-                Err(e) => {
-                    log::warn!("push to {endpoint} failed (attempt {}): {e}", attempt + 1);
-                    std::thread::sleep(delay);
-                    delay *= 2;
-                }
+        // The interval counts as sent when every one of its series was.
+        let mut all = true;
+        for (name, body) in &u.series {
+            all &= send(&agent, endpoint, name, body, u.from_s, u.until_s);
+        }
+        stats.finished(all);
+    }
+}
+
+/// Sends one series of an interval, retrying with back-off; whether the server took it.
+fn send(
+    agent: &ureq::Agent,
+    endpoint: &str,
+    name: &str,
+    body: &[u8],
+    from_s: u64,
+    until_s: u64,
+) -> bool {
+    let url = format!(
+        "{endpoint}?name={}&from={from_s}&until={until_s}&format=pprof&spyName=tachyon-bpf&sampleRate=100",
+        super::percent_encode(name),
+    );
+    let mut delay = Duration::from_millis(500);
+    for attempt in 0..4 {
+        match agent
+            .post(&url)
+            .header("Content-Type", "application/octet-stream")
+            .send(body)
+        {
+            Ok(r) if r.status().is_success() => return true,
+            Ok(r) if r.status().is_redirection() => {
+                log::warn!(
+                    "push to {endpoint}: the server redirects ({}), which is not followed",
+                    r.status()
+                );
+                return false;
+            }
+            Ok(r) => {
+                log::warn!(
+                    "push to {endpoint} failed (attempt {}): {}",
+                    attempt + 1,
+                    r.status()
+                );
+            }
+            Err(e) => {
+                log::warn!("push to {endpoint} failed (attempt {}): {e}", attempt + 1);
             }
         }
-        stats.finished(ok);
+        std::thread::sleep(delay);
+        delay *= 2;
     }
+    false
 }
 
 /// This host's name, for the default application name.

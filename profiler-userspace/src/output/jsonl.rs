@@ -68,6 +68,14 @@ impl Tables {
     }
 }
 
+fn labels_object(labels: &[(String, String)]) -> Value {
+    labels
+        .iter()
+        .map(|(k, v)| (k.clone(), json!(v)))
+        .collect::<serde_json::Map<_, _>>()
+        .into()
+}
+
 pub fn to_text(p: &Profile, run: &RunInfo) -> String {
     let mut t = Tables::default();
     let mut self_ms: Vec<f64> = Vec::new();
@@ -100,6 +108,27 @@ pub fn to_text(p: &Profile, run: &RunInfo) -> String {
     let mut meta = base("meta");
     meta["sample_interval_usec"] = json!((iv * 1000.0).round() as u64);
     meta["mode"] = json!(run.mode);
+    // Extensions of the schema: the host, the run's labels and who each process is.
+    meta["host"] = json!(run.host);
+    meta["labels"] = labels_object(&run.labels);
+    meta["processes"] = p
+        .processes
+        .values()
+        .chain(p.retired.iter())
+        .map(|proc| {
+            let id = proc.identity.as_ref();
+            json!({
+                "pid": proc.pid,
+                "generation": proc.generation,
+                "name": proc.name,
+                "service": id.map(|i| i.service.as_str()),
+                "container_id": id.and_then(|i| i.container_id.as_deref()),
+                "ns_pid": id.and_then(|i| i.ns_pid),
+                "labels": labels_object(&super::process_labels(proc, run)),
+            })
+        })
+        .collect::<Vec<_>>()
+        .into();
     lines.push(meta);
     let strings: Vec<Value> = t
         .strings

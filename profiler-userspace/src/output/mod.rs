@@ -92,6 +92,12 @@ pub struct RunInfo {
     /// kept in recordings).
     #[serde(default)]
     pub bpf_programs: Vec<(String, f64, u64)>,
+    /// The host's name (empty in recordings made before it was kept).
+    #[serde(default)]
+    pub host: String,
+    /// The run's own labels (`--label NAME=VALUE`), given to every process's.
+    #[serde(default)]
+    pub labels: Vec<(String, String)>,
 }
 
 /// `NAME MS ms (RUNS runs, US µs each)` per program, comma-separated.
@@ -394,6 +400,19 @@ pub fn process_label(p: &ProcessData) -> String {
     }
 }
 
+/// A process's labels in every format: its identity's (`service_name` first), then the run's
+/// own (`--label`). A process read before identities were (an older recording) has the run's
+/// alone.
+pub fn process_labels(p: &ProcessData, run: &RunInfo) -> Vec<(String, String)> {
+    let mut out = p.identity.as_ref().map(|i| i.labels()).unwrap_or_default();
+    for (k, v) in &run.labels {
+        if !out.iter().any(|(n, _)| n == k) {
+            out.push((k.clone(), v.clone()));
+        }
+    }
+    out
+}
+
 /// How a thread is named as a root frame: the name Python gave it, else its `comm`, with its tid.
 pub fn thread_label(t: &ThreadData) -> String {
     if t.is_task_view() {
@@ -468,6 +487,7 @@ pub(crate) mod fixture {
     use std::sync::Arc;
 
     use super::RunInfo;
+    use crate::aggregate::identity::Identity;
     use crate::aggregate::{state, Category, Frame, Func, Mode, Profile, Sample};
 
     /// A small fixed profile: one Python process (two threads: Python over libpython over the
@@ -588,6 +608,25 @@ pub(crate) mod fixture {
             );
         }
         p.finish(13.0);
+        // The Python process in a container with a service name; the other one plain.
+        let cgroup = format!("0::/system.slice/docker-{}.scope\n", "ab12".repeat(16));
+        let env = [("OTEL_SERVICE_NAME".to_string(), "checkout".to_string())];
+        p.processes.get_mut(&100).unwrap().identity = Some(Identity::from_parts(
+            &cgroup,
+            "NSpid:\t100\t7\n",
+            &env,
+            Some("/usr/bin/python3.12".into()),
+            "app.py",
+            &[],
+        ));
+        p.processes.get_mut(&200).unwrap().identity = Some(Identity::from_parts(
+            "0::/user.slice\n",
+            "",
+            &[],
+            None,
+            "app",
+            &[],
+        ));
         let run = RunInfo {
             run_id: "0123456789abcdef0123456789abcdef".into(),
             start_epoch_ms: 1_700_000_000_000.0,
@@ -603,6 +642,8 @@ pub(crate) mod fixture {
             bpf_counters: vec![("samples".into(), 13), ("lost".into(), 0)],
             async_aware: None,
             bpf_programs: Vec::new(),
+            host: "testhost".into(),
+            labels: vec![("cluster".into(), "eu-1".into())],
         };
         (p, run)
     }
@@ -727,9 +768,18 @@ mod tests {
         // TACHYON_FREEZE_RECORDING=1 writes the frozen file of a new version.
         if std::env::var_os("TACHYON_FREEZE_RECORDING").is_some() {
             let b = recording::to_bytes(&p, &run).unwrap();
-            std::fs::write(format!("{dir}/v3-wall.tbpf"), b).unwrap();
+            std::fs::write(format!("{dir}/v4-wall.tbpf"), b).unwrap();
         }
-        for v in [1, 2, 3] {
+        for v in [1, 2, 3, 4] {
+            // Before version 4, recordings held no identities, host or labels.
+            let (mut p, mut run) = fixture::profile(Mode::Wall);
+            if v < 4 {
+                for q in p.processes.values_mut() {
+                    q.identity = None;
+                }
+                run.host.clear();
+                run.labels.clear();
+            }
             let path = PathBuf::from(format!("{dir}/v{v}-wall.tbpf"));
             let (q, qrun) = recording::load(&path)
                 .unwrap_or_else(|e| panic!("version {v}: {}: {e}", path.display()));
@@ -753,13 +803,13 @@ mod tests {
         }
         // The current version is what is written: a change to the schema must add a version
         // (and a frozen file here), not rewrite this one.
-        let v2 = std::fs::read(format!("{dir}/v3-wall.tbpf")).unwrap();
+        let v2 = std::fs::read(format!("{dir}/v4-wall.tbpf")).unwrap();
         let mut a = String::new();
         let mut b = String::new();
         std::io::Read::read_to_string(&mut flate2::read::GzDecoder::new(&v2[..]), &mut a).unwrap();
         let now = recording::to_bytes(&p, &run).unwrap();
         std::io::Read::read_to_string(&mut flate2::read::GzDecoder::new(&now[..]), &mut b).unwrap();
-        assert_eq!(a, b, "the version-3 schema changed: add version 4 instead");
+        assert_eq!(a, b, "the version-4 schema changed: add version 5 instead");
     }
 
     #[test]

@@ -1,7 +1,9 @@
 //! pprof: a gzipped `profile.proto`. The messages are declared here with prost's derive (the
 //! schema is small and stable, and this spares the build a protoc step). One pprof sample per
-//! thread and stack, labelled with pid, tid, process and thread; values are the sample count
-//! (sampling periods) and the time in nanoseconds of the profile's mode.
+//! thread and stack, labelled with pid, tid, process and thread, the process's identity
+//! (`service_name`, `container_id`, `pod_uid`, `systemd_unit`, `--env-label` variables) and the
+//! run's `--label`s; values are the sample count (sampling periods) and the time in nanoseconds
+//! of the profile's mode.
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -9,7 +11,7 @@ use std::io::Write;
 use prost::Message;
 
 use super::{periods, process_label, stack_totals, RunInfo};
-use crate::aggregate::Profile;
+use crate::aggregate::{ProcessData, Profile};
 
 #[derive(Clone, PartialEq, Message)]
 pub struct PProfile {
@@ -165,6 +167,11 @@ fn time_kind(mode: &str) -> &'static str {
 
 /// The profile message (tests decode and compare it).
 pub fn build(p: &Profile, run: &RunInfo) -> PProfile {
+    build_of(p, run, &|_| true)
+}
+
+/// The profile message of the processes `keep` takes (a push series' own).
+pub fn build_of(p: &Profile, run: &RunInfo, keep: &dyn Fn(&ProcessData) -> bool) -> PProfile {
     let mut s = Strings::new();
     let kind = time_kind(&run.mode);
     let (samples, count, ns) = (s.id("samples"), s.id("count"), s.id("nanoseconds"));
@@ -195,6 +202,11 @@ pub fn build(p: &Profile, run: &RunInfo) -> PProfile {
         s.id(&format!("mode={} rate={}Hz", run.mode, run.rate_hz)),
         s.id(&run.command),
     ];
+    if !run.host.is_empty() {
+        out.comment.push(s.id(&format!("host={}", run.host)));
+    }
+    // Each process's labels, as string-table ids (its identity's, then the run's).
+    let mut proc_labels: HashMap<(u32, u32), Vec<(i64, i64)>> = HashMap::new();
     // Mappings: one per library, ids from 1.
     for (i, lib) in p.libs.iter().enumerate() {
         out.mapping.push(Mapping {
@@ -211,7 +223,7 @@ pub fn build(p: &Profile, run: &RunInfo) -> PProfile {
         (s.id("pid"), s.id("tid"), s.id("process"), s.id("thread"));
     for st in stack_totals(p) {
         let n = periods(st.ms, p.interval_ms);
-        if n == 0 {
+        if n == 0 || !keep(st.process) {
             continue;
         }
         let mut locs = Vec::new();
@@ -262,15 +274,26 @@ pub fn build(p: &Profile, run: &RunInfo) -> PProfile {
         };
         let proc_name = s.id(&process_label(st.process));
         let thread_name = s.id(st.thread.python_name.as_ref().unwrap_or(&st.thread.name));
+        let mut labels = vec![
+            label(k_pid, 0, st.process.pid as i64),
+            label(k_tid, 0, st.thread.tid as i64),
+            label(k_proc, proc_name, 0),
+            label(k_thread, thread_name, 0),
+        ];
+        let process = st.process;
+        let own = proc_labels
+            .entry((process.pid, process.generation))
+            .or_insert_with(|| {
+                super::process_labels(process, run)
+                    .iter()
+                    .map(|(k, v)| (s.id(k), s.id(v)))
+                    .collect()
+            });
+        labels.extend(own.iter().map(|&(k, v)| label(k, v, 0)));
         out.sample.push(PSample {
             location_id: locs,
             value: vec![n as i64, (st.ms * 1e6).round() as i64],
-            label: vec![
-                label(k_pid, 0, st.process.pid as i64),
-                label(k_tid, 0, st.thread.tid as i64),
-                label(k_proc, proc_name, 0),
-                label(k_thread, thread_name, 0),
-            ],
+            label: labels,
         });
     }
     out.string_table = s.list;
@@ -278,7 +301,20 @@ pub fn build(p: &Profile, run: &RunInfo) -> PProfile {
 }
 
 pub fn to_bytes(p: &Profile, run: &RunInfo) -> Result<Vec<u8>, String> {
-    let raw = build(p, run).encode_to_vec();
+    gzipped(&build(p, run))
+}
+
+/// The gzipped pprof of the processes `keep` takes.
+pub fn to_bytes_of(
+    p: &Profile,
+    run: &RunInfo,
+    keep: &dyn Fn(&ProcessData) -> bool,
+) -> Result<Vec<u8>, String> {
+    gzipped(&build_of(p, run, keep))
+}
+
+fn gzipped(m: &PProfile) -> Result<Vec<u8>, String> {
+    let raw = m.encode_to_vec();
     let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
     gz.write_all(&raw).map_err(|e| e.to_string())?;
     gz.finish().map_err(|e| e.to_string())

@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
 use super::{Error, ErrorKind, RunInfo};
+use crate::aggregate::identity::{Identity, ServiceSource};
 use crate::aggregate::{
     Category, Counters, Frame, Func, Lib, Marker, Mode, Opcode, ProcessData, Profile,
     RecordingError, Sample, ThreadData, MARKER_NAMES,
@@ -18,9 +19,10 @@ use crate::aggregate::{
 
 const FORMAT: &str = "tachyon-bpf recording";
 /// The version written. Version 1 (the first release's recordings, a dump of the profiler's
-/// internal profile) and version 2 (version 3's schema without the `Exception` category and
-/// markers) are still read; see `docs/recording.md`.
-const VERSION: u32 = 3;
+/// internal profile), version 2 (version 3's schema without the `Exception` category and
+/// markers) and version 3 (version 4's without processes' identities, the host and the run's
+/// labels) are still read; see `docs/recording.md`.
+const VERSION: u32 = 4;
 
 // ---- Version 2: the recording's own schema (docs/recording.md). Tables are columns; ids are
 // indexes into them; categories and marker names are stored by their display names. Nothing
@@ -64,6 +66,64 @@ struct V2Run {
     bpf_counters: Vec<(String, u64)>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     async_aware: Option<String>,
+    /// Version 4: the host's name and the run's own labels (`--label`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    host: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    labels: Vec<(String, String)>,
+}
+
+/// Version 4: who a process is in a fleet (`aggregate::identity::Identity`).
+#[derive(Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct V4Identity {
+    service: String,
+    /// otel, pyroscope, systemd, container or program.
+    service_source: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    container_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pod_uid: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    systemd_unit: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    cgroup: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    ns_pid: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    executable: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    env: Vec<(String, String)>,
+}
+
+impl V4Identity {
+    fn from(i: &Identity) -> V4Identity {
+        V4Identity {
+            service: i.service.clone(),
+            service_source: i.service_source.name().into(),
+            container_id: i.container_id.clone(),
+            pod_uid: i.pod_uid.clone(),
+            systemd_unit: i.systemd_unit.clone(),
+            cgroup: i.cgroup.clone(),
+            ns_pid: i.ns_pid,
+            executable: i.executable.clone(),
+            env: i.env.clone(),
+        }
+    }
+
+    fn into_identity(self) -> Identity {
+        Identity {
+            service: self.service,
+            service_source: ServiceSource::from_name(&self.service_source),
+            container_id: self.container_id,
+            pod_uid: self.pod_uid,
+            systemd_unit: self.systemd_unit,
+            cgroup: self.cgroup,
+            ns_pid: self.ns_pid,
+            executable: self.executable,
+            env: self.env,
+        }
+    }
 }
 
 #[derive(Serialize, Deserialize)]
@@ -133,6 +193,9 @@ struct V2Process {
     generation: u32,
     /// Ended by an exec, or its pid was reused, during the run.
     retired: bool,
+    /// Version 4.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    identity: Option<V4Identity>,
     threads: Vec<V2Thread>,
 }
 
@@ -242,6 +305,7 @@ fn v2_process(p: &ProcessData, retired: bool) -> V2Process {
         end_ms: p.end_ms,
         generation: p.generation,
         retired,
+        identity: p.identity.as_ref().map(V4Identity::from),
         threads: p
             .threads
             .values()
@@ -335,6 +399,8 @@ fn to_v2(p: &Profile, run: &RunInfo) -> V2 {
             }),
             bpf_counters: run.bpf_counters.clone(),
             async_aware: run.async_aware.clone(),
+            host: run.host.clone(),
+            labels: run.labels.clone(),
         },
         mode: p.mode.name().into(),
         interval_ms: p.interval_ms,
@@ -481,6 +547,7 @@ fn process_from_v2(q: V2Process) -> Result<ProcessData, RecordingError> {
         start_ms: q.start_ms,
         end_ms: q.end_ms,
         generation: q.generation,
+        identity: q.identity.map(V4Identity::into_identity),
     })
 }
 
@@ -567,6 +634,8 @@ fn run_from_v2(k: V2Run) -> RunInfo {
         }),
         bpf_counters: k.bpf_counters,
         async_aware: k.async_aware,
+        host: k.host,
+        labels: k.labels,
         // Not recorded: the profile made from a recording says nothing of what it cost.
         bpf_programs: Vec::new(),
     }
@@ -659,7 +728,7 @@ fn checked(text: &[u8]) -> Result<(Profile, RunInfo), RecordingError> {
                 .map_err(|e| RecordingError::Undecodable(e.to_string()))?;
             (rec.profile, rec.run)
         }
-        2 | VERSION => {
+        2 | 3 | VERSION => {
             let rec: V2 = serde_json::from_slice(text)
                 .map_err(|e| RecordingError::Undecodable(e.to_string()))?;
             from_v2(rec)?

@@ -7,6 +7,7 @@
 //!
 //! May import `stack` (ELF files) and `capture` (the raw sample it unwinds); nothing above.
 
+pub mod identity;
 pub mod maps;
 pub mod procfs;
 pub mod remote;

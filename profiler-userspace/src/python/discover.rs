@@ -33,6 +33,9 @@ pub struct PyProcess {
     pub pid: u32,
     /// Its script and version, as processes are labelled.
     pub label: String,
+    /// Its script's file name or `-m` module (the command name for `-c` or a bare interpreter):
+    /// its service's name when nothing else names one.
+    pub program: String,
     pub version: String,
     pub rt: Runtime,
     pub config: PyProcConfig,
@@ -72,6 +75,17 @@ fn script_label(cmdline: &[String], fallback: &str) -> String {
         return a.rsplit('/').next().unwrap_or(a).to_string();
     }
     fallback.to_string()
+}
+
+/// What a Python process runs, as a service would be named after it: the script's file name,
+/// the `-m` module, or the command name (`-c`, a bare interpreter).
+fn program_name(cmdline: &[String], comm: &str) -> String {
+    let label = script_label(cmdline, comm);
+    match label.strip_prefix("-m ") {
+        Some(module) if !module.is_empty() => module.to_string(),
+        _ if label == "-c" || label.starts_with('-') => comm.to_string(),
+        _ => label,
+    }
 }
 
 /// arm64: how far below the thread pointer glibc keeps a thread's descriptor, which is what
@@ -198,6 +212,7 @@ impl PyProcess {
                     "{} (Python {version})",
                     script_label(&proc.cmdline, &proc.comm)
                 ),
+                program: program_name(&proc.cmdline, &proc.comm),
                 version,
                 rt: Runtime {
                     remote,
@@ -284,6 +299,15 @@ mod tests {
             "a.py"
         );
         assert_eq!(script_label(&c(&["python3"]), "p"), "p");
+        assert_eq!(
+            program_name(&c(&["python3", "-m", "http.server"]), "p"),
+            "http.server"
+        );
+        assert_eq!(
+            program_name(&c(&["python3", "-c", "x"]), "python3"),
+            "python3"
+        );
+        assert_eq!(program_name(&c(&["python3", "/srv/app.py"]), "p"), "app.py");
     }
 
     #[test]

@@ -257,6 +257,11 @@ impl PythonRegistry {
             .map(|p| (p.label.as_str(), p.version.as_str()))
     }
 
+    /// What process `pid` runs (`PyProcess::program`), if it is a known Python process.
+    pub fn program(&self, pid: u32) -> Option<&str> {
+        self.procs.get(&pid).map(|p| p.program.as_str())
+    }
+
     /// While the reader is behind: reads the code objects that threads of Python processes run
     /// now, walking at most `threads` threads (in turn, after those of the previous call). A
     /// process that exits before its samples are read still has its frames named: the walk

@@ -11,6 +11,7 @@ use rustc_hash::FxHashMap;
 use serde_json::{json, Value};
 
 use super::RunInfo;
+use crate::aggregate::identity::ServiceSource;
 use crate::aggregate::{
     Category, FrameId, FuncId, Marker, ProcessData, Profile, Sample, StackId, ThreadData,
 };
@@ -513,7 +514,7 @@ fn thread_head(proc: &ProcessData, t: &ThreadData, tt: ThreadTables) -> Value {
     let is_main = t.tid == pid;
     json!({
         "processType": "default",
-        "processName": proc_name,
+        "processName": process_track_name(proc),
         "processStartupTime": proc.start_ms.unwrap_or(0.0),
         "processShutdownTime": proc.end_ms,
         "registerTime": t.start_ms.or(proc.start_ms).unwrap_or(0.0),
@@ -604,6 +605,55 @@ fn libs_json(p: &Profile) -> Vec<Value> {
         .collect()
 }
 
+/// A process's track name: its name, then the service it belongs to when something other than
+/// its program named it, and its container (short id, as `docker ps` shows it).
+fn process_track_name(proc: &ProcessData) -> String {
+    let Some(id) = &proc.identity else {
+        return proc.name.clone();
+    };
+    let mut extra = Vec::new();
+    if id.service_source != ServiceSource::Program {
+        extra.push(format!("service {}", id.service));
+    }
+    if let Some(c) = &id.container_id {
+        extra.push(format!("container {}", &c[..c.len().min(12)]));
+    }
+    if extra.is_empty() {
+        proc.name.clone()
+    } else {
+        format!("{} [{}]", proc.name, extra.join(", "))
+    }
+}
+
+/// `meta.tachyon.processes`: who each process is (its identity and labels), by pid.
+fn processes_meta(p: &Profile, run: &RunInfo) -> Value {
+    let mut out = Vec::new();
+    for proc in p.processes.values().chain(p.retired.iter()) {
+        let labels: serde_json::Map<String, Value> = super::process_labels(proc, run)
+            .into_iter()
+            .map(|(k, v)| (k, json!(v)))
+            .collect();
+        let mut entry = json!({
+            "pid": proc.pid,
+            "generation": proc.generation,
+            "name": proc.name,
+            "labels": labels,
+        });
+        if let Some(id) = &proc.identity {
+            entry["service"] = json!(id.service);
+            entry["serviceSource"] = json!(id.service_source.name());
+            entry["containerId"] = json!(id.container_id);
+            entry["podUid"] = json!(id.pod_uid);
+            entry["systemdUnit"] = json!(id.systemd_unit);
+            entry["cgroup"] = json!(id.cgroup);
+            entry["nsPid"] = json!(id.ns_pid);
+            entry["executable"] = json!(id.executable);
+        }
+        out.push(entry);
+    }
+    Value::Array(out)
+}
+
 /// `meta.tachyon`: what the run was, what it counted, and what it cost.
 fn tachyon_meta(p: &Profile, run: &RunInfo) -> Value {
     let c = &p.counters;
@@ -668,5 +718,13 @@ fn tachyon_meta(p: &Profile, run: &RunInfo) -> Value {
     if let Some(k) = &run.kernel {
         tachyon["kernel"] = json!({"release": k.release, "programs": k.programs});
     }
+    tachyon["host"] = json!(run.host);
+    tachyon["labels"] = run
+        .labels
+        .iter()
+        .map(|(k, v)| (k.clone(), json!(v)))
+        .collect::<serde_json::Map<_, _>>()
+        .into();
+    tachyon["processes"] = processes_meta(p, run);
     tachyon
 }
