@@ -73,95 +73,106 @@ pub struct DumpArgs {
 #[derive(clap::Args, Debug)]
 pub struct RunArgs {
     /// Profile every process on the host.
-    #[arg(long, conflicts_with_all = ["pid", "all_pythons"])]
+    #[arg(long, conflicts_with_all = ["pid", "all_pythons"], env = "TACHYON_BPF_ALL")]
     pub all: bool,
     /// Profile every Python process on the host, including ones started during the run.
-    #[arg(long, conflicts_with = "pid")]
+    #[arg(long, conflicts_with = "pid", env = "TACHYON_BPF_ALL_PYTHONS")]
     pub all_pythons: bool,
     /// Profile this process, all its threads (repeatable).
-    #[arg(short, long = "pid", value_name = "PID")]
+    #[arg(
+        short,
+        long = "pid",
+        value_name = "PID",
+        env = "TACHYON_BPF_PID",
+        value_delimiter = ','
+    )]
     pub pid: Vec<u32>,
     /// Samples per second on each CPU [default: 1000, or 49 with --continuous].
-    #[arg(short, long, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    #[arg(short, long, value_parser = clap::value_parser!(u64).range(1..=100_000), env = "TACHYON_BPF_RATE")]
     pub rate: Option<u64>,
     /// Stop after this many seconds (default: until Ctrl-C, the command exits, or every --pid
     /// process has exited).
-    #[arg(short, long, value_name = "SECS", value_parser = parse_secs)]
+    #[arg(short, long, value_name = "SECS", value_parser = parse_secs, env = "TACHYON_BPF_DURATION")]
     pub duration: Option<f64>,
     /// Output file (default profile.json, or profile.<ext> for another format); with several
     /// formats, the base name each format adds its extension to.
-    #[arg(short, long)]
+    #[arg(short, long, env = "TACHYON_BPF_OUTPUT")]
     pub output: Option<PathBuf>,
     /// Output formats, comma-separated: gecko (Firefox Profiler), collapsed (folded stacks),
     /// jsonl (CPython sampler JSONL), pprof, flamegraph (SVG), pstats (Python's pstats.Stats),
     /// heatmap (HTML: Python source lines shaded by their samples).
-    #[arg(short, long, value_parser = format_parser(), value_delimiter = ',')]
+    #[arg(short, long, value_parser = format_parser(), value_delimiter = ',', env = "TACHYON_BPF_FORMAT")]
     pub format: Vec<Format>,
     /// Serve the profile to profiler.firefox.com from 127.0.0.1 and print its link (until Ctrl-C).
-    #[arg(long)]
+    #[arg(long, env = "TACHYON_BPF_OPEN")]
     pub open: bool,
     /// Permissions of the files written, in octal (profiles name every user's code paths).
-    #[arg(long, value_name = "OCTAL", default_value = "600", value_parser = parse_mode)]
+    #[arg(long, value_name = "OCTAL", default_value = "600", value_parser = parse_mode, env = "TACHYON_BPF_OUTPUT_MODE")]
     pub output_mode: u32,
     /// Profile until stopped, writing one profile per --rotate interval into --output-dir.
-    #[arg(long, requires = "output_dir", conflicts_with_all = ["output", "open", "command"])]
+    #[arg(long, requires = "output_dir", conflicts_with_all = ["output", "open", "command"], env = "TACHYON_BPF_CONTINUOUS")]
     pub continuous: bool,
     /// With --continuous: the length of each profile (e.g. 60s, 5m).
-    #[arg(long, value_parser = parse_rotate, default_value = "60s", requires = "continuous")]
+    #[arg(long, value_parser = parse_rotate, default_value = "60s", requires = "continuous", env = "TACHYON_BPF_ROTATE")]
     pub rotate: Duration,
     /// With --continuous: the directory the interval profiles go to (created if missing).
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR", env = "TACHYON_BPF_OUTPUT_DIR")]
     pub output_dir: Option<PathBuf>,
     /// With --continuous: keep only the newest N intervals' files.
-    #[arg(long, value_name = "N", requires = "continuous", value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, value_name = "N", requires = "continuous", value_parser = clap::value_parser!(u64).range(1..), env = "TACHYON_BPF_KEEP")]
     pub keep: Option<u64>,
     /// With --continuous: send each interval's pprof to this Pyroscope-compatible server
     /// (POST URL/ingest?name=...&from=...&until=...&format=pprof), retrying with back-off.
-    #[arg(long, value_name = "URL", requires = "continuous", value_parser = parse_push_url)]
+    #[arg(long, value_name = "URL", requires = "continuous", value_parser = parse_push_url, env = "TACHYON_BPF_PUSH")]
     pub push: Option<String>,
     /// The application name pushed (default tachyon-bpf.MODE{host=HOSTNAME}).
-    #[arg(long, value_name = "NAME", requires = "push")]
+    #[arg(
+        long,
+        value_name = "NAME",
+        requires = "push",
+        env = "TACHYON_BPF_PUSH_NAME"
+    )]
     pub push_name: Option<String>,
     /// A label given to every process's samples (e.g. cluster=eu-1), in every format and push
     /// (repeatable). Names are letters, digits and _, not starting with a digit.
-    #[arg(long = "label", value_name = "NAME=VALUE", value_parser = parse_label)]
+    #[arg(long = "label", value_name = "NAME=VALUE", value_parser = parse_label, env = "TACHYON_BPF_LABELS", value_delimiter = ',')]
     pub labels: Vec<(String, String)>,
     /// Copy this environment variable of each profiled process into its labels, when it has it
     /// (repeatable). Only the variables named are read of a process's environment.
-    #[arg(long = "env-label", value_name = "VAR", value_parser = parse_env_var)]
+    #[arg(long = "env-label", value_name = "VAR", value_parser = parse_env_var, env = "TACHYON_BPF_ENV_LABELS", value_delimiter = ',')]
     pub env_labels: Vec<String>,
     /// Bytes of user stack copied per sample for DWARF unwinding (4096-65536): only the part in
     /// use is copied, so the limit costs only the deep stacks that need it (nested imports
     /// under Python 3.12 go past 32 KiB).
-    #[arg(long, default_value_t = 65536, value_parser = clap::value_parser!(u64).range(4096..=65536))]
+    #[arg(long, default_value_t = 65536, value_parser = clap::value_parser!(u64).range(4096..=65536), env = "TACHYON_BPF_STACK_SIZE")]
     pub stack_size: u64,
     /// Ring buffer size in MiB.
-    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=1024), env = "TACHYON_BPF_RING_MB")]
     pub ring_mb: u32,
     /// What to count: wall (on- and off-CPU time of every thread), cpu (on-CPU time), gil (time
     /// holding the GIL), exception (time with an exception raised or handled), all.
-    #[arg(short, long, value_parser = mode_parser(), default_value = "wall")]
+    #[arg(short, long, value_parser = mode_parser(), default_value = "wall", env = "TACHYON_BPF_MODE")]
     pub mode: Mode,
     /// With --pid or -- COMMAND: also profile the processes they start, and theirs.
-    #[arg(long)]
+    #[arg(long, env = "TACHYON_BPF_SUBPROCESSES")]
     pub subprocesses: bool,
     /// Show interpreter-internal native frames between Python frames.
-    #[arg(long)]
+    #[arg(long, env = "TACHYON_BPF_SHOW_INTERNAL")]
     pub show_internal: bool,
     /// Name the bytecode instruction each sample's innermost Python frame runs (specialized
     /// form included): Opcode markers in the Firefox Profiler, `file:func:line:OPNAME` in
     /// collapsed stacks, an opcode per frame in JSONL.
-    #[arg(long)]
+    #[arg(long, env = "TACHYON_BPF_OPCODES")]
     pub opcodes: bool,
     /// running: show each sample of a thread that runs an asyncio event loop from the task it
     /// runs, under `<task> NAME` frames of that task and of each task awaiting it, outermost
     /// first, instead of under the loop's machinery (Python 3.11+; others are shown plain).
     /// all: that, and every suspended task's await chain, sampled every 100 ms on a
     /// pseudo-thread of its loop, weighted with the time it stood for (a wall-time view).
-    #[arg(long, value_name = "WHICH", value_parser = ["running", "all"])]
+    #[arg(long, value_name = "WHICH", value_parser = ["running", "all"], env = "TACHYON_BPF_ASYNC_AWARE")]
     pub async_aware: Option<String>,
     /// No summary on stderr.
-    #[arg(short, long)]
+    #[arg(short, long, env = "TACHYON_BPF_QUIET")]
     pub quiet: bool,
     /// Load the BPF programs made for kernels older than 5.18 even on a newer one (the kernel's
     /// BTF chooses otherwise; this is for comparing the two, and for kernels that misreport).
@@ -170,10 +181,10 @@ pub struct RunArgs {
     /// Log failures inside the BPF programs, with the pid, tid and address involved: a user
     /// stack or registers unreadable, a Python thread state not found, a frame chain cut or
     /// looping, a record dropped. The first 4 of each kind per CPU are logged, the rest counted.
-    #[arg(long)]
+    #[arg(long, env = "TACHYON_BPF_DEBUG_BPF")]
     pub debug_bpf: bool,
     /// Print more: the kernel's whole verifier log when it refuses a program.
-    #[arg(short, long)]
+    #[arg(short, long, env = "TACHYON_BPF_VERBOSE")]
     pub verbose: bool,
     /// Command to launch and profile until it exits.
     #[arg(last = true, value_name = "CMD")]
@@ -305,6 +316,29 @@ mod tests {
     fn parse(args: &[&str]) -> Result<Cli, String> {
         Cli::try_parse_from(std::iter::once("tachyon-bpf").chain(args.iter().copied()))
             .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn every_run_option_has_its_variable_and_the_help_names_it() {
+        use clap::CommandFactory;
+        let mut cmd = Cli::command();
+        let help = cmd.render_long_help().to_string();
+        let mut n = 0;
+        for a in cmd.get_arguments() {
+            let id = a.get_id().as_str();
+            if a.is_hide_set() || a.is_positional() || matches!(id, "help" | "version") {
+                continue;
+            }
+            let want = format!("TACHYON_BPF_{}", id.to_ascii_uppercase());
+            let env = a.get_env().map(|e| e.to_string_lossy().into_owned());
+            assert_eq!(env.as_deref(), Some(want.as_str()), "--{id}");
+            assert!(
+                help.contains(&format!("[env: {want}")),
+                "--help names {want}"
+            );
+            n += 1;
+        }
+        assert!(n >= 25, "{n} options");
     }
 
     #[test]

@@ -512,3 +512,58 @@ fn percent_decode(s: &str) -> String {
     }
     String::from_utf8(out).unwrap()
 }
+
+/// How systemd's `EnvironmentFile=` and Kubernetes' `env:` configure the daemon: no argument,
+/// every option a `TACHYON_BPF_*` variable.
+#[test]
+fn a_continuous_run_configured_by_its_environment_alone() {
+    require_root();
+    let dir = scratch("continuous_env");
+    let target = named_service(&dir, "gamma");
+    let out = dir.join("out");
+    let mut child = Command::new(profiler_bin())
+        .env("TACHYON_BPF_PID", target.0.id().to_string())
+        .env("TACHYON_BPF_CONTINUOUS", "true")
+        .env("TACHYON_BPF_OUTPUT_DIR", &out)
+        .env("TACHYON_BPF_ROTATE", "1s")
+        .env("TACHYON_BPF_DURATION", "3")
+        .env("TACHYON_BPF_FORMAT", "pprof,collapsed")
+        .env("TACHYON_BPF_MODE", "cpu")
+        .env("TACHYON_BPF_RATE", "99")
+        .env("TACHYON_BPF_LABELS", "zone=z1,tier=web")
+        .env("TACHYON_BPF_QUIET", "true")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    while child.try_wait().unwrap().is_none() && t0.elapsed() < Duration::from_secs(60) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let o = child.wait_with_output().unwrap();
+    assert!(o.status.success(), "{}", stderr_of(&o));
+    assert!(o.stderr.is_empty(), "quiet: {}", stderr_of(&o));
+    let files = intervals(&out);
+    assert!(files.len() >= 2, "{files:?}");
+    for (stem, exts) in &files {
+        let mut exts = exts.clone();
+        exts.sort();
+        assert_eq!(exts, ["folded", "pb.gz"], "{stem}");
+        let f = out.join(format!("{stem}.pb.gz"));
+        let o = Command::new("go")
+            .args(["tool", "pprof", "-raw"])
+            .arg(&f)
+            .env("HOME", std::env::temp_dir())
+            .output()
+            .unwrap();
+        let raw = String::from_utf8_lossy(&o.stdout);
+        // The mode, the rate and the labels came from the environment.
+        assert!(raw.contains("cpu/nanoseconds"), "{raw}");
+        assert!(raw.contains("Period: 10101010"), "99 Hz: {raw}");
+        assert!(
+            raw.contains("zone:[z1]") && raw.contains("tier:[web]"),
+            "{raw}"
+        );
+        assert!(raw.contains("gamma_fn"), "{raw}");
+    }
+}
