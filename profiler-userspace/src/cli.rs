@@ -133,6 +133,11 @@ pub struct RunArgs {
         env = "TACHYON_BPF_PUSH_NAME"
     )]
     pub push_name: Option<String>,
+    /// Send the profile to this OpenTelemetry receiver as OTLP/HTTP (the profiles signal, at
+    /// URL/v1development/profiles unless URL ends in /profiles): at the end of the run, or with
+    /// --continuous each interval.
+    #[arg(long, value_name = "URL", value_parser = parse_push_url, env = "TACHYON_BPF_OTLP")]
+    pub otlp: Option<String>,
     /// A label given to every process's samples (e.g. cluster=eu-1), in every format and push
     /// (repeatable). Names are letters, digits and _, not starting with a digit.
     #[arg(long = "label", value_name = "NAME=VALUE", value_parser = parse_label, env = "TACHYON_BPF_LABELS", value_delimiter = ',')]

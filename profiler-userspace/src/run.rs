@@ -532,6 +532,16 @@ impl<'a> Running<'a> {
             ..self.info(elapsed)
         };
         self.sink.finish(&self.session.collector.profile, &run)?;
+        // --otlp without --continuous: the run's profile, once, after the files are written.
+        let otlp = match (&cli.otlp, cli.continuous) {
+            (Some(url), false) => {
+                let p =
+                    output::continuous::Pusher::start(url, output::continuous::Destination::Otlp);
+                p.push(&self.session.collector.profile, &run);
+                Some(p)
+            }
+            _ => None,
+        };
         if !cli.quiet {
             summary(
                 &self.session.collector.profile,
@@ -540,6 +550,9 @@ impl<'a> Running<'a> {
                 self.sink.as_ref(),
                 elapsed,
             );
+        }
+        if let Some(p) = otlp {
+            crate::sinks::report_otlp(p, cli.quiet);
         }
         self.sink.report(cli.quiet)?;
         if let Some(code) = child_status {

@@ -122,9 +122,15 @@ pub struct Files {
 /// The command line's choices that no sink can take, checked before anything else.
 pub fn check_usage(cli: &RunArgs, top: bool, record: bool) -> Result<(), AppError> {
     if top {
-        if cli.continuous || cli.open || !cli.format.is_empty() || cli.output.is_some() {
+        if cli.continuous
+            || cli.open
+            || !cli.format.is_empty()
+            || cli.output.is_some()
+            || cli.otlp.is_some()
+        {
             return Err(usage(
-                "top shows a live table: --continuous, --open, --format and -o do not apply",
+                "top shows a live table: --continuous, --open, --format, -o and --otlp do not \
+                 apply",
             ));
         }
         if !std::io::IsTerminal::is_terminal(&std::io::stdout()) {
@@ -295,6 +301,20 @@ impl Sink for Top {
     }
 }
 
+/// Lets an OTLP pusher's queue go out (5 s at most), then says what became of it.
+pub fn report_otlp(p: output::continuous::Pusher, quiet: bool) {
+    let stats = p.stats.clone();
+    p.finish(Duration::from_secs(5));
+    if !quiet {
+        let k = stats.counts();
+        eprintln!(
+            "tachyon-bpf: OTLP: sent {} profiles, {} failed, {} dropped (receiver too slow), {} \
+             not sent by exit",
+            k.sent, k.failed, k.dropped, k.abandoned
+        );
+    }
+}
+
 /// A continuous run: one profile per --rotate interval into --output-dir, optionally pushed.
 pub struct Continuous {
     dir: PathBuf,
@@ -303,6 +323,8 @@ pub struct Continuous {
     keep: Option<usize>,
     rotate: Duration,
     pusher: Option<output::continuous::Pusher>,
+    /// `--otlp`: each interval to an OTLP receiver too.
+    otlp: Option<output::continuous::Pusher>,
     quiet: bool,
     /// When the current interval started.
     start_epoch_ms: f64,
@@ -332,10 +354,17 @@ impl Continuous {
             formats: cli.format.clone(),
             keep: cli.keep.map(|k| k as usize),
             rotate: cli.rotate,
-            pusher: cli
-                .push
-                .as_deref()
-                .map(|url| output::continuous::Pusher::start(url, cli.push_name.clone())),
+            pusher: cli.push.as_deref().map(|url| {
+                output::continuous::Pusher::start(
+                    url,
+                    output::continuous::Destination::Pyroscope {
+                        name: cli.push_name.clone(),
+                    },
+                )
+            }),
+            otlp: cli.otlp.as_deref().map(|url| {
+                output::continuous::Pusher::start(url, output::continuous::Destination::Otlp)
+            }),
             quiet: cli.quiet,
             start_epoch_ms: output::continuous::epoch_ms(),
             started: Instant::now(),
@@ -380,6 +409,9 @@ impl Continuous {
             }
             if let Some(pusher) = &self.pusher {
                 pusher.push(p, &run);
+            }
+            if let Some(otlp) = &self.otlp {
+                otlp.push(p, &run);
             }
             if !self.quiet {
                 log::info!("interval written: {} samples", p.counters.samples);
@@ -431,6 +463,9 @@ impl Sink for Continuous {
                     k.sent, k.failed, k.dropped, k.abandoned
                 );
             }
+        }
+        if let Some(p) = self.otlp {
+            report_otlp(p, quiet);
         }
         if self.intervals == 0 && self.write_failures > 0 {
             return Err(AppError::new(

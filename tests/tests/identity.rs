@@ -239,3 +239,254 @@ fn bad_labels_are_refused_before_anything_starts() {
         assert!(stderr_of(&o).contains(says), "{args:?}: {}", stderr_of(&o));
     }
 }
+
+/// An OTLP/HTTP receiver of the profiles signal, in Python with the official generated code
+/// (PyPI's `opentelemetry-proto`): each request decoded, summed up as one JSON line in the
+/// file given, answered with an empty `ExportProfilesServiceResponse`. Prints its port.
+const RECEIVER: &str = r#"
+import http.server, json, sys
+from opentelemetry.proto.collector.profiles.v1development import profiles_service_pb2 as svc
+
+out = open(sys.argv[1], "a")
+
+def value(v):
+    k = v.WhichOneof("value")
+    return getattr(v, k) if k else None
+
+class H(http.server.BaseHTTPRequestHandler):
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        req = svc.ExportProfilesServiceRequest()
+        req.ParseFromString(body)
+        d = req.dictionary
+        s = d.string_table
+        procs = []
+        for rp in req.resource_profiles:
+            attrs = {a.key: value(a.value) for a in rp.resource.attributes}
+            total, n, frames, threads = 0, 0, set(), set()
+            for sp in rp.scope_profiles:
+                for p in sp.profiles:
+                    kind = s[p.sample_type.type_strindex] + "/" + s[p.sample_type.unit_strindex]
+                    for smp in p.samples:
+                        n += 1
+                        total += sum(smp.values)
+                        for i in smp.attribute_indices:
+                            kv = d.attribute_table[i]
+                            if s[kv.key_strindex] == "thread.name":
+                                threads.add(value(kv.value))
+                        for li in d.stack_table[smp.stack_index].location_indices:
+                            loc = d.location_table[li]
+                            for line in loc.lines:
+                                f = d.function_table[line.function_index]
+                                frames.add((s[f.name_strindex], s[f.filename_strindex], line.line,
+                                            s[d.mapping_table[loc.mapping_index].filename_strindex]))
+            procs.append({"attrs": attrs, "kind": kind, "samples": n, "total": total,
+                          "frames": sorted(frames), "threads": sorted(threads)})
+        out.write(json.dumps({"path": self.path, "type": self.headers["Content-Type"],
+                              "processes": procs}) + "\n")
+        out.flush()
+        reply = svc.ExportProfilesServiceResponse().SerializeToString()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-protobuf")
+        self.send_header("Content-Length", str(len(reply)))
+        self.end_headers()
+        self.wfile.write(reply)
+
+    def log_message(self, *a):
+        pass
+
+srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+print(srv.server_address[1], flush=True)
+srv.serve_forever()
+"#;
+
+/// The receiver, running, with the file its summaries go to.
+fn otlp_receiver(dir: &Path) -> (KillOnDrop, u16, PathBuf) {
+    let script = dir.join("receiver.py");
+    std::fs::write(&script, RECEIVER).unwrap();
+    let log = dir.join("received.jsonl");
+    let python = tools_dir().join("otlp/venv/bin/python");
+    assert!(
+        python.exists(),
+        "{} is missing: `cargo xtask setup` installs it",
+        python.display()
+    );
+    let mut child = Command::new(python)
+        .arg(&script)
+        .arg(&log)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    let port = line.trim().parse().expect("the receiver's port");
+    (KillOnDrop(child), port, log)
+}
+
+fn received(log: &Path) -> Vec<Value> {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// Total of a pprof's second value (the mode's time, ns), from `go tool pprof -raw`.
+fn pprof_time_total(path: &Path) -> i64 {
+    let raw = go_pprof(&["-raw", path.to_str().unwrap()]);
+    raw.lines()
+        .filter_map(|l| {
+            let (values, _) = l.split_once(':')?;
+            let v: Vec<i64> = values
+                .split_whitespace()
+                .map(|x| x.parse().ok())
+                .collect::<Option<_>>()?;
+            (v.len() == 2).then(|| v[1])
+        })
+        .sum()
+}
+
+#[test]
+fn otlp_export_is_read_by_the_official_generated_code() {
+    require_root();
+    let dir = scratch("otlp");
+    let (_rx, port, log) = otlp_receiver(&dir);
+    let url = format!("http://127.0.0.1:{port}");
+    let a = service(&dir, "checkout", &[("OTEL_SERVICE_NAME", "checkout")]);
+    let b = service(&dir, "search", &[("OTEL_SERVICE_NAME", "search")]);
+    std::thread::sleep(Duration::from_millis(300));
+    let (pa, pb) = (a.0.id().to_string(), b.0.id().to_string());
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .unwrap()
+        .trim()
+        .to_string();
+
+    // One run: its pprof file, and the same profile sent once at its end.
+    let pprof = dir.join("run.pb.gz");
+    let o = run_profiler(
+        &[
+            "-p",
+            &pa,
+            "-p",
+            &pb,
+            "-d",
+            "2",
+            "-m",
+            "cpu",
+            "-f",
+            "pprof",
+            "-o",
+            pprof.to_str().unwrap(),
+            "--otlp",
+            &url,
+            "--label",
+            "cluster=eu-test",
+        ],
+        Duration::from_secs(60),
+    );
+    let err = stderr_of(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("OTLP: sent 1 profiles, 0 failed"), "{err}");
+    let reqs = received(&log);
+    assert_eq!(reqs.len(), 1, "{reqs:?}");
+    let r = &reqs[0];
+    assert_eq!(r["path"], "/v1development/profiles");
+    assert_eq!(r["type"], "application/x-protobuf");
+    let procs = r["processes"].as_array().unwrap();
+    assert_eq!(procs.len(), 2, "{procs:?}");
+    let mut total = 0;
+    for (service, pid, own) in [
+        ("checkout", &pa, "checkout_work"),
+        ("search", &pb, "search_work"),
+    ] {
+        let p = procs
+            .iter()
+            .find(|p| p["attrs"]["service.name"] == service)
+            .unwrap_or_else(|| panic!("{service}: {procs:?}"));
+        let at = &p["attrs"];
+        assert_eq!(at["host.name"], host.as_str());
+        assert_eq!(at["process.pid"].as_i64().unwrap().to_string(), *pid);
+        assert_eq!(at["process.runtime.name"], "cpython");
+        assert_eq!(at["process.runtime.version"], "3.12.1");
+        assert_eq!(at["cluster"], "eu-test");
+        assert!(at["process.executable.name"]
+            .as_str()
+            .unwrap()
+            .starts_with("python3"));
+        assert_eq!(p["kind"], "cpu/nanoseconds");
+        assert!(p["threads"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|t| t == "python3"));
+        // Python frames with their file and line; native ones with their mapping.
+        let frames = p["frames"].as_array().unwrap();
+        let py = frames
+            .iter()
+            .find(|f| f[0] == own)
+            .unwrap_or_else(|| panic!("{own} in {frames:?}"));
+        assert!(py[1]
+            .as_str()
+            .unwrap()
+            .ends_with(&format!("{service}_app.py")));
+        assert!(py[2].as_i64().unwrap() >= 2, "{py}");
+        assert!(
+            frames
+                .iter()
+                .any(|f| f[3].as_str().unwrap().contains("libpython3.12")),
+            "native frames carry their mapping: {frames:?}"
+        );
+        let other = if service == "checkout" {
+            "search_work"
+        } else {
+            "checkout_work"
+        };
+        assert!(
+            !frames.iter().any(|f| f[0] == other),
+            "{service}: {frames:?}"
+        );
+        total += p["total"].as_i64().unwrap();
+    }
+    // The same time as the run's pprof, to the nanosecond.
+    let want = pprof_time_total(&pprof);
+    assert!(want > 1_000_000_000, "{want}");
+    assert_eq!(total, want);
+
+    // Continuous: each interval is a request.
+    let before = received(&log).len();
+    let out = dir.join("intervals");
+    let o = run_profiler(
+        &[
+            "-p",
+            &pa,
+            "--continuous",
+            "--rotate",
+            "1s",
+            "--output-dir",
+            out.to_str().unwrap(),
+            "-f",
+            "pprof",
+            "-d",
+            "3",
+            "--otlp",
+            &url,
+        ],
+        Duration::from_secs(60),
+    );
+    let err = stderr_of(&o);
+    assert!(o.status.success(), "{err}");
+    let reqs = received(&log).split_off(before);
+    let files = std::fs::read_dir(&out).unwrap().count();
+    assert!(
+        reqs.len() >= 2 && reqs.len() == files,
+        "{} requests, {files} files",
+        reqs.len()
+    );
+    for r in &reqs {
+        assert_eq!(r["processes"][0]["attrs"]["service.name"], "checkout");
+    }
+}

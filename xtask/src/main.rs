@@ -139,6 +139,7 @@ fn setup_tools() -> Result<PathBuf> {
     pythons::setup(&tools)?;
     let venv = pypi::setup(&tools)?;
     pypi::uvloop(&tools, &venv)?;
+    pypi::otlp(&tools)?;
     kernels::setup(&tools)?;
     kernels::setup_arm64(&tools)?;
     kernels::setup_rw_initrds(&tools)?;

@@ -58,6 +58,20 @@ pub fn pinned_venv(dir: &Path, requirements: &str, probe: &[&str], what: &str) -
     Ok(venv)
 }
 
+/// The official generated code of OpenTelemetry's protocol (PyPI's `opentelemetry-proto`),
+/// which the OTLP export test decodes the requests with, in `.tools/otlp/venv` (idempotent).
+pub fn otlp(tools: &Path) -> Result<PathBuf> {
+    pinned_venv(
+        &tools.join("otlp"),
+        "opentelemetry-proto==1.45.2\nprotobuf==6.33.6\n",
+        &[
+            "-c",
+            "import opentelemetry.proto.collector.profiles.v1development.profiles_service_pb2",
+        ],
+        "opentelemetry-proto",
+    )
+}
+
 /// uvloop for Debian's 3.14 (the asyncio tests run it), from PyPI's wheel, unpacked under
 /// `.tools/uvloop` for a test to put on `sys.path` (idempotent).
 pub fn uvloop(tools: &Path, venv: &Path) -> Result<PathBuf> {

@@ -125,11 +125,19 @@ impl PushStats {
     }
 }
 
+/// One interval's requests: each URL, content type and body.
 struct Upload {
-    /// Each series' name and gzipped pprof.
-    series: Vec<(String, Vec<u8>)>,
-    from_s: u64,
-    until_s: u64,
+    requests: Vec<(String, &'static str, Vec<u8>)>,
+}
+
+/// Where a pusher sends each interval.
+#[derive(Clone, Debug)]
+pub enum Destination {
+    /// A Pyroscope-style `/ingest`: one pprof per series, or every process as the one series
+    /// of this name (`--push-name`).
+    Pyroscope { name: Option<String> },
+    /// An OTLP/HTTP receiver of the profiles signal: one request per interval.
+    Otlp,
 }
 
 /// A Pyroscope application name's part: letters, digits, `.`, `-` and `_`, others replaced by
@@ -199,40 +207,95 @@ pub fn series(p: &Profile, run: &RunInfo) -> Vec<(String, Vec<(u32, u32)>)> {
     out.into_iter().collect()
 }
 
-/// Sends interval profiles to `{url}/ingest` from its own thread.
+/// Sends interval profiles to a Pyroscope-style `{url}/ingest` or an OTLP receiver from its
+/// own thread.
 pub struct Pusher {
     tx: Option<SyncSender<Upload>>,
     thread: Option<std::thread::JoinHandle<()>>,
     pub stats: Arc<PushStats>,
-    /// `--push-name`: every process in one series of this name.
-    name: Option<String>,
+    endpoint: String,
+    to: Destination,
 }
 
 impl Pusher {
-    /// `url`: the ingest server's base URL; `name`: one application name (Pyroscope's
-    /// `name=app{tag=value}`) for every process, instead of one series per service.
-    pub fn start(url: &str, name: Option<String>) -> Pusher {
+    /// `url`: the server's base URL (for OTLP, the profiles path is added unless it is there).
+    pub fn start(url: &str, to: Destination) -> Pusher {
         // A few intervals may queue while the endpoint is slow; beyond that the newest wait
         // for nobody: they are dropped (and counted), sampling goes on.
         let (tx, rx) = sync_channel::<Upload>(4);
         let stats = Arc::new(PushStats::default());
         let st = stats.clone();
-        let endpoint = format!("{}/ingest", url.trim_end_matches('/'));
-        let thread = std::thread::spawn(move || push_loop(rx, &endpoint, &st));
+        let endpoint = match to {
+            Destination::Pyroscope { .. } => format!("{}/ingest", url.trim_end_matches('/')),
+            Destination::Otlp => super::otlp::endpoint(url),
+        };
+        let ep = endpoint.clone();
+        let thread = std::thread::spawn(move || push_loop(rx, &ep, &st));
         Pusher {
             tx: Some(tx),
             thread: Some(thread),
             stats,
-            name,
+            endpoint,
+            to,
         }
     }
 
-    /// Queues an interval's pprof, one per series; never waits (the pprof are made here, on
-    /// the caller's thread, from the interval's profile).
+    /// Queues an interval's requests; never waits (their bodies are made here, on the
+    /// caller's thread, from the interval's profile).
     pub fn push(&self, p: &Profile, run: &RunInfo) {
-        let series: Vec<(String, Vec<u8>)> = match &self.name {
+        let requests = match &self.to {
+            Destination::Otlp => vec![(
+                self.endpoint.clone(),
+                "application/x-protobuf",
+                super::otlp::to_bytes(p, run),
+            )],
+            Destination::Pyroscope { name } => {
+                let (from_s, until_s) = (
+                    (run.start_epoch_ms / 1000.0) as u64,
+                    ((run.start_epoch_ms + run.duration_ms) / 1000.0).ceil() as u64,
+                );
+                self.pprof_series(p, run, name.as_deref())
+                    .into_iter()
+                    .map(|(name, body)| {
+                        let url = format!(
+                            "{}?name={}&from={from_s}&until={until_s}&format=pprof\
+                             &spyName=tachyon-bpf&sampleRate=100",
+                            self.endpoint,
+                            super::percent_encode(&name),
+                        );
+                        (url, "application/octet-stream", body)
+                    })
+                    .collect()
+            }
+        };
+        if requests.is_empty() {
+            return;
+        }
+        let u = Upload { requests };
+        if let Some(tx) = &self.tx {
+            self.stats.with(|c| c.pending += 1);
+            match tx.try_send(u) {
+                Ok(()) => {}
+                Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
+                    self.stats.with(|c| {
+                        c.pending -= 1;
+                        c.dropped += 1;
+                    });
+                }
+            }
+        }
+    }
+
+    /// Each series' name and gzipped pprof (`name`: all processes as one series).
+    fn pprof_series(
+        &self,
+        p: &Profile,
+        run: &RunInfo,
+        name: Option<&str>,
+    ) -> Vec<(String, Vec<u8>)> {
+        match name {
             Some(name) => match super::pprof::to_bytes(p, run) {
-                Ok(body) => vec![(name.clone(), body)],
+                Ok(body) => vec![(name.to_string(), body)],
                 Err(e) => {
                     log::warn!("pprof for {name}: {e}");
                     Vec::new()
@@ -251,26 +314,6 @@ impl Pusher {
                     }
                 })
                 .collect(),
-        };
-        if series.is_empty() {
-            return;
-        }
-        let u = Upload {
-            series,
-            from_s: (run.start_epoch_ms / 1000.0) as u64,
-            until_s: ((run.start_epoch_ms + run.duration_ms) / 1000.0).ceil() as u64,
-        };
-        if let Some(tx) = &self.tx {
-            self.stats.with(|c| c.pending += 1);
-            match tx.try_send(u) {
-                Ok(()) => {}
-                Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
-                    self.stats.with(|c| {
-                        c.pending -= 1;
-                        c.dropped += 1;
-                    });
-                }
-            }
         }
     }
 
@@ -305,33 +348,22 @@ fn push_loop(rx: Receiver<Upload>, endpoint: &str, stats: &PushStats) {
         .build()
         .into();
     while let Ok(u) = rx.recv() {
-        // The interval counts as sent when every one of its series was.
+        // The interval counts as sent when every one of its requests was.
         let mut all = true;
-        for (name, body) in &u.series {
-            all &= send(&agent, endpoint, name, body, u.from_s, u.until_s);
+        for (url, content_type, body) in &u.requests {
+            all &= send(&agent, endpoint, url, content_type, body);
         }
         stats.finished(all);
     }
 }
 
-/// Sends one series of an interval, retrying with back-off; whether the server took it.
-fn send(
-    agent: &ureq::Agent,
-    endpoint: &str,
-    name: &str,
-    body: &[u8],
-    from_s: u64,
-    until_s: u64,
-) -> bool {
-    let url = format!(
-        "{endpoint}?name={}&from={from_s}&until={until_s}&format=pprof&spyName=tachyon-bpf&sampleRate=100",
-        super::percent_encode(name),
-    );
+/// Sends one request, retrying with back-off; whether the server took it.
+fn send(agent: &ureq::Agent, endpoint: &str, url: &str, content_type: &str, body: &[u8]) -> bool {
     let mut delay = Duration::from_millis(500);
     for attempt in 0..4 {
         match agent
-            .post(&url)
-            .header("Content-Type", "application/octet-stream")
+            .post(url)
+            .header("Content-Type", content_type)
             .send(body)
         {
             Ok(r) if r.status().is_success() => return true,

@@ -17,6 +17,7 @@ pub mod functions;
 pub mod gecko;
 pub mod heatmap;
 pub mod jsonl;
+pub mod otlp;
 pub mod pprof;
 pub mod pstats;
 pub mod recording;

@@ -156,7 +156,7 @@ impl Strings {
 }
 
 /// The sample value names of a mode: a count, and the time the mode measures.
-fn time_kind(mode: &str) -> &'static str {
+pub fn time_kind(mode: &str) -> &'static str {
     match mode {
         "cpu" => "cpu",
         "gil" => "gil",
