@@ -11,7 +11,11 @@
 //! script that times its own sleeps (the wheel's binary, on the releases). Back on the host,
 //! every profile is read through the Firefox Profiler CLI: Python frames merged into the native
 //! stacks, off-CPU time where and as long as it happened, no BPF program left behind, and the
-//! program set each kernel got is the one the README's kernel table promises. On the releases,
+//! program set each kernel got is the one the README's kernel table promises. On unstable's
+//! kernel, a container made as a runtime makes one (Debian 13's root, its own pid and mount
+//! namespaces, a `docker-<id>.scope` cgroup, `OTEL_SERVICE_NAME`) is profiled from the guest's
+//! host with `--all-pythons`: its frames, its container id, service and namespace pid
+//! (`container_script`). On the releases,
 //! the service then runs as its unit would (`release_script`), and its pprof is read back by
 //! `go tool pprof`.
 //!
@@ -254,6 +258,143 @@ wait
 python3 $R/bpf_count.py > $R/bpf_after
 "#
     )
+}
+
+/// The container id the guest's container runs under (`docker-<id>.scope`, as Docker's systemd
+/// driver names it).
+const CONTAINER_ID: &str = "4f1a2b3c4d5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f708192a3b4c5d6e7f8";
+
+/// A container in the guest, made as a runtime makes one: Debian 13's root (`.tools/releases`,
+/// another release than this machine's), its own pid and mount namespaces, its own cgroup
+/// named as Docker names its scopes, `OTEL_SERVICE_NAME` set and nothing else of the
+/// environment; its python3.13 runs `work.py busy` from the root's `/mnt`. Profiled from the
+/// guest's host with `--all-pythons`. (In the guest, whose cgroups are ours alone.)
+fn container_script(bin: &Path) -> String {
+    let root = tools_dir().join("releases/trixie");
+    assert!(
+        root.join(".complete").exists(),
+        "{} is missing: run the tests with `cargo xtask test`",
+        root.display()
+    );
+    let (bin, root) = (bin.display(), root.display());
+    format!(
+        r#"CG=/sys/fs/cgroup/system.slice/docker-{CONTAINER_ID}.scope
+mount -t cgroup2 cgroup2 /sys/fs/cgroup 2> $R/container.mount
+mkdir -p $CG
+sh -c "echo \$\$ > $CG/cgroup.procs && exec /usr/bin/unshare --pid --mount --fork --kill-child /bin/sh -c '/bin/mount --bind $R {root}/mnt && exec /usr/sbin/chroot {root} /usr/bin/env -i OTEL_SERVICE_NAME=cart PATH=/usr/bin:/bin /usr/bin/python3.13 /mnt/work.py busy 120'" > $R/container.out 2>&1 & C=$!
+sleep 3
+cat $CG/cgroup.procs > $R/container.procs
+{bin} -v -r $RATE --all-pythons -m cpu -d 4 -o $R/container.json 2> $R/container.err; echo $? > $R/container.rc
+# unshare --fork ignores SIGTERM while it waits; its child dies with it (--kill-child).
+kill -KILL $C
+wait
+"#
+    )
+}
+
+/// What is wrong with the container run (`container_script`).
+fn check_container(g: &Guest, dir: &Path) -> Vec<String> {
+    let mut errors = Vec::new();
+    let read = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap_or_default();
+    let mut fail = |e: String| {
+        errors.push(format!(
+            "kernel {} ({}), the container: {e}",
+            g.label, g.kernel_release
+        ))
+    };
+    if read("container.rc").trim() != "0" {
+        fail(format!(
+            "the run failed: {}\nmount: {}\ncontainer: {}\nprocs: {}",
+            read("container.err"),
+            read("container.mount"),
+            read("container.out"),
+            read("container.procs")
+        ));
+        return errors;
+    }
+    let json = dir.join("container.json");
+    let v = match Viewer::load(&json) {
+        Ok(v) => v,
+        Err(e) => {
+            fail(format!("container.json does not load: {e}"));
+            return errors;
+        }
+    };
+    let procs = v.processes().unwrap();
+    // The track says which service and container; the version is the container's python3.13,
+    // which this machine does not have.
+    let short = &CONTAINER_ID[..12];
+    let Some(p) = procs.iter().find(|p| p.name.contains("work.py")) else {
+        fail(format!(
+            "no work.py process: {:?}",
+            procs.iter().map(|p| &p.name).collect::<Vec<_>>()
+        ));
+        return errors;
+    };
+    if !p.name.contains("Python 3.13")
+        || !p
+            .name
+            .contains(&format!("[service cart, container {short}]"))
+    {
+        fail(format!("the process track is named {:?}", p.name));
+    }
+    // Python frames of the container's /mnt/work.py, merged into the native stacks of the
+    // container's own libpython (symbols read through /proc/PID/root).
+    if let Some(e) = short_of_merged(&v, std::slice::from_ref(p), "leaf", "container") {
+        fail(e);
+    }
+    let g: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let meta = g["meta"]["tachyon"]["processes"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let Some(m) = meta
+        .iter()
+        .find(|m| m["name"].as_str().is_some_and(|n| n.contains("work.py")))
+    else {
+        fail(format!("no identity of work.py in the metadata: {meta:?}"));
+        return errors;
+    };
+    // Its pid is the host's, with its own (1: the namespace's first) beside it.
+    let want = [
+        ("containerId", serde_json::json!(CONTAINER_ID)),
+        ("service", serde_json::json!("cart")),
+        ("serviceSource", serde_json::json!("otel")),
+        ("nsPid", serde_json::json!(1)),
+        ("executable", serde_json::json!("/usr/bin/python3.13")),
+    ];
+    for (k, v) in want {
+        if m[k] != v {
+            fail(format!("{k} is {}, not {v}: {m}", m[k]));
+        }
+    }
+    if m["pid"].as_u64().is_none_or(|pid| pid <= 1) || p.pid == "1" {
+        fail(format!("the pid is not the host's: {m}"));
+    }
+    if m["labels"]["container_id"] != CONTAINER_ID || m["labels"]["service_name"] != "cart" {
+        fail(format!("the labels: {m}"));
+    }
+    let files: Vec<String> = g["threads"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|t| t["pid"] == m["pid"].to_string().as_str())
+        .flat_map(|t| {
+            let strings = &g["shared"]["stringArray"];
+            t["funcTable"]["fileName"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|i| strings[i.as_u64()? as usize].as_str().map(String::from))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    if !files.iter().any(|f| f == "/mnt/work.py") {
+        fail(format!(
+            "no frame of the container's /mnt/work.py: {files:?}"
+        ));
+    }
+    errors
 }
 
 /// Where a release guest finds what it installs: `tachyon-bpf.deb` and the wheel (by its own
@@ -673,12 +814,15 @@ fn fleet_kernels_load_sample_and_merge() {
                 g.root = release_root(name, &dir);
                 release_script(&stage_packages(&dir, "x86_64"), 300)
             }
-            None => guest_script(&bin, &bin, &py, 300),
+            None => guest_script(&bin, &bin, &py, 300) + &container_script(&bin),
         };
         std::fs::write(dir.join("guest.sh"), script).unwrap();
         let t0 = Instant::now();
         let console = boot(&g, &dir, Duration::from_secs(600));
         let mut errs = check_guest(&g, &dir, &expected);
+        if g.release.is_none() {
+            errs.extend(check_container(&g, &dir));
+        }
         if g.release.is_some() {
             errs.extend(check_release(&g, &dir));
             let _ = std::fs::remove_dir_all(&g.root);

@@ -38,7 +38,23 @@ pub fn read(pid: u32, env_labels: &[String]) -> Raw {
         env: read_environ(pid, &wanted),
         executable: std::fs::read_link(format!("/proc/{pid}/exe"))
             .ok()
-            .map(|p| p.to_string_lossy().chars().take(VAR_MAX).collect()),
+            .map(|exe| {
+                let root = std::fs::read_link(format!("/proc/{pid}/root")).unwrap_or_default();
+                inside_root(&exe.to_string_lossy(), &root.to_string_lossy())
+                    .chars()
+                    .take(VAR_MAX)
+                    .collect()
+            }),
+    }
+}
+
+/// A path the kernel gives from the profiler's root, as the process sees it from its own
+/// `root` (a container's executable is `/usr/bin/python3`, not the runtime's path to it).
+fn inside_root(path: &str, root: &str) -> String {
+    let root = root.trim_end_matches('/');
+    match path.strip_prefix(root) {
+        Some(rest) if !root.is_empty() && rest.starts_with('/') => rest.to_string(),
+        _ => path.to_string(),
     }
 }
 
@@ -87,6 +103,19 @@ mod tests {
         assert!(!got.iter().any(|(n, _)| n == "SECRET"));
         assert_eq!(got[2].1.len(), VAR_MAX);
         assert_eq!(got.len(), 3);
+    }
+
+    #[test]
+    fn a_containers_executable_is_its_own_path() {
+        assert_eq!(
+            inside_root(
+                "/var/lib/docker/overlay2/x/merged/usr/bin/python3",
+                "/var/lib/docker/overlay2/x/merged"
+            ),
+            "/usr/bin/python3"
+        );
+        assert_eq!(inside_root("/usr/bin/python3", "/"), "/usr/bin/python3");
+        assert_eq!(inside_root("/srvx/bin/p", "/srv"), "/srvx/bin/p");
     }
 
     #[test]
