@@ -263,7 +263,7 @@ class H(http.server.BaseHTTPRequestHandler):
         procs = []
         for rp in req.resource_profiles:
             attrs = {a.key: value(a.value) for a in rp.resource.attributes}
-            total, n, frames, threads = 0, 0, set(), set()
+            total, n, frames, threads, build_ids = 0, 0, set(), set(), {}
             for sp in rp.scope_profiles:
                 for p in sp.profiles:
                     kind = s[p.sample_type.type_strindex] + "/" + s[p.sample_type.unit_strindex]
@@ -276,12 +276,18 @@ class H(http.server.BaseHTTPRequestHandler):
                                 threads.add(value(kv.value))
                         for li in d.stack_table[smp.stack_index].location_indices:
                             loc = d.location_table[li]
+                            m = d.mapping_table[loc.mapping_index]
+                            for i in m.attribute_indices:
+                                kv = d.attribute_table[i]
+                                if s[kv.key_strindex] == "process.executable.build_id.gnu":
+                                    build_ids[s[m.filename_strindex]] = value(kv.value)
                             for line in loc.lines:
                                 f = d.function_table[line.function_index]
                                 frames.add((s[f.name_strindex], s[f.filename_strindex], line.line,
                                             s[d.mapping_table[loc.mapping_index].filename_strindex]))
             procs.append({"attrs": attrs, "kind": kind, "samples": n, "total": total,
-                          "frames": sorted(frames), "threads": sorted(threads)})
+                          "frames": sorted(frames), "threads": sorted(threads),
+                          "build_ids": build_ids})
         out.write(json.dumps({"path": self.path, "type": self.headers["Content-Type"],
                               "processes": procs}) + "\n")
         out.flush()
@@ -440,6 +446,30 @@ fn otlp_export_is_read_by_the_official_generated_code() {
                 .any(|f| f[3].as_str().unwrap().contains("libpython3.12")),
             "native frames carry their mapping: {frames:?}"
         );
+        // Native mappings carry their GNU build id, as the file has it.
+        let libpython = python("3.12.1")
+            .parent()
+            .unwrap()
+            .join("../lib/libpython3.12.so.1.0")
+            .canonicalize()
+            .unwrap();
+        let notes = Command::new("readelf")
+            .arg("-n")
+            .arg(&libpython)
+            .output()
+            .expect("readelf");
+        let want_id = String::from_utf8_lossy(&notes.stdout)
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("Build ID: ").map(str::to_string))
+            .expect("libpython has a build id");
+        let ids = &p["build_ids"];
+        let got_id = ids
+            .as_object()
+            .unwrap()
+            .iter()
+            .find(|(path, _)| path.contains("libpython3.12.so"))
+            .map(|(_, id)| id.clone());
+        assert_eq!(got_id, Some(serde_json::json!(want_id)), "{ids}");
         let other = if service == "checkout" {
             "search_work"
         } else {

@@ -67,6 +67,9 @@ pub type StackId = usize;
 pub struct Lib {
     pub name: Arc<str>,
     pub path: Arc<str>,
+    /// Its GNU build id, in hex, when it has one.
+    #[serde(default)]
+    pub build_id: Option<Arc<str>>,
 }
 
 impl Lib {
@@ -495,9 +498,17 @@ impl Profile {
         self.libs.push(Lib {
             name,
             path: path.clone(),
+            build_id: None,
         });
         self.lib_ids.insert(path.clone(), id);
         id
+    }
+
+    /// Library `lib`'s build id, once known.
+    pub fn set_build_id(&mut self, lib: LibId, build_id: Option<&Arc<str>>) {
+        if self.libs[lib].build_id.is_none() {
+            self.libs[lib].build_id = build_id.cloned();
+        }
     }
 
     pub fn func(&mut self, f: Func) -> FuncId {
@@ -739,7 +750,11 @@ impl Profile {
             .map(|f| {
                 let fr = &from.frames[f];
                 let mut func = from.funcs[fr.func].clone();
-                func.lib = func.lib.map(|l| self.lib(&from.libs[l].path));
+                func.lib = func.lib.map(|l| {
+                    let id = self.lib(&from.libs[l].path);
+                    self.set_build_id(id, from.libs[l].build_id.as_ref());
+                    id
+                });
                 let func = self.func(func);
                 self.frame(Frame { func, ..fr.clone() })
             })

@@ -143,6 +143,8 @@ impl Collector {
             return (f, name);
         }
         let lib = self.profile.lib(&m.path);
+        self.profile
+            .set_build_id(lib, m.elf.as_ref().and_then(|e| e.build_id.as_ref()));
         let (name, sym) = match m.elf.as_ref().and_then(|e| e.symbols().lookup(svma)) {
             Some((start, name)) => (name, Some(start)),
             // Unnamed in a stripped dynamic loader: where the process started.

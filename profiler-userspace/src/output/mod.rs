@@ -496,6 +496,10 @@ pub(crate) mod fixture {
     pub fn profile(mode: Mode) -> (Profile, RunInfo) {
         let mut p = Profile::new(mode, 1.0);
         let libpy = p.lib(&Arc::from("/usr/lib/libpython3.12.so.1.0"));
+        p.set_build_id(
+            libpy,
+            Some(&Arc::from("0123456789abcdef0123456789abcdef01234567")),
+        );
         let kernel = p.lib(&Arc::from("[kernel.kallsyms]"));
         let app = p.lib(&Arc::from("/usr/bin/app"));
         let frame = |p: &mut Profile, name: &str, py: Option<(&str, u32, u32)>, lib, cat| {
@@ -772,7 +776,7 @@ mod tests {
             std::fs::write(format!("{dir}/v4-wall.tbpf"), b).unwrap();
         }
         for v in [1, 2, 3, 4] {
-            // Before version 4, recordings held no identities, host or labels.
+            // Before version 4, recordings held no identities, host, labels or build ids.
             let (mut p, mut run) = fixture::profile(Mode::Wall);
             if v < 4 {
                 for q in p.processes.values_mut() {
@@ -780,6 +784,9 @@ mod tests {
                 }
                 run.host.clear();
                 run.labels.clear();
+                for l in &mut p.libs {
+                    l.build_id = None;
+                }
             }
             let path = PathBuf::from(format!("{dir}/v{v}-wall.tbpf"));
             let (q, qrun) = recording::load(&path)

@@ -88,9 +88,14 @@ impl Dictionary {
             return i;
         }
         let filename_strindex = self.string(&p.libs[lib].path);
+        let attribute_indices = match &p.libs[lib].build_id {
+            Some(b) => vec![self.attribute("process.executable.build_id.gnu", b)],
+            None => Vec::new(),
+        };
         let i = self.d.mapping_table.len() as i32;
         self.d.mapping_table.push(pp::Mapping {
             filename_strindex,
+            attribute_indices,
             ..Default::default()
         });
         self.mappings.insert(lib, i);

@@ -212,6 +212,7 @@ pub fn build_of(p: &Profile, run: &RunInfo, keep: &dyn Fn(&ProcessData) -> bool)
         out.mapping.push(Mapping {
             id: i as u64 + 1,
             filename: s.id(&lib.path),
+            build_id: lib.build_id.as_deref().map_or(0, |b| s.id(b)),
             has_functions: true,
             ..Default::default()
         });

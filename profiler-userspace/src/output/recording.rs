@@ -145,6 +145,9 @@ struct V2Kernel {
 struct V2Lib {
     name: String,
     path: String,
+    /// Version 4: its GNU build id in hex.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    build_id: Option<String>,
 }
 
 #[derive(Default, Serialize, Deserialize)]
@@ -412,6 +415,7 @@ fn to_v2(p: &Profile, run: &RunInfo) -> V2 {
             .map(|l| V2Lib {
                 name: l.name.to_string(),
                 path: l.path.to_string(),
+                build_id: l.build_id.as_deref().map(str::to_string),
             })
             .collect(),
         funcs,
@@ -448,6 +452,7 @@ fn from_v2(r: V2) -> Result<(Profile, RunInfo), RecordingError> {
         .map(|l| Lib {
             name: Arc::from(l.name),
             path: Arc::from(l.path),
+            build_id: l.build_id.map(Arc::from),
         })
         .collect();
     p.funcs = funcs_from_v2(r.funcs)?;

@@ -58,6 +58,8 @@ pub struct ElfFile {
     /// How a stripped file (no `.symtab` of its own) names its separate debug file: its GNU build
     /// id and its `.gnu_debuglink` (file name and CRC-32).
     stripped: Option<DebugLinks>,
+    /// Its GNU build id in hex, for the formats that carry one (pprof, OTLP).
+    pub build_id: Option<Arc<str>>,
 }
 
 const UNWIND_SECTIONS: [&str; 5] = [
@@ -191,6 +193,12 @@ impl ElfFile {
                 }
             }
         }
+        let build_id: Option<Arc<str>> = file.build_id().ok().flatten().map(|b| {
+            b.iter()
+                .map(|x| format!("{x:02x}"))
+                .collect::<String>()
+                .into()
+        });
         let stripped =
             file.section_by_name(".symtab")
                 .is_none()
@@ -212,6 +220,7 @@ impl ElfFile {
             segments,
             sections,
             stripped,
+            build_id,
         })
     }
 
