@@ -37,4 +37,46 @@ fn main() {
         "cargo:rustc-env=TACHYON_BPF_OBJECT={}",
         ws.join(bpf_object(&arch)).display()
     );
+    // `--version`: the commit and the target it was built from (a build outside a git checkout
+    // says `unknown`).
+    let commit = std::process::Command::new("git")
+        .current_dir(&ws)
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .filter(|c| !c.is_empty())
+        .unwrap_or_else(|| "unknown".into());
+    println!("cargo:rustc-env=TACHYON_BPF_COMMIT={commit}");
+    println!(
+        "cargo:rustc-env=TACHYON_BPF_TARGET={}",
+        std::env::var("TARGET").unwrap_or_default()
+    );
+    // Built again when the commit changes: HEAD, the branch it names, and packed refs.
+    let git = |args: &[&str]| {
+        std::process::Command::new("git")
+            .current_dir(&ws)
+            .args(args)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    };
+    if let Some(dir) = git(&["rev-parse", "--git-dir"]) {
+        let dir = PathBuf::from(dir);
+        let dir = if dir.is_absolute() { dir } else { ws.join(dir) };
+        let common = git(&["rev-parse", "--git-common-dir"])
+            .map(PathBuf::from)
+            .map(|d| if d.is_absolute() { d } else { ws.join(d) })
+            .unwrap_or_else(|| dir.clone());
+        println!("cargo:rerun-if-changed={}", dir.join("HEAD").display());
+        println!(
+            "cargo:rerun-if-changed={}",
+            common.join("packed-refs").display()
+        );
+        if let Some(branch) = git(&["symbolic-ref", "-q", "HEAD"]) {
+            println!("cargo:rerun-if-changed={}", common.join(branch).display());
+        }
+    }
 }

@@ -19,12 +19,24 @@ fn format_parser() -> impl TypedValueParser<Value = Format> {
         .map(|s| Format::from_name(&s).expect("a possible value"))
 }
 
+/// `--version`: the build, and what it runs on (`-V` says the version alone).
+const LONG_VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    "\ncommit ",
+    env!("TACHYON_BPF_COMMIT"),
+    ", built for ",
+    env!("TACHYON_BPF_TARGET"),
+    "\nkernels: Linux 5.10 or newer with BTF, x86_64 and aarch64",
+    "\nPython: CPython 3.8 to 3.15 (free-threaded builds: native stacks only)"
+);
+
 /// Sample every CPU and write where processes spend their time: Python, native and kernel
 /// frames, GIL and CPU state, as a Firefox Profiler profile or any other format.
 #[derive(Parser, Debug)]
 #[command(
     name = "tachyon-bpf",
     version,
+    long_version = LONG_VERSION,
     about,
     after_help = "Needs Linux 5.10 or newer with BTF (README: Kernels), and root or the \
                   capabilities of README: Least privilege.",
@@ -64,10 +76,12 @@ pub struct DumpArgs {
     /// JSON instead of text.
     #[arg(long)]
     pub json: bool,
-    /// Also every asyncio task of the process's event loops, each with its await chain, and
-    /// running threads shown from their running task (Python 3.11+).
-    #[arg(long)]
-    pub async_aware: bool,
+    /// running (the default when no value is given): show each thread that runs an asyncio
+    /// event loop from the task it runs. all: that, and every suspended task of the process's
+    /// event loops, each with its await chain (Python 3.11+).
+    #[arg(long, value_name = "WHICH", num_args = 0..=1, default_missing_value = "running",
+          require_equals = false, value_parser = ["running", "all"])]
+    pub async_aware: Option<String>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -90,9 +104,9 @@ pub struct RunArgs {
     /// Samples per second on each CPU [default: 1000, or 49 with --continuous].
     #[arg(short, long, value_parser = clap::value_parser!(u64).range(1..=100_000), env = "TACHYON_BPF_RATE")]
     pub rate: Option<u64>,
-    /// Stop after this many seconds (default: until Ctrl-C, the command exits, or every --pid
-    /// process has exited).
-    #[arg(short, long, value_name = "SECS", value_parser = parse_secs, env = "TACHYON_BPF_DURATION")]
+    /// Stop after this long: seconds, or with a unit (30, 30s, 5m; default: until Ctrl-C, the
+    /// command exits, or every --pid process has exited).
+    #[arg(short, long, value_name = "DURATION", value_parser = parse_secs, env = "TACHYON_BPF_DURATION")]
     pub duration: Option<f64>,
     /// Output file (default profile.json, or profile.<ext> for another format); with several
     /// formats, the base name each format adds its extension to.
@@ -107,12 +121,12 @@ pub struct RunArgs {
     #[arg(long, env = "TACHYON_BPF_OPEN")]
     pub open: bool,
     /// Permissions of the files written, in octal (profiles name every user's code paths).
-    #[arg(long, value_name = "OCTAL", default_value = "600", value_parser = parse_mode, env = "TACHYON_BPF_OUTPUT_MODE")]
-    pub output_mode: u32,
+    #[arg(long, alias = "output-mode", value_name = "OCTAL", default_value = "600", value_parser = parse_mode, env = "TACHYON_BPF_FILE_MODE")]
+    pub file_mode: u32,
     /// Profile until stopped, writing one profile per --rotate interval into --output-dir.
     #[arg(long, requires = "output_dir", conflicts_with_all = ["output", "open", "command"], env = "TACHYON_BPF_CONTINUOUS")]
     pub continuous: bool,
-    /// With --continuous: the length of each profile (e.g. 60s, 5m).
+    /// With --continuous: the length of each profile (60, 60s, 5m).
     #[arg(long, value_parser = parse_rotate, default_value = "60s", requires = "continuous", env = "TACHYON_BPF_ROTATE")]
     pub rotate: Duration,
     /// With --continuous: the directory the interval profiles go to (created if missing).
@@ -169,12 +183,12 @@ pub struct RunArgs {
     /// collapsed stacks, an opcode per frame in JSONL.
     #[arg(long, env = "TACHYON_BPF_OPCODES")]
     pub opcodes: bool,
-    /// running: show each sample of a thread that runs an asyncio event loop from the task it
+    /// running (the default when no value is given): show each sample of a thread that runs an asyncio event loop from the task it
     /// runs, under `<task> NAME` frames of that task and of each task awaiting it, outermost
     /// first, instead of under the loop's machinery (Python 3.11+; others are shown plain).
     /// all: that, and every suspended task's await chain, sampled every 100 ms on a
     /// pseudo-thread of its loop, weighted with the time it stood for (a wall-time view).
-    #[arg(long, value_name = "WHICH", value_parser = ["running", "all"], env = "TACHYON_BPF_ASYNC_AWARE")]
+    #[arg(long, value_name = "WHICH", num_args = 0..=1, default_missing_value = "running", value_parser = ["running", "all"], env = "TACHYON_BPF_ASYNC_AWARE")]
     pub async_aware: Option<String>,
     /// No summary on stderr.
     #[arg(short, long, env = "TACHYON_BPF_QUIET")]
@@ -191,6 +205,10 @@ pub struct RunArgs {
     /// Print more: the kernel's whole verifier log when it refuses a program.
     #[arg(short, long, env = "TACHYON_BPF_VERBOSE")]
     pub verbose: bool,
+    /// Run -- COMMAND as root under sudo. By default it runs as the user who ran sudo
+    /// (SUDO_UID, SUDO_GID), with their groups and home, as it would without the profiler.
+    #[arg(long, env = "TACHYON_BPF_RUN_AS_ROOT")]
+    pub run_as_root: bool,
     /// Command to launch and profile until it exits.
     #[arg(last = true, value_name = "CMD")]
     pub command: Vec<String>,
@@ -217,8 +235,8 @@ pub struct ConvertArgs {
     #[arg(long)]
     pub open: bool,
     /// Permissions of the files written, in octal.
-    #[arg(long, value_name = "OCTAL", default_value = "600", value_parser = parse_mode)]
-    pub output_mode: u32,
+    #[arg(long, alias = "output-mode", value_name = "OCTAL", default_value = "600", value_parser = parse_mode)]
+    pub file_mode: u32,
     /// Nothing on stderr but errors.
     #[arg(short, long)]
     pub quiet: bool,
@@ -227,17 +245,33 @@ pub struct ConvertArgs {
 /// The longest `-d`: a year (longer is a typo, and would overflow the timers).
 pub const MAX_SECS: f64 = 365.0 * 24.0 * 3600.0;
 
-fn parse_secs(s: &str) -> Result<f64, String> {
-    match s.parse::<f64>() {
-        Ok(v) if v.is_finite() && v > 0.0 && v <= MAX_SECS => Ok(v),
-        _ => Err(format!(
-            "{s:?} is not a duration: give seconds, more than 0 and at most {MAX_SECS}"
+/// A duration as `-d` and `--rotate` take it: seconds (`30`, `0.5`) or with a unit (`30s`,
+/// `5m`, `1h 30m`); each caller bounds it.
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let t = s.trim();
+    match t.parse::<f64>() {
+        Ok(v) if v.is_finite() && (0.0..=MAX_SECS).contains(&v) => Ok(Duration::from_secs_f64(v)),
+        Ok(_) => Err(format!(
+            "{s:?} is not a duration: more than 0 and at most a year, in seconds or with a unit \
+             (30s, 5m)"
         )),
+        Err(_) => humantime::parse_duration(t)
+            .map_err(|e| format!("{s:?} is not a duration ({e}): give 30, 30s, 5m or 1h")),
     }
 }
 
+fn parse_secs(s: &str) -> Result<f64, String> {
+    let d = parse_duration(s)?;
+    if d.is_zero() || d.as_secs_f64() > MAX_SECS {
+        return Err(format!(
+            "{s:?} is not a duration: more than 0 and at most a year"
+        ));
+    }
+    Ok(d.as_secs_f64())
+}
+
 fn parse_rotate(s: &str) -> Result<Duration, String> {
-    let d = humantime::parse_duration(s).map_err(|e| format!("{s:?}: {e}"))?;
+    let d = parse_duration(s)?;
     if d < Duration::from_secs(1) || d.as_secs_f64() > MAX_SECS {
         return Err(format!(
             "{s:?}: an interval is at least 1s and at most a year"
@@ -344,6 +378,85 @@ mod tests {
             n += 1;
         }
         assert!(n >= 25, "{n} options");
+    }
+
+    #[test]
+    fn durations_take_seconds_or_units_alike() {
+        for (d, secs) in [
+            ("30", 30.0),
+            ("30s", 30.0),
+            ("0.5", 0.5),
+            ("5m", 300.0),
+            ("1h", 3600.0),
+        ] {
+            let c = parse(&["--all", "-d", d]).unwrap();
+            assert_eq!(c.run.duration, Some(secs), "-d {d}");
+        }
+        for (r, secs) in [("60", 60), ("60s", 60), ("5m", 300)] {
+            let c = parse(&[
+                "--all-pythons",
+                "--continuous",
+                "--output-dir",
+                "/tmp/x",
+                "--rotate",
+                r,
+            ])
+            .unwrap();
+            assert_eq!(c.run.rotate, Duration::from_secs(secs), "--rotate {r}");
+        }
+        for bad in ["0", "0s", "abc", "2y", "nan", "inf"] {
+            let e = parse(&["--all", "-d", bad]).unwrap_err();
+            assert!(e.contains("is not a duration"), "{bad}: {e}");
+        }
+        let e = parse(&[
+            "--all-pythons",
+            "--continuous",
+            "--output-dir",
+            "x",
+            "--rotate",
+            "0.5",
+        ])
+        .unwrap_err();
+        assert!(e.contains("at least 1s"), "{e}");
+    }
+
+    #[test]
+    fn async_aware_takes_the_same_values_everywhere() {
+        let c = parse(&["--all-pythons", "--async-aware"]).unwrap();
+        assert_eq!(c.run.async_aware.as_deref(), Some("running"));
+        let c = parse(&["--all-pythons", "--async-aware", "all"]).unwrap();
+        assert_eq!(c.run.async_aware.as_deref(), Some("all"));
+        let c = parse(&["--async-aware", "--", "python3", "app.py"]).unwrap();
+        assert_eq!(c.run.async_aware.as_deref(), Some("running"));
+        assert_eq!(c.run.command, ["python3", "app.py"]);
+        for (args, want) in [
+            (&["dump", "-p", "1", "--async-aware"][..], "running"),
+            (&["dump", "-p", "1", "--async-aware", "all"][..], "all"),
+            (&["dump", "--async-aware", "-p", "1"][..], "running"),
+        ] {
+            let Some(Cmd::Dump(d)) = parse(args).unwrap().cmd else {
+                panic!("dump")
+            };
+            assert_eq!(d.async_aware.as_deref(), Some(want), "{args:?}");
+        }
+    }
+
+    #[test]
+    fn file_mode_keeps_its_old_name() {
+        assert_eq!(
+            parse(&["--all", "--file-mode", "640"])
+                .unwrap()
+                .run
+                .file_mode,
+            0o640
+        );
+        assert_eq!(
+            parse(&["--all", "--output-mode", "644"])
+                .unwrap()
+                .run
+                .file_mode,
+            0o644
+        );
     }
 
     #[test]

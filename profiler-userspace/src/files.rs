@@ -12,13 +12,34 @@
 //! - a directory that other users can write to is refused unless it is sticky (as `/tmp` is);
 //! - writability is probed with an unnamed `O_TMPFILE`, never a named file;
 //! - temporary files a killed run left behind (its pid is in their name and gone) are removed by
-//!   the next run that writes the same name, if they are regular files owned by this user.
+//!   the next run that writes the same name, if they are regular files owned by this user;
+//! - run by `sudo`, what is written belongs to the user who ran it (`SUDO_UID`, `SUDO_GID`:
+//!   `set_owner`), still with the mode asked for, so that they can open their profile.
 
 use std::ffi::{CString, OsStr};
 use std::io::Write;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
+
+/// Who the files written belong to, when not this process's user (`set_owner`).
+static OWNER: std::sync::OnceLock<(u32, u32)> = std::sync::OnceLock::new();
+
+/// From now on, files and directories written belong to `uid`:`gid` (once per process).
+pub fn set_owner(uid: u32, gid: u32) {
+    let _ = OWNER.set((uid, gid));
+}
+
+/// Gives `fd` (a file or directory just made) to the owner `set_owner` named, if any.
+fn give(fd: &impl AsRawFd) -> std::io::Result<()> {
+    if let Some(&(uid, gid)) = OWNER.get() {
+        // SAFETY: a valid descriptor.
+        if unsafe { libc::fchown(fd.as_raw_fd(), uid, gid) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
 
 /// `-o -`: the profile goes to standard output.
 pub fn is_stdout(path: &Path) -> bool {
@@ -202,6 +223,7 @@ pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()>
     let mut f = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
     let result = (|| {
         f.write_all(bytes)?;
+        give(&f)?;
         f.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(mode & 0o777))?;
         f.sync_all()?;
         // SAFETY: valid descriptors and names.
@@ -310,9 +332,11 @@ pub fn write_dir_atomic(
             // SAFETY: a fresh descriptor that nothing else owns.
             let mut f = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
             f.write_all(bytes)?;
+            give(&f)?;
             f.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(mode))?;
             f.sync_all()?;
         }
+        give(&sub)?;
         // SAFETY: a valid descriptor.
         if unsafe { libc::fchmod(sub.as_raw_fd(), dir_mode) } != 0 {
             return Err(std::io::Error::last_os_error());
@@ -458,6 +482,7 @@ pub fn prepare_output_dir(dir: &Path, mode: u32) -> std::io::Result<()> {
                     return Err(e);
                 }
             } else {
+                give(&open_dir(dir)?)?;
                 // The umask only takes bits away; set exactly what was asked.
                 std::fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(dmode))?;
             }

@@ -346,9 +346,73 @@ fn entry_point(pid: u32) -> Option<u64> {
         .filter(|&v| v != 0)
 }
 
-/// Forks the command and holds it before `exec` on a pipe, so its first instruction is sampled.
-/// `std::process::Command` cannot do this: `spawn` itself waits for the `exec`.
-pub fn launch(command: &[String]) -> Result<Launched, AppError> {
+/// The user a launched command runs as instead of root: who ran `sudo` (`SUDO_UID`,
+/// `SUDO_GID`), with their groups and their `HOME`, `USER` and `LOGNAME`.
+pub struct RunAs {
+    pub uid: u32,
+    pub gid: u32,
+    groups: Vec<libc::gid_t>,
+    /// The environment the command gets (this one's, with the user's own names and home).
+    env: Vec<std::ffi::CString>,
+}
+
+/// Who ran `sudo`, when this process is root by `sudo`: `SUDO_UID` and `SUDO_GID` (root's own
+/// `sudo` is not a user to drop to).
+pub fn sudo_user() -> Option<(u32, u32)> {
+    // SAFETY: no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return None;
+    }
+    let uid: u32 = std::env::var("SUDO_UID").ok()?.parse().ok()?;
+    let gid: u32 = std::env::var("SUDO_GID").ok()?.parse().ok()?;
+    (uid != 0).then_some((uid, gid))
+}
+
+impl RunAs {
+    /// The user `uid`:`gid`: their groups and home from the user database when it has them.
+    pub fn new(uid: u32, gid: u32) -> RunAs {
+        use std::os::unix::ffi::OsStrExt;
+        let user = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid))
+            .ok()
+            .flatten();
+        let groups = user
+            .as_ref()
+            .and_then(|u| {
+                let name = std::ffi::CString::new(u.name.as_bytes()).ok()?;
+                nix::unistd::getgrouplist(&name, nix::unistd::Gid::from_raw(gid)).ok()
+            })
+            .map(|g| g.into_iter().map(|g| g.as_raw()).collect())
+            .unwrap_or_else(|| vec![gid]);
+        let mut env: Vec<(std::ffi::OsString, std::ffi::OsString)> = std::env::vars_os()
+            .filter(|(k, _)| !matches!(k.to_str(), Some("HOME" | "USER" | "LOGNAME" | "MAIL")))
+            .collect();
+        if let Some(u) = &user {
+            env.push(("HOME".into(), u.dir.clone().into_os_string()));
+            env.push(("USER".into(), u.name.clone().into()));
+            env.push(("LOGNAME".into(), u.name.clone().into()));
+        }
+        let env = env
+            .into_iter()
+            .filter_map(|(k, v)| {
+                let mut b = k.as_bytes().to_vec();
+                b.push(b'=');
+                b.extend_from_slice(v.as_bytes());
+                std::ffi::CString::new(b).ok()
+            })
+            .collect();
+        RunAs {
+            uid,
+            gid,
+            groups,
+            env,
+        }
+    }
+}
+
+/// Forks the command and holds it before `exec` on a pipe, so its first instruction is sampled;
+/// as `run_as` when given. `std::process::Command` cannot do this: `spawn` itself waits for the
+/// `exec`.
+pub fn launch(command: &[String], run_as: Option<&RunAs>) -> Result<Launched, AppError> {
     use std::ffi::CString;
     use std::os::fd::{FromRawFd, OwnedFd};
     let args: Vec<CString> = command
@@ -358,6 +422,10 @@ pub fn launch(command: &[String]) -> Result<Launched, AppError> {
         .map_err(|_| usage("command arguments cannot contain NUL bytes"))?;
     let mut argv: Vec<*const libc::c_char> = args.iter().map(|a| a.as_ptr()).collect();
     argv.push(std::ptr::null());
+    let mut envp: Vec<*const libc::c_char> = run_as
+        .map(|r| r.env.iter().map(|e| e.as_ptr()).collect())
+        .unwrap_or_default();
+    envp.push(std::ptr::null());
     // The error pipe reports a failed exec (errno) back; it closes on a successful exec.
     let mut go = [0i32; 2];
     let mut err = [0i32; 2];
@@ -392,7 +460,20 @@ pub fn launch(command: &[String]) -> Result<Launched, AppError> {
             libc::write(err[1], &traced as *const u8 as *const libc::c_void, 1);
             let mut b = 0u8;
             libc::read(go[0], &mut b as *mut u8 as *mut libc::c_void, 1);
-            libc::execvp(argv[0], argv.as_ptr());
+            if let Some(r) = run_as {
+                // Groups, then group, then user: once the user is dropped, nothing else can be.
+                if libc::setgroups(r.groups.len(), r.groups.as_ptr()) != 0
+                    || libc::setgid(r.gid) != 0
+                    || libc::setuid(r.uid) != 0
+                {
+                    let e = *libc::__errno_location();
+                    libc::write(err[1], &e as *const i32 as *const libc::c_void, 4);
+                    libc::_exit(127);
+                }
+                libc::execvpe(argv[0], argv.as_ptr(), envp.as_ptr());
+            } else {
+                libc::execvp(argv[0], argv.as_ptr());
+            }
             let e = *libc::__errno_location();
             libc::write(err[1], &e as *const i32 as *const libc::c_void, 4);
             libc::_exit(127);

@@ -17,6 +17,13 @@ use run::Command;
 
 fn main() {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
+    if bare() {
+        // Nothing asked, on the command line or in TACHYON_BPF_* variables: the help, as
+        // `--help` prints it, and the usage error's exit code.
+        use clap::CommandFactory;
+        let _ = Cli::command().print_help();
+        std::process::exit(2);
+    }
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) if e.use_stderr() => {
@@ -32,6 +39,10 @@ fn main() {
             std::process::exit(0);
         }
     };
+    // Run by sudo: what is written belongs to the user who ran it.
+    if let Some((uid, gid)) = launch::sudo_user() {
+        tachyon_bpf::files::set_owner(uid, gid);
+    }
     if let Some(what) = &cli.generate {
         std::process::exit(generate(what));
     }
@@ -55,6 +66,21 @@ fn main() {
             std::process::exit(e.code());
         }
     }
+}
+
+/// No argument, and no option given by its variable (a daemon configured by its environment
+/// alone is not bare).
+fn bare() -> bool {
+    use clap::CommandFactory;
+    if std::env::args_os().len() > 1 {
+        return false;
+    }
+    let cmd = Cli::command();
+    let configured = cmd
+        .get_arguments()
+        .filter_map(|a| a.get_env())
+        .any(|name| std::env::var_os(name).is_some());
+    !configured
 }
 
 /// The man page or a completion script, from the command line's own definition (so they never

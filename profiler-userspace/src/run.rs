@@ -99,7 +99,12 @@ pub async fn run(cli: RunArgs, command: Command) -> Result<i32, AppError> {
     let launched = if cli.command.is_empty() {
         None
     } else {
-        Some(launch::launch(&cli.command)?)
+        // Run by sudo: the command runs as the user who ran it, as it would without the
+        // profiler (unless --run-as-root).
+        let run_as = launch::sudo_user()
+            .filter(|_| !cli.run_as_root)
+            .map(|(uid, gid)| launch::RunAs::new(uid, gid));
+        Some(launch::launch(&cli.command, run_as.as_ref())?)
     };
     let explicit = targets(&cli, &mut capture, launched.as_ref())?;
     let mut run = Running::start(&cli, command, rate, sink, capture, explicit, bpf_logs)?;
@@ -739,7 +744,7 @@ fn convert_diff(
     output::write_atomic(
         &path,
         &bytes,
-        output::WriteOptions::with_mode(args.output_mode),
+        output::WriteOptions::with_mode(args.file_mode),
     )
     .map_err(|e| other(format!("cannot write {}: {e}", path.display())))?;
     if !args.quiet {
@@ -801,8 +806,8 @@ pub async fn dump(args: DumpArgs) -> Result<i32, AppError> {
         DUMP_WINDOW_SECS,
         "-q",
     ];
-    if args.async_aware {
-        argv.extend(["--async-aware", "all"]);
+    if let Some(which) = args.async_aware.as_deref() {
+        argv.extend(["--async-aware", which]);
     }
     let cli = crate::cli::Cli::try_parse_from(argv).map_err(|e| other(format!("dump: {e}")))?;
     run(cli.run, Command::Dump { json: args.json }).await
@@ -837,7 +842,7 @@ pub async fn convert(args: ConvertArgs) -> Result<i32, AppError> {
         &profile,
         &run,
         &outputs,
-        output::WriteOptions::with_mode(args.output_mode),
+        output::WriteOptions::with_mode(args.file_mode),
     )?;
     if !args.quiet {
         let paths: Vec<_> = outputs.into_iter().map(|(_, p)| p).collect();

@@ -185,7 +185,7 @@ impl Files {
         }
         Ok(Files {
             outputs,
-            write: output::WriteOptions::with_mode(cli.output_mode),
+            write: output::WriteOptions::with_mode(cli.file_mode),
         })
     }
 }
@@ -218,7 +218,7 @@ impl Recording {
         writable(&path)?;
         Ok(Recording {
             path,
-            write: output::WriteOptions::with_mode(cli.output_mode),
+            write: output::WriteOptions::with_mode(cli.file_mode),
         })
     }
 }
@@ -345,11 +345,11 @@ impl Continuous {
             .output_dir
             .clone()
             .ok_or_else(|| usage("--continuous needs --output-dir"))?;
-        tachyon_bpf::files::prepare_output_dir(&dir, cli.output_mode)
+        tachyon_bpf::files::prepare_output_dir(&dir, cli.file_mode)
             .map_err(|e| output_err(format!("cannot use {}: {e}", dir.display())))?;
         writable(&dir.join("tachyon-probe"))?;
         Ok(Continuous {
-            write: output::WriteOptions::with_mode(cli.output_mode),
+            write: output::WriteOptions::with_mode(cli.file_mode),
             dir,
             formats: cli.format.clone(),
             keep: cli.keep.map(|k| k as usize),

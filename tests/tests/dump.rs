@@ -206,7 +206,7 @@ async def main():
 asyncio.run(main())
 "#;
 
-/// `dump --async-aware` on 3.11 to 3.15: every suspended task, by name, with its
+/// `dump --async-aware all` on 3.11 to 3.15: every suspended task, by name, with its
 /// await chain (the task awaiting it, its coroutines down to where it waits).
 #[test]
 fn dump_async_aware_lists_every_task_where_it_waits() {
@@ -218,16 +218,32 @@ fn dump_async_aware_lists_every_task_where_it_waits() {
         let mut child = start(&python(minor), &script);
         let pid = child.id().to_string();
         let o = run_profiler(
-            &["dump", "--pid", &pid, "--json", "--async-aware"],
+            &["dump", "--pid", &pid, "--json", "--async-aware", "all"],
             Duration::from_secs(60),
         );
         let text = run_profiler(
-            &["dump", "--pid", &pid, "--async-aware"],
+            &["dump", "--pid", &pid, "--async-aware=all"],
+            Duration::from_secs(60),
+        );
+        // A bare --async-aware is `running`, as on the main command: no suspended tasks.
+        let running = run_profiler(
+            &["dump", "--pid", &pid, "--json", "--async-aware"],
             Duration::from_secs(60),
         );
         let _ = child.kill();
         let _ = child.wait();
         assert!(o.status.success(), "{minor}: {}", stderr_of(&o));
+        assert!(running.status.success(), "{minor}: {}", stderr_of(&running));
+        let r: Value = serde_json::from_slice(&running.stdout).unwrap();
+        let suspended = r["processes"][0]["event_loops"].as_array().map_or(0, |l| {
+            l.iter()
+                .map(|lp| lp["suspended_tasks"].as_array().map_or(0, Vec::len))
+                .sum()
+        });
+        assert_eq!(
+            suspended, 0,
+            "{minor}: running lists no suspended task: {r:#}"
+        );
         let v: Value = serde_json::from_slice(&o.stdout).unwrap();
         let loops = v["processes"][0]["event_loops"].as_array().unwrap();
         assert_eq!(loops.len(), 1, "{minor}: one event loop: {v:#}");

@@ -178,3 +178,21 @@ fn impossible_values_are_refused_before_anything_starts() {
     check(&o, 5, "is a kernel thread");
     assert!(!out.exists());
 }
+
+/// A bare `tachyon-bpf` prints the help (and exits as a usage error does).
+#[test]
+fn a_bare_invocation_prints_the_help() {
+    let mut c = std::process::Command::new(profiler_bin());
+    for (k, _) in std::env::vars() {
+        if k.starts_with("TACHYON_BPF_") {
+            c.env_remove(k);
+        }
+    }
+    let o = c.output().unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.contains("Usage:") && out.contains("--all-pythons") && out.contains("record"),
+        "{out}"
+    );
+}

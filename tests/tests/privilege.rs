@@ -1,10 +1,11 @@
 //! Least privilege: an unprivileged user holding exactly the documented capabilities profiles
 //! another user's (root's) Python process fully: native frames from binaries it cannot read by
 //! path, Python frames, named kernel frames. Without any one of them, the error names it.
-//! Files are 0600 unless --output-mode says otherwise.
+//! Files are 0600 unless --file-mode says otherwise; under sudo they and the launched command
+//! belong to the user who ran it.
 
-use std::os::unix::fs::PermissionsExt;
-use std::path::Path;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
@@ -80,10 +81,13 @@ fn the_documented_capabilities_are_enough_and_each_is_needed() {
     let mode = std::fs::metadata(&out).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o600, "private by default");
 
-    let o = as_nobody_with(&CAPS, &args(&["--output-mode", "640"]));
-    assert!(o.status.success());
-    let mode = std::fs::metadata(&out).unwrap().permissions().mode() & 0o777;
-    assert_eq!(mode, 0o640, "--output-mode");
+    // --file-mode, and its old name.
+    for (flag, want) in [("--file-mode", 0o640), ("--output-mode", 0o644)] {
+        let o = as_nobody_with(&CAPS, &args(&[flag, &format!("{want:o}")]));
+        assert!(o.status.success());
+        let mode = std::fs::metadata(&out).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, want, "{flag}");
+    }
 
     for drop in CAPS {
         let fewer: Vec<&str> = CAPS.iter().copied().filter(|c| *c != drop).collect();
@@ -94,4 +98,67 @@ fn the_documented_capabilities_are_enough_and_each_is_needed() {
         let named = format!("missing: {}", drop.to_uppercase());
         assert!(err.contains(&named), "without {drop}: {err}");
     }
+}
+
+/// Under `sudo` (SUDO_UID and SUDO_GID, as sudo sets them), the profile belongs to the user who
+/// ran it, still private, and the launched command runs as that user with their groups; with
+/// --run-as-root it runs as root, as before.
+#[test]
+fn under_sudo_the_profile_and_the_command_belong_to_the_user() {
+    require_root();
+    let dir = scratch("sudo");
+    let out = dir.join("profile");
+    let probe = "import os; print(os.getuid(), os.getgid(), os.environ.get('USER'))";
+    let run = |extra: &[&str]| {
+        let mut args = vec!["-o", out.to_str().unwrap(), "-f", "gecko,heatmap"];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&["--", "/usr/bin/python3.11", "-c", probe]);
+        let o = Command::new(profiler_bin())
+            .args(&args)
+            .env("SUDO_UID", "65534")
+            .env("SUDO_GID", "65534")
+            .env("SUDO_USER", "nobody")
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8_lossy(&o.stdout).trim().to_string()
+    };
+    // -o with two formats: the base name, each format adding its extension.
+    let said = run(&[]);
+    assert_eq!(
+        said, "65534 65534 nobody",
+        "the command ran as the sudo user"
+    );
+    let gecko = PathBuf::from(format!("{}.json", out.display()));
+    let m = std::fs::metadata(&gecko).unwrap();
+    assert_eq!(
+        (m.uid(), m.gid()),
+        (65534, 65534),
+        "the profile is the user's"
+    );
+    assert_eq!(m.permissions().mode() & 0o777, 0o600, "and still private");
+    let pages = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .find(|e| e.path().is_dir())
+        .expect("the heatmap's directory");
+    assert_eq!(
+        pages.metadata().unwrap().uid(),
+        65534,
+        "{}",
+        pages.path().display()
+    );
+    for page in std::fs::read_dir(pages.path()).unwrap().flatten() {
+        assert_eq!(
+            page.metadata().unwrap().uid(),
+            65534,
+            "{}",
+            page.path().display()
+        );
+    }
+    // The directory itself is left as it was.
+    assert_eq!(std::fs::metadata(&dir).unwrap().uid(), 0);
+
+    let said = run(&["--run-as-root"]);
+    assert!(said.starts_with("0 0"), "--run-as-root: {said}");
 }

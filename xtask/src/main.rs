@@ -231,6 +231,13 @@ fn fuzz(secs: u64) -> Result<()> {
 }
 
 fn main() -> Result<()> {
+    // `sudo cargo xtask test` (the README's way): the profilers the tests and benchmarks start
+    // are root, not run on a user's behalf. With SUDO_UID they would give their files to that
+    // user and run launched commands as them (see `launch::sudo_user`); the tests that check
+    // that set it themselves.
+    for var in ["SUDO_UID", "SUDO_GID", "SUDO_USER", "SUDO_COMMAND"] {
+        std::env::remove_var(var);
+    }
     let args: Vec<String> = std::env::args().skip(1).collect();
     let task = args.first().map(String::as_str).unwrap_or("help");
     let rest = if args.len() > 1 { &args[1..] } else { &[] };
