@@ -658,3 +658,69 @@ pub fn serve_recording(rec: &Path, out: &Path) -> (Child, String) {
     .unwrap();
     (child, line.trim().to_string())
 }
+
+/// An OTLP/HTTP receiver of the profiles signal, in Python with the official generated code
+/// (PyPI's `opentelemetry-proto`): each request decoded, summed up as one JSON line in the
+/// file given, answered with an empty `ExportProfilesServiceResponse`. Prints its port.
+pub const OTLP_RECEIVER: &str = r#"
+import http.server, json, sys
+from opentelemetry.proto.collector.profiles.v1development import profiles_service_pb2 as svc
+
+out = open(sys.argv[1], "a")
+
+def value(v):
+    k = v.WhichOneof("value")
+    return getattr(v, k) if k else None
+
+class H(http.server.BaseHTTPRequestHandler):
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        req = svc.ExportProfilesServiceRequest()
+        req.ParseFromString(body)
+        d = req.dictionary
+        s = d.string_table
+        procs = []
+        for rp in req.resource_profiles:
+            attrs = {a.key: value(a.value) for a in rp.resource.attributes}
+            total, n, frames, threads, build_ids = 0, 0, set(), set(), {}
+            for sp in rp.scope_profiles:
+                for p in sp.profiles:
+                    kind = s[p.sample_type.type_strindex] + "/" + s[p.sample_type.unit_strindex]
+                    for smp in p.samples:
+                        n += 1
+                        total += sum(smp.values)
+                        for i in smp.attribute_indices:
+                            kv = d.attribute_table[i]
+                            if s[kv.key_strindex] == "thread.name":
+                                threads.add(value(kv.value))
+                        for li in d.stack_table[smp.stack_index].location_indices:
+                            loc = d.location_table[li]
+                            m = d.mapping_table[loc.mapping_index]
+                            for i in m.attribute_indices:
+                                kv = d.attribute_table[i]
+                                if s[kv.key_strindex] == "process.executable.build_id.gnu":
+                                    build_ids[s[m.filename_strindex]] = value(kv.value)
+                            for line in loc.lines:
+                                f = d.function_table[line.function_index]
+                                frames.add((s[f.name_strindex], s[f.filename_strindex], line.line,
+                                            s[d.mapping_table[loc.mapping_index].filename_strindex]))
+            procs.append({"attrs": attrs, "kind": kind, "samples": n, "total": total,
+                          "frames": sorted(frames), "threads": sorted(threads),
+                          "build_ids": build_ids})
+        out.write(json.dumps({"path": self.path, "type": self.headers["Content-Type"],
+                              "processes": procs}) + "\n")
+        out.flush()
+        reply = svc.ExportProfilesServiceResponse().SerializeToString()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-protobuf")
+        self.send_header("Content-Length", str(len(reply)))
+        self.end_headers()
+        self.wfile.write(reply)
+
+    def log_message(self, *a):
+        pass
+
+srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+print(srv.server_address[1], flush=True)
+srv.serve_forever()
+"#;

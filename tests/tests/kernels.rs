@@ -276,15 +276,26 @@ fn container_script(bin: &Path) -> String {
         "{} is missing: run the tests with `cargo xtask test`",
         root.display()
     );
-    let (bin, root) = (bin.display(), root.display());
+    let otlp_python = tools_dir().join("otlp/venv/bin/python");
+    assert!(
+        otlp_python.exists(),
+        "{} is missing: run the tests with `cargo xtask test`",
+        otlp_python.display()
+    );
+    let (bin, root, otlp_python) = (bin.display(), root.display(), otlp_python.display());
     format!(
         r#"CG=/sys/fs/cgroup/system.slice/docker-{CONTAINER_ID}.scope
+# The run's profile also goes to an OTLP receiver in the guest (PyPI's generated code).
+ip link set lo up 2> $R/otlp.lo
+{otlp_python} $R/receiver.py $R/otlp.jsonl > $R/otlp.port 2> $R/otlp.err & RX=$!
+for i in $(seq 50); do [ -s $R/otlp.port ] && break; sleep 0.2; done
 mount -t cgroup2 cgroup2 /sys/fs/cgroup 2> $R/container.mount
 mkdir -p $CG
 sh -c "echo \$\$ > $CG/cgroup.procs && exec /usr/bin/unshare --pid --mount --fork --kill-child /bin/sh -c '/bin/mount --bind $R {root}/mnt && exec /usr/sbin/chroot {root} /usr/bin/env -i OTEL_SERVICE_NAME=cart PATH=/usr/bin:/bin /usr/bin/python3.13 /mnt/work.py busy 120'" > $R/container.out 2>&1 & C=$!
 sleep 3
 cat $CG/cgroup.procs > $R/container.procs
-{bin} -v -r $RATE --all-pythons -m cpu -d 4 -o $R/container.json 2> $R/container.err; echo $? > $R/container.rc
+{bin} -v -r $RATE --all-pythons -m cpu -d 4 -o $R/container.json --otlp http://127.0.0.1:$(cat $R/otlp.port) 2> $R/container.err; echo $? > $R/container.rc
+kill $RX
 # unshare --fork ignores SIGTERM while it waits; its child dies with it (--kill-child).
 kill -KILL $C
 wait
@@ -373,6 +384,38 @@ fn check_container(g: &Guest, dir: &Path) -> Vec<String> {
     }
     if m["labels"]["container_id"] != CONTAINER_ID || m["labels"]["service_name"] != "cart" {
         fail(format!("the labels: {m}"));
+    }
+    // The same profile over OTLP, as the receiver decoded it: the container's resource.
+    let otlp = read("otlp.jsonl");
+    let req: Option<serde_json::Value> = otlp
+        .lines()
+        .next()
+        .and_then(|l| serde_json::from_str(l).ok());
+    let res = req.as_ref().and_then(|r| {
+        r["processes"]
+            .as_array()?
+            .iter()
+            .find(|p| p["attrs"]["service.name"] == "cart")
+            .cloned()
+    });
+    match res {
+        None => fail(format!(
+            "no OTLP resource of the service cart: {otlp}\nreceiver: {}{}",
+            read("otlp.err"),
+            read("otlp.lo")
+        )),
+        Some(r) => {
+            let at = &r["attrs"];
+            if at["container.id"] != CONTAINER_ID
+                || at["process.pid"] != m["pid"]
+                || at["process.executable.path"] != "/usr/bin/python3.13"
+                || !r["frames"]
+                    .as_array()
+                    .is_some_and(|f| f.iter().any(|f| f[0] == "leaf" && f[1] == "/mnt/work.py"))
+            {
+                fail(format!("the OTLP resource: {r}"));
+            }
+        }
     }
     let files: Vec<String> = g["threads"]
         .as_array()
@@ -814,7 +857,10 @@ fn fleet_kernels_load_sample_and_merge() {
                 g.root = release_root(name, &dir);
                 release_script(&stage_packages(&dir, "x86_64"), 300)
             }
-            None => guest_script(&bin, &bin, &py, 300) + &container_script(&bin),
+            None => {
+                std::fs::write(dir.join("receiver.py"), OTLP_RECEIVER).unwrap();
+                guest_script(&bin, &bin, &py, 300) + &container_script(&bin)
+            }
         };
         std::fs::write(dir.join("guest.sh"), script).unwrap();
         let t0 = Instant::now();
