@@ -38,8 +38,10 @@ const LONG_VERSION: &str = concat!(
     version,
     long_version = LONG_VERSION,
     about,
-    after_help = "Needs Linux 5.10 or newer with BTF (README: Kernels), and root or the \
-                  capabilities of README: Least privilege.",
+    after_help = "Needs Linux 5.10 or newer with BTF, and root or the capabilities CAP_BPF, \
+                  CAP_PERFMON, CAP_SYS_PTRACE, CAP_DAC_READ_SEARCH and CAP_SYSLOG. Under sudo, \
+                  the files written and -- COMMAND belong to the user who ran it. More: \
+                  man tachyon-bpf.",
     args_conflicts_with_subcommands = true
 )]
 pub struct Cli {
@@ -168,8 +170,10 @@ pub struct RunArgs {
     /// Ring buffer size in MiB.
     #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=1024), env = "TACHYON_BPF_RING_MB")]
     pub ring_mb: u32,
-    /// What to count: wall (on- and off-CPU time of every thread), cpu (on-CPU time), gil (time
-    /// holding the GIL), exception (time with an exception raised or handled), all.
+    /// What to count: wall (on- and off-CPU time of every thread, idle ones included), cpu
+    /// (on-CPU time), gil (time holding the GIL), exception (time with an exception raised or
+    /// handled), all (the same samples as wall, each with all its states). A wall or all
+    /// recording converts to any other mode (`convert -m`).
     #[arg(short, long, value_parser = mode_parser(), default_value = "wall", env = "TACHYON_BPF_MODE")]
     pub mode: Mode,
     /// With --pid or -- COMMAND: also profile the processes they start, and theirs.
