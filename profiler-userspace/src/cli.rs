@@ -19,6 +19,44 @@ fn format_parser() -> impl TypedValueParser<Value = Format> {
         .map(|s| Format::from_name(&s).expect("a possible value"))
 }
 
+/// The run options `top` refuses or has no use for (it draws a live table: no files, no
+/// intervals, no export): left out of its help.
+pub const TOP_REFUSES: &[&str] = &[
+    "output",
+    "format",
+    "open",
+    "file_mode",
+    "continuous",
+    "rotate",
+    "output_dir",
+    "keep",
+    "push",
+    "push_name",
+    "otlp",
+    "labels",
+    "env_labels",
+];
+
+/// The run options `record` refuses or has no use for (it writes one recording, which
+/// `convert` writes in formats): left out of its help.
+pub const RECORD_REFUSES: &[&str] = &[
+    "format",
+    "open",
+    "continuous",
+    "rotate",
+    "output_dir",
+    "keep",
+    "push",
+    "push_name",
+];
+
+fn hide_all(mut c: clap::Command, ids: &[&str]) -> clap::Command {
+    for id in ids {
+        c = c.mut_arg(*id, |a| a.hide(true));
+    }
+    c
+}
+
 /// `--version`: the build, and what it runs on (`-V` says the version alone).
 const LONG_VERSION: &str = concat!(
     env!("CARGO_PKG_VERSION"),
@@ -42,7 +80,10 @@ const LONG_VERSION: &str = concat!(
                   CAP_PERFMON, CAP_SYS_PTRACE, CAP_DAC_READ_SEARCH and CAP_SYSLOG. Under sudo, \
                   the files written and -- COMMAND belong to the user who ran it. More: \
                   man tachyon-bpf.",
-    args_conflicts_with_subcommands = true
+    args_conflicts_with_subcommands = true,
+    mut_subcommand("top", |c| hide_all(c, TOP_REFUSES)),
+    mut_subcommand("record", |c| hide_all(c, RECORD_REFUSES)
+        .mut_arg("output", |a| a.help("The recording's file (default profile.tbpf)"))),
 )]
 pub struct Cli {
     /// For packagers: write the man page (`man`) or a shell's completion script (`bash`, `zsh`,
@@ -89,13 +130,19 @@ pub struct DumpArgs {
 #[derive(clap::Args, Debug)]
 pub struct RunArgs {
     /// Profile every process on the host.
-    #[arg(long, conflicts_with_all = ["pid", "all_pythons"], env = "TACHYON_BPF_ALL")]
+    #[arg(help_heading = "Target", long, conflicts_with_all = ["pid", "all_pythons"], env = "TACHYON_BPF_ALL")]
     pub all: bool,
     /// Profile every Python process on the host, including ones started during the run.
-    #[arg(long, conflicts_with = "pid", env = "TACHYON_BPF_ALL_PYTHONS")]
+    #[arg(
+        help_heading = "Target",
+        long,
+        conflicts_with = "pid",
+        env = "TACHYON_BPF_ALL_PYTHONS"
+    )]
     pub all_pythons: bool,
     /// Profile this process, all its threads (repeatable).
     #[arg(
+        help_heading = "Target",
         short,
         long = "pid",
         value_name = "PID",
@@ -104,45 +151,51 @@ pub struct RunArgs {
     )]
     pub pid: Vec<u32>,
     /// Samples per second on each CPU [default: 1000, or 49 with --continuous].
-    #[arg(short, long, value_parser = clap::value_parser!(u64).range(1..=100_000), env = "TACHYON_BPF_RATE")]
+    #[arg(help_heading = "Sampling", short, long, value_parser = clap::value_parser!(u64).range(1..=100_000), env = "TACHYON_BPF_RATE")]
     pub rate: Option<u64>,
     /// Stop after this long: seconds, or with a unit (30, 30s, 5m; default: until Ctrl-C, the
     /// command exits, or every --pid process has exited).
-    #[arg(short, long, value_name = "DURATION", value_parser = parse_secs, env = "TACHYON_BPF_DURATION")]
+    #[arg(help_heading = "Sampling", short, long, value_name = "DURATION", value_parser = parse_secs, env = "TACHYON_BPF_DURATION")]
     pub duration: Option<f64>,
     /// Output file (default profile.json, or profile.<ext> for another format); with several
     /// formats, the base name each format adds its extension to.
-    #[arg(short, long, env = "TACHYON_BPF_OUTPUT")]
+    #[arg(help_heading = "Output", short, long, env = "TACHYON_BPF_OUTPUT")]
     pub output: Option<PathBuf>,
     /// Output formats, comma-separated: gecko (Firefox Profiler), collapsed (folded stacks),
     /// jsonl (CPython sampler JSONL), pprof, flamegraph (SVG), pstats (Python's pstats.Stats),
     /// heatmap (HTML: Python source lines shaded by their samples).
-    #[arg(short, long, value_parser = format_parser(), value_delimiter = ',', env = "TACHYON_BPF_FORMAT")]
+    #[arg(help_heading = "Output", short, long, value_parser = format_parser(), value_delimiter = ',', env = "TACHYON_BPF_FORMAT")]
     pub format: Vec<Format>,
     /// Serve the profile to profiler.firefox.com from 127.0.0.1 and print its link (until Ctrl-C).
-    #[arg(long, env = "TACHYON_BPF_OPEN")]
+    #[arg(help_heading = "Output", long, env = "TACHYON_BPF_OPEN")]
     pub open: bool,
     /// Permissions of the files written, in octal (profiles name every user's code paths).
-    #[arg(long, alias = "output-mode", value_name = "OCTAL", default_value = "600", value_parser = parse_mode, env = "TACHYON_BPF_FILE_MODE")]
+    #[arg(help_heading = "Output", long, alias = "output-mode", value_name = "OCTAL", default_value = "600", value_parser = parse_mode, env = "TACHYON_BPF_FILE_MODE")]
     pub file_mode: u32,
     /// Profile until stopped, writing one profile per --rotate interval into --output-dir.
-    #[arg(long, requires = "output_dir", conflicts_with_all = ["output", "open", "command"], env = "TACHYON_BPF_CONTINUOUS")]
+    #[arg(help_heading = "Continuous", long, requires = "output_dir", conflicts_with_all = ["output", "open", "command"], env = "TACHYON_BPF_CONTINUOUS")]
     pub continuous: bool,
     /// With --continuous: the length of each profile (60, 60s, 5m).
-    #[arg(long, value_parser = parse_rotate, default_value = "60s", requires = "continuous", env = "TACHYON_BPF_ROTATE")]
+    #[arg(help_heading = "Continuous", long, value_parser = parse_rotate, default_value = "60s", requires = "continuous", env = "TACHYON_BPF_ROTATE")]
     pub rotate: Duration,
     /// With --continuous: the directory the interval profiles go to (created if missing).
-    #[arg(long, value_name = "DIR", env = "TACHYON_BPF_OUTPUT_DIR")]
+    #[arg(
+        help_heading = "Continuous",
+        long,
+        value_name = "DIR",
+        env = "TACHYON_BPF_OUTPUT_DIR"
+    )]
     pub output_dir: Option<PathBuf>,
     /// With --continuous: keep only the newest N intervals' files.
-    #[arg(long, value_name = "N", requires = "continuous", value_parser = clap::value_parser!(u64).range(1..), env = "TACHYON_BPF_KEEP")]
+    #[arg(help_heading = "Continuous", long, value_name = "N", requires = "continuous", value_parser = clap::value_parser!(u64).range(1..), env = "TACHYON_BPF_KEEP")]
     pub keep: Option<u64>,
     /// With --continuous: send each interval's pprof to this Pyroscope-compatible server
     /// (POST URL/ingest?name=...&from=...&until=...&format=pprof), retrying with back-off.
-    #[arg(long, value_name = "URL", requires = "continuous", value_parser = parse_push_url, env = "TACHYON_BPF_PUSH")]
+    #[arg(help_heading = "Continuous", long, value_name = "URL", requires = "continuous", value_parser = parse_push_url, env = "TACHYON_BPF_PUSH")]
     pub push: Option<String>,
     /// The application name pushed (default tachyon-bpf.MODE{host=HOSTNAME}).
     #[arg(
+        help_heading = "Continuous",
         long,
         value_name = "NAME",
         requires = "push",
@@ -152,50 +205,50 @@ pub struct RunArgs {
     /// Send the profile to this OpenTelemetry receiver as OTLP/HTTP (the profiles signal, at
     /// URL/v1development/profiles unless URL ends in /profiles): at the end of the run, or with
     /// --continuous each interval.
-    #[arg(long, value_name = "URL", value_parser = parse_push_url, env = "TACHYON_BPF_OTLP")]
+    #[arg(help_heading = "Output", long, value_name = "URL", value_parser = parse_push_url, env = "TACHYON_BPF_OTLP")]
     pub otlp: Option<String>,
     /// A label given to every process's samples (e.g. cluster=eu-1), in every format and push
     /// (repeatable). Names are letters, digits and _, not starting with a digit.
-    #[arg(long = "label", value_name = "NAME=VALUE", value_parser = parse_label, env = "TACHYON_BPF_LABELS", value_delimiter = ',')]
+    #[arg(help_heading = "Output", long = "label", value_name = "NAME=VALUE", value_parser = parse_label, env = "TACHYON_BPF_LABELS", value_delimiter = ',')]
     pub labels: Vec<(String, String)>,
     /// Copy this environment variable of each profiled process into its labels, when it has it
     /// (repeatable). Only the variables named are read of a process's environment.
-    #[arg(long = "env-label", value_name = "VAR", value_parser = parse_env_var, env = "TACHYON_BPF_ENV_LABELS", value_delimiter = ',')]
+    #[arg(help_heading = "Output", long = "env-label", value_name = "VAR", value_parser = parse_env_var, env = "TACHYON_BPF_ENV_LABELS", value_delimiter = ',')]
     pub env_labels: Vec<String>,
     /// Bytes of user stack copied per sample for DWARF unwinding (4096-65536): only the part in
     /// use is copied, so the limit costs only the deep stacks that need it (nested imports
     /// under Python 3.12 go past 32 KiB).
-    #[arg(long, default_value_t = 65536, value_parser = clap::value_parser!(u64).range(4096..=65536), env = "TACHYON_BPF_STACK_SIZE")]
+    #[arg(help_heading = "Sampling", long, default_value_t = 65536, value_parser = clap::value_parser!(u64).range(4096..=65536), env = "TACHYON_BPF_STACK_SIZE")]
     pub stack_size: u64,
     /// Ring buffer size in MiB.
-    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=1024), env = "TACHYON_BPF_RING_MB")]
+    #[arg(help_heading = "Sampling", long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=1024), env = "TACHYON_BPF_RING_MB")]
     pub ring_mb: u32,
     /// What to count: wall (on- and off-CPU time of every thread, idle ones included), cpu
     /// (on-CPU time), gil (time holding the GIL), exception (time with an exception raised or
     /// handled), all (the same samples as wall, each with all its states). A wall or all
     /// recording converts to any other mode (`convert -m`).
-    #[arg(short, long, value_parser = mode_parser(), default_value = "wall", env = "TACHYON_BPF_MODE")]
+    #[arg(help_heading = "Sampling", short, long, value_parser = mode_parser(), default_value = "wall", env = "TACHYON_BPF_MODE")]
     pub mode: Mode,
     /// With --pid or -- COMMAND: also profile the processes they start, and theirs.
-    #[arg(long, env = "TACHYON_BPF_SUBPROCESSES")]
+    #[arg(help_heading = "Target", long, env = "TACHYON_BPF_SUBPROCESSES")]
     pub subprocesses: bool,
     /// Show interpreter-internal native frames between Python frames.
-    #[arg(long, env = "TACHYON_BPF_SHOW_INTERNAL")]
+    #[arg(help_heading = "Python", long, env = "TACHYON_BPF_SHOW_INTERNAL")]
     pub show_internal: bool,
     /// Name the bytecode instruction each sample's innermost Python frame runs (specialized
     /// form included): Opcode markers in the Firefox Profiler, `file:func:line:OPNAME` in
     /// collapsed stacks, an opcode per frame in JSONL.
-    #[arg(long, env = "TACHYON_BPF_OPCODES")]
+    #[arg(help_heading = "Python", long, env = "TACHYON_BPF_OPCODES")]
     pub opcodes: bool,
     /// running (the default when no value is given): show each sample of a thread that runs an asyncio event loop from the task it
     /// runs, under `<task> NAME` frames of that task and of each task awaiting it, outermost
     /// first, instead of under the loop's machinery (Python 3.11+; others are shown plain).
     /// all: that, and every suspended task's await chain, sampled every 100 ms on a
     /// pseudo-thread of its loop, weighted with the time it stood for (a wall-time view).
-    #[arg(long, value_name = "WHICH", num_args = 0..=1, default_missing_value = "running", value_parser = ["running", "all"], env = "TACHYON_BPF_ASYNC_AWARE")]
+    #[arg(help_heading = "Python", long, value_name = "WHICH", num_args = 0..=1, default_missing_value = "running", value_parser = ["running", "all"], env = "TACHYON_BPF_ASYNC_AWARE")]
     pub async_aware: Option<String>,
     /// No summary on stderr.
-    #[arg(short, long, env = "TACHYON_BPF_QUIET")]
+    #[arg(help_heading = "General", short, long, env = "TACHYON_BPF_QUIET")]
     pub quiet: bool,
     /// Load the BPF programs made for kernels older than 5.18 even on a newer one (the kernel's
     /// BTF chooses otherwise; this is for comparing the two, and for kernels that misreport).
@@ -204,14 +257,14 @@ pub struct RunArgs {
     /// Log failures inside the BPF programs, with the pid, tid and address involved: a user
     /// stack or registers unreadable, a Python thread state not found, a frame chain cut or
     /// looping, a record dropped. The first 4 of each kind per CPU are logged, the rest counted.
-    #[arg(long, env = "TACHYON_BPF_DEBUG_BPF")]
+    #[arg(help_heading = "Sampling", long, env = "TACHYON_BPF_DEBUG_BPF")]
     pub debug_bpf: bool,
     /// Print more: the kernel's whole verifier log when it refuses a program.
-    #[arg(short, long, env = "TACHYON_BPF_VERBOSE")]
+    #[arg(help_heading = "General", short, long, env = "TACHYON_BPF_VERBOSE")]
     pub verbose: bool,
     /// Run -- COMMAND as root under sudo. By default it runs as the user who ran sudo
     /// (SUDO_UID, SUDO_GID), with their groups and home, as it would without the profiler.
-    #[arg(long, env = "TACHYON_BPF_RUN_AS_ROOT")]
+    #[arg(help_heading = "Target", long, env = "TACHYON_BPF_RUN_AS_ROOT")]
     pub run_as_root: bool,
     /// Command to launch and profile until it exits.
     #[arg(last = true, value_name = "CMD")]
@@ -382,6 +435,60 @@ mod tests {
             n += 1;
         }
         assert!(n >= 25, "{n} options");
+    }
+
+    #[test]
+    fn each_subcommand_lists_only_what_it_takes() {
+        use clap::CommandFactory;
+        let mut cmd = Cli::command();
+        let long = |id: &str| format!("--{}", id.replace('_', "-"));
+        for (sub, refused) in [("top", TOP_REFUSES), ("record", RECORD_REFUSES)] {
+            let help = cmd
+                .find_subcommand_mut(sub)
+                .unwrap()
+                .render_long_help()
+                .to_string();
+            for id in refused {
+                let flag = long(id);
+                // An option's own line: its names, before its value and description.
+                let listed = help.lines().any(|l| {
+                    let l = l.trim_start();
+                    l.starts_with('-')
+                        && l.split("  ")
+                            .next()
+                            .unwrap_or("")
+                            .split([' ', ','])
+                            .any(|w| w == flag)
+                });
+                assert!(!listed, "{sub} --help lists {flag}:\n{help}");
+            }
+            for shown in ["--pid", "--all-pythons", "--rate", "--duration", "--mode"] {
+                assert!(help.contains(shown), "{sub} --help lacks {shown}");
+            }
+            // Grouped under headings.
+            for h in ["Target:", "Sampling:", "Python:"] {
+                assert!(help.contains(h), "{sub} --help has no {h} heading:\n{help}");
+            }
+        }
+        let record = cmd
+            .find_subcommand_mut("record")
+            .unwrap()
+            .render_long_help()
+            .to_string();
+        assert!(record.contains("profile.tbpf") && !record.contains("profile.json"));
+        // The main command lists everything, grouped.
+        let main = cmd.render_long_help().to_string();
+        for h in [
+            "Target:",
+            "Sampling:",
+            "Python:",
+            "Output:",
+            "Continuous:",
+            "General:",
+        ] {
+            assert!(main.contains(h), "no {h}");
+        }
+        assert!(main.contains("--continuous") && main.contains("--format"));
     }
 
     #[test]
