@@ -70,15 +70,15 @@ pub struct Lib {
     /// Its GNU build id, in hex, when it has one.
     #[serde(default)]
     pub build_id: Option<Arc<str>>,
+    /// The Python interpreter's own code (libpython, or a statically linked `python3.X`), as
+    /// `collect` found it (`python::is_interpreter_file`); the outputs colour by it.
+    #[serde(default)]
+    pub interpreter: bool,
 }
 
 impl Lib {
-    /// Whether this is the Python interpreter's own code: libpython, or a statically linked
-    /// `python3.X` (the one file name convention the outputs colour by, and `collect` asks).
-    /// `python::is_interpreter_file`'s rule, repeated here (this layer imports nothing): the
-    /// outputs decide by name because recordings store libraries by name and path only.
     pub fn is_interpreter(&self) -> bool {
-        self.name.starts_with("libpython") || self.name.starts_with("python")
+        self.interpreter
     }
 }
 
@@ -499,9 +499,15 @@ impl Profile {
             name,
             path: path.clone(),
             build_id: None,
+            interpreter: false,
         });
         self.lib_ids.insert(path.clone(), id);
         id
+    }
+
+    /// Marks library `lib` as the interpreter's own code (`Lib::interpreter`).
+    pub fn set_interpreter(&mut self, lib: LibId, interpreter: bool) {
+        self.libs[lib].interpreter |= interpreter;
     }
 
     /// Library `lib`'s build id, once known.
@@ -753,6 +759,7 @@ impl Profile {
                 func.lib = func.lib.map(|l| {
                     let id = self.lib(&from.libs[l].path);
                     self.set_build_id(id, from.libs[l].build_id.as_ref());
+                    self.set_interpreter(id, from.libs[l].interpreter);
                     id
                 });
                 let func = self.func(func);

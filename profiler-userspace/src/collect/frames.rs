@@ -145,6 +145,8 @@ impl Collector {
         let lib = self.profile.lib(&m.path);
         self.profile
             .set_build_id(lib, m.elf.as_ref().and_then(|e| e.build_id.as_ref()));
+        let interpreter = crate::python::is_interpreter_file(&self.profile.libs[lib].name);
+        self.profile.set_interpreter(lib, interpreter);
         let (name, sym) = match m.elf.as_ref().and_then(|e| e.symbols().lookup(svma)) {
             Some((start, name)) => (name, Some(start)),
             // Unnamed in a stripped dynamic loader: where the process started.

@@ -500,6 +500,7 @@ pub(crate) mod fixture {
             libpy,
             Some(&Arc::from("0123456789abcdef0123456789abcdef01234567")),
         );
+        p.set_interpreter(libpy, true);
         let kernel = p.lib(&Arc::from("[kernel.kallsyms]"));
         let app = p.lib(&Arc::from("/usr/bin/app"));
         let frame = |p: &mut Profile, name: &str, py: Option<(&str, u32, u32)>, lib, cat| {

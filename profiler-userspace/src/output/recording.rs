@@ -148,6 +148,16 @@ struct V2Lib {
     /// Version 4: its GNU build id in hex.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     build_id: Option<String>,
+    /// Version 4: the Python interpreter's own code (absent: by the name rule of older
+    /// versions, `interpreter_by_name`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    interpreter: Option<bool>,
+}
+
+/// How recordings before version 4 (which did not store it) tell the interpreter's own code:
+/// libpython, or a statically linked `python3.X`, by file name. Frozen with those versions.
+fn interpreter_by_name(name: &str) -> bool {
+    name.starts_with("libpython") || name.starts_with("python")
 }
 
 #[derive(Default, Serialize, Deserialize)]
@@ -416,6 +426,7 @@ fn to_v2(p: &Profile, run: &RunInfo) -> V2 {
                 name: l.name.to_string(),
                 path: l.path.to_string(),
                 build_id: l.build_id.as_deref().map(str::to_string),
+                interpreter: Some(l.interpreter),
             })
             .collect(),
         funcs,
@@ -450,6 +461,9 @@ fn from_v2(r: V2) -> Result<(Profile, RunInfo), RecordingError> {
         .libs
         .into_iter()
         .map(|l| Lib {
+            interpreter: l
+                .interpreter
+                .unwrap_or_else(|| interpreter_by_name(&l.name)),
             name: Arc::from(l.name),
             path: Arc::from(l.path),
             build_id: l.build_id.map(Arc::from),
@@ -731,7 +745,11 @@ fn checked(text: &[u8]) -> Result<(Profile, RunInfo), RecordingError> {
         1 => {
             let rec: V1 = serde_json::from_slice(text)
                 .map_err(|e| RecordingError::Undecodable(e.to_string()))?;
-            (rec.profile, rec.run)
+            let mut profile = rec.profile;
+            for l in &mut profile.libs {
+                l.interpreter = interpreter_by_name(&l.name);
+            }
+            (profile, rec.run)
         }
         2 | 3 | VERSION => {
             let rec: V2 = serde_json::from_slice(text)
