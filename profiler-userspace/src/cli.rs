@@ -491,6 +491,40 @@ mod tests {
         assert!(main.contains("--continuous") && main.contains("--format"));
     }
 
+    /// The DaemonSet under `contrib/` configures the profiler by variables alone: each must be
+    /// an option's, with a value the option takes.
+    #[test]
+    fn the_daemonset_sets_only_variables_the_options_take() {
+        use clap::CommandFactory;
+        let yaml = include_str!("../../contrib/kubernetes/tachyon-bpf.yaml");
+        let cmd = Cli::command();
+        let mut args = vec!["tachyon-bpf".to_string()];
+        let mut n = 0;
+        for line in yaml.lines() {
+            let Some(rest) = line.trim().strip_prefix("- {name: TACHYON_BPF_") else {
+                continue;
+            };
+            let (name, value) = rest.split_once(", value: ").expect("name and value");
+            let value = value.trim_end_matches('}').trim_matches('"');
+            let var = format!("TACHYON_BPF_{name}");
+            let arg = cmd
+                .get_arguments()
+                .find(|a| a.get_env().is_some_and(|e| e == var.as_str()))
+                .unwrap_or_else(|| panic!("{var} is no option's variable"));
+            let long = format!("--{}", arg.get_long().unwrap());
+            if !arg.get_action().takes_values() {
+                assert_eq!(value, "true", "{var}");
+                args.push(long);
+            } else {
+                args.push(format!("{long}={value}"));
+            }
+            n += 1;
+        }
+        assert!(n >= 8, "{n} variables");
+        // The same settings given as options parse, as the variables would.
+        Cli::try_parse_from(&args).unwrap_or_else(|e| panic!("{args:?}: {e}"));
+    }
+
     #[test]
     fn durations_take_seconds_or_units_alike() {
         for (d, secs) in [
