@@ -121,21 +121,44 @@ pub fn tools_dir() -> PathBuf {
         .unwrap_or_else(|| workspace().join(".tools"))
 }
 
-/// `go tool pprof -top` of a file: its text.
-pub fn pprof_top(path: &Path) -> String {
+/// `go tool pprof ARGS`: its output (it must succeed).
+pub fn go_pprof(args: &[&str]) -> String {
     let o = Command::new("go")
-        .args(["tool", "pprof", "-top", "-sample_index=samples"])
-        .arg(path)
+        .args(["tool", "pprof"])
+        .args(args)
         .env("HOME", std::env::temp_dir())
         .output()
-        .expect("go tool pprof");
+        .expect("`go` (Debian's golang-go; `cargo xtask setup` installs it)");
     assert!(
         o.status.success(),
-        "go tool pprof {}: {}",
-        path.display(),
+        "go tool pprof {args:?}: {}",
         String::from_utf8_lossy(&o.stderr)
     );
     String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// `go tool pprof -top` of a file: its text.
+pub fn pprof_top(path: &Path) -> String {
+    go_pprof(&["-top", "-sample_index=samples", path.to_str().unwrap()])
+}
+
+/// This host's name, as the profiler reads it.
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .unwrap()
+        .trim()
+        .to_string()
+}
+
+/// The first line a child prints on its piped standard output, trimmed.
+pub fn first_line(child: &mut Child) -> String {
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    line.trim().to_string()
 }
 
 /// The release artifacts of `cargo xtask dist` (`TACHYON_DIST`, which `cargo xtask test` sets
@@ -650,13 +673,8 @@ pub fn serve_recording(rec: &Path, out: &Path) -> (Child, String) {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut line = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(child.stdout.take().unwrap()),
-        &mut line,
-    )
-    .unwrap();
-    (child, line.trim().to_string())
+    let line = first_line(&mut child);
+    (child, line)
 }
 
 /// An OTLP/HTTP receiver of the profiles signal, in Python with the official generated code

@@ -435,10 +435,7 @@ fn push_sends_one_series_per_service_with_its_own_samples() {
     );
     let err = stderr_of(&o);
     assert!(o.status.success(), "{err}");
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .unwrap()
-        .trim()
-        .to_string();
+    let host = hostname();
     let reqs = got.lock().unwrap().clone();
     let mut per_series: BTreeMap<String, usize> = BTreeMap::new();
     for (i, (target_url, body)) in reqs.iter().enumerate() {
@@ -479,14 +476,8 @@ fn push_sends_one_series_per_service_with_its_own_samples() {
             .keys()
             .filter(|stem| {
                 let f = out.join(format!("{stem}.pb.gz"));
-                let o = Command::new("go")
-                    .args(["tool", "pprof", "-raw"])
-                    .arg(&f)
-                    .env("HOME", std::env::temp_dir())
-                    .output()
-                    .unwrap();
-                assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-                String::from_utf8_lossy(&o.stdout).contains(&format!("service_name:[{service}]"))
+                go_pprof(&["-raw", f.to_str().unwrap()])
+                    .contains(&format!("service_name:[{service}]"))
             })
             .count();
         let pushed = per_series
@@ -550,13 +541,7 @@ fn a_continuous_run_configured_by_its_environment_alone() {
         exts.sort();
         assert_eq!(exts, ["folded", "pb.gz"], "{stem}");
         let f = out.join(format!("{stem}.pb.gz"));
-        let o = Command::new("go")
-            .args(["tool", "pprof", "-raw"])
-            .arg(&f)
-            .env("HOME", std::env::temp_dir())
-            .output()
-            .unwrap();
-        let raw = String::from_utf8_lossy(&o.stdout);
+        let raw = go_pprof(&["-raw", f.to_str().unwrap()]);
         // The mode, the rate and the labels came from the environment.
         assert!(raw.contains("cpu/nanoseconds"), "{raw}");
         assert!(raw.contains("Period: 10101010"), "99 Hz: {raw}");

@@ -176,19 +176,7 @@ fn binaries_need_glibc_2_17_at_most_are_stripped_and_their_debug_files_symbolize
         version(),
         std::env::consts::ARCH
     ));
-    let v = text(Command::new(top.join("tachyon-bpf")).arg("-V"));
-    assert_eq!(v.trim(), format!("tachyon-bpf {}", version()));
-    let long = text(Command::new(top.join("tachyon-bpf")).arg("--version"));
-    assert!(
-        long.starts_with(&format!("tachyon-bpf {}\ncommit ", version()))
-            && long.contains(&format!(
-                "built for {}-unknown-linux-gnu",
-                std::env::consts::ARCH
-            ))
-            && long.contains("kernels: Linux 5.10")
-            && long.contains("CPython 3.8 to 3.15"),
-        "{long}"
-    );
+    check_version(&top.join("tachyon-bpf"));
 }
 
 #[test]
@@ -372,19 +360,7 @@ fn wheel_installs_with_pip_and_profiles_on_pyenv_3_8_and_debian_11() {
     let venv = dir.join("venv38");
     venv_with_wheel(&python("3.8.18"), &venv, &wheel);
     let bin = venv.join("bin/tachyon-bpf");
-    let v = text(Command::new(&bin).arg("-V"));
-    assert_eq!(v.trim(), format!("tachyon-bpf {}", version()));
-    let long = text(Command::new(&bin).arg("--version"));
-    assert!(
-        long.starts_with(&format!("tachyon-bpf {}\ncommit ", version()))
-            && long.contains(&format!(
-                "built for {}-unknown-linux-gnu",
-                std::env::consts::ARCH
-            ))
-            && long.contains("kernels: Linux 5.10")
-            && long.contains("CPython 3.8 to 3.15"),
-        "{long}"
-    );
+    check_version(&bin);
     let profile = dir.join("venv38.json");
     let o = Command::new(&bin)
         .args(["-q", "-o"])
@@ -482,4 +458,22 @@ fn wheels_are_tagged_for_their_architecture() {
             "{arch}: {script:?} not installed: {found:?}"
         );
     }
+}
+
+/// `-V` is the version alone; `--version` adds the commit, the target, the kernels and the
+/// Python versions.
+fn check_version(bin: &Path) {
+    let v = text(Command::new(bin).arg("-V"));
+    assert_eq!(v.trim(), format!("tachyon-bpf {}", version()));
+    let long = text(Command::new(bin).arg("--version"));
+    assert!(
+        long.starts_with(&format!("tachyon-bpf {}\ncommit ", version()))
+            && long.contains(&format!(
+                "built for {}-unknown-linux-gnu",
+                std::env::consts::ARCH
+            ))
+            && long.contains("kernels: Linux 5.10")
+            && long.contains("CPython 3.8 to 3.15"),
+        "{long}"
+    );
 }

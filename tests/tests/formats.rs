@@ -348,21 +348,6 @@ fn jsonl_tally(path: &Path) -> Tally {
     t
 }
 
-fn go_pprof(args: &[&str]) -> String {
-    let o = Command::new("go")
-        .args(["tool", "pprof"])
-        .args(args)
-        .env("HOME", std::env::temp_dir())
-        .output()
-        .expect("`go` (Debian's golang-go; `cargo xtask setup` installs it)");
-    assert!(
-        o.status.success(),
-        "go tool pprof {args:?}: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
 fn pprof_tally(path: &Path) -> Tally {
     let p = path.to_str().unwrap();
     let top = go_pprof(&["-top", "-nodecount=100000", "-sample_index=samples", p]);

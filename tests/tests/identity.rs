@@ -34,21 +34,6 @@ fn service(dir: &Path, name: &str, env: &[(&str, &str)]) -> KillOnDrop {
     KillOnDrop(c.spawn().unwrap())
 }
 
-fn go_pprof(args: &[&str]) -> String {
-    let o = Command::new("go")
-        .args(["tool", "pprof"])
-        .args(args)
-        .env("HOME", std::env::temp_dir())
-        .output()
-        .expect("`go` (Debian's golang-go; `cargo xtask setup` installs it)");
-    assert!(
-        o.status.success(),
-        "go tool pprof {args:?}: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
 /// Checks one profile's pprof, Gecko and JSONL files (`base.pb.gz`, `.json`, `.jsonl`).
 fn check_formats(base: &Path, host: &str) {
     let with = |ext: &str| PathBuf::from(format!("{}.{ext}", base.display()));
@@ -173,10 +158,7 @@ fn two_services_are_told_apart_in_every_format_and_through_a_recording() {
     let b = service(&dir, "search", &[("PYROSCOPE_APPLICATION_NAME", "search")]);
     std::thread::sleep(Duration::from_millis(300));
     let (pa, pb) = (a.0.id().to_string(), b.0.id().to_string());
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .unwrap()
-        .trim()
-        .to_string();
+    let host = hostname();
     let common = [
         "-p",
         &pa,
@@ -257,13 +239,7 @@ fn otlp_receiver(dir: &Path) -> (KillOnDrop, u16, PathBuf) {
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut line = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(child.stdout.take().unwrap()),
-        &mut line,
-    )
-    .unwrap();
-    let port = line.trim().parse().expect("the receiver's port");
+    let port = first_line(&mut child).parse().expect("the receiver's port");
     (KillOnDrop(child), port, log)
 }
 
@@ -300,10 +276,7 @@ fn otlp_export_is_read_by_the_official_generated_code() {
     let b = service(&dir, "search", &[("OTEL_SERVICE_NAME", "search")]);
     std::thread::sleep(Duration::from_millis(300));
     let (pa, pb) = (a.0.id().to_string(), b.0.id().to_string());
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .unwrap()
-        .trim()
-        .to_string();
+    let host = hostname();
 
     // One run: its pprof file, and the same profile sent once at its end.
     let pprof = dir.join("run.pb.gz");
