@@ -1,5 +1,5 @@
 //! The errors a user sees: one line each, with an exit code that follows from its kind
-//! (README "Exit codes"). Layers report kinds (`capture::ErrorKind`); nothing here reads
+//! (docs/troubleshooting.md, "Exit codes"). Layers report kinds (`capture::ErrorKind`); nothing here reads
 //! message text.
 
 use tachyon_bpf::capture::{self, CaptureError};
@@ -203,7 +203,7 @@ const CAP_SYSLOG: u32 = 34;
 const CAP_PERFMON: u32 = 38;
 const CAP_BPF: u32 = 39;
 
-/// The capabilities tachyon-bpf needs instead of root, and what each is for (README: "Least
+/// The capabilities tachyon-bpf needs instead of root, and what each is for (docs/permissions.md: "Least
 /// privilege"). CAP_SYS_ADMIN stands in for CAP_BPF and CAP_PERFMON, as the kernel allows.
 const NEEDED: [(u32, &str, bool); 5] = [
     (CAP_BPF, "CAP_BPF", true),

@@ -632,7 +632,7 @@ impl Drop for KillOnDrop {
     }
 }
 
-/// The capabilities the README's "Least privilege" documents.
+/// The capabilities docs/permissions.md documents.
 pub const CAPS: [&str; 5] = [
     "cap_bpf",
     "cap_perfmon",

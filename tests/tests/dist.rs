@@ -276,17 +276,17 @@ fn debian_package_holds_the_binary_man_page_completions_unit_and_licences() {
         completion.display()
     )));
     assert!(complete.contains("tachyon-bpf"), "{complete}");
-    // The unit as shipped is the one in packaging/, and systemd finds nothing wrong in it,
+    // The unit as shipped is the one in contrib/systemd/, and systemd finds nothing wrong in it,
     // with the package's binary where its ExecStart says.
     let unit = root.join("usr/lib/systemd/system/tachyon-bpf.service");
     assert_eq!(
         std::fs::read_to_string(&unit).unwrap(),
-        std::fs::read_to_string(workspace().join("packaging/tachyon-bpf.service")).unwrap()
+        std::fs::read_to_string(workspace().join("contrib/systemd/tachyon-bpf.service")).unwrap()
     );
-    let readme = std::fs::read_to_string(workspace().join("README.md")).unwrap();
+    let doc = std::fs::read_to_string(workspace().join("docs/continuous.md")).unwrap();
     assert!(
-        readme.contains(&std::fs::read_to_string(&unit).unwrap()),
-        "the README shows the unit the package installs"
+        doc.contains(&std::fs::read_to_string(&unit).unwrap()),
+        "docs/continuous.md shows the unit the package installs"
     );
     // systemd-analyze checks that ExecStart's program exists: the package's, where it was
     // unpacked here (the one change to the unit verified).

@@ -11,7 +11,7 @@
 //! script that times its own sleeps (the wheel's binary, on the releases). Back on the host,
 //! every profile is read through the Firefox Profiler CLI: Python frames merged into the native
 //! stacks, off-CPU time where and as long as it happened, no BPF program left behind, and the
-//! program set each kernel got is the one the README's kernel table promises. On unstable's
+//! program set each kernel got is the one the kernel table of docs/compatibility.md promises. On unstable's
 //! kernel, a container made as a runtime makes one (Debian 13's root, its own pid and mount
 //! namespaces, a `docker-<id>.scope` cgroup, `OTEL_SERVICE_NAME`) is profiled from the guest's
 //! host with `--all-pythons`: its frames, its container id, service and namespace pid
@@ -115,7 +115,7 @@ const KERNELS: [(&str, Option<&str>); 4] = [
     ("unstable", None),
 ];
 
-/// The kernels `cargo xtask setup` prepared, in the order of the README's table (only those named
+/// The kernels `cargo xtask setup` prepared, in the order of docs/compatibility.md's table (only those named
 /// in `TACHYON_KERNELS`, comma-separated, when it is set: a developer's shortcut).
 fn guests() -> Vec<Guest> {
     let root = tools_dir().join("kernels");
@@ -487,7 +487,7 @@ sleep 1
 set -a; . /etc/default/tachyon-bpf; set +a
 [ "$(sed -n 's/^LimitMEMLOCK=//p' $UNIT)" = infinity ] && ulimit -l unlimited
 # Debian's kernels default to perf_event_paranoid 3, where only CAP_SYS_ADMIN opens perf events:
-# the README's step for them.
+# docs/permissions.md's step for them.
 cat /proc/sys/kernel/perf_event_paranoid > $R/unit.paranoid
 [ "$(cat /proc/sys/kernel/perf_event_paranoid)" -gt 2 ] && echo 2 > /proc/sys/kernel/perf_event_paranoid
 capsh --caps="$CAPS+eip cap_setpcap,cap_setuid,cap_setgid+ep" --keep=1 --gid=61000 --groups=61000 --uid=61000 --addamb=$CAPS -- -c "grep ^Cap /proc/self/status > $R/unit.caps; id -u >> $R/unit.caps; exec $EXEC -d 8" > $R/unit.out 2> $R/unit.err; echo $? > $R/unit.rc
@@ -591,12 +591,13 @@ fn release_root(name: &str, dir: &Path) -> PathBuf {
     root
 }
 
-/// The program set each kernel gets, from the README's kernel table (`| label | set | ...`).
-fn readme_sets() -> Vec<(String, String)> {
-    let readme = std::fs::read_to_string(workspace().join("README.md")).unwrap();
+/// The program set each kernel gets, from the kernel table of docs/compatibility.md
+/// (`| label | set | ...`).
+fn documented_sets() -> Vec<(String, String)> {
+    let readme = std::fs::read_to_string(workspace().join("docs/compatibility.md")).unwrap();
     let start = readme
-        .find("### Kernels")
-        .expect("the README has a Kernels section");
+        .find("## Kernels")
+        .expect("docs/compatibility.md has a Kernels section");
     readme[start..]
         .lines()
         .skip_while(|l| !l.starts_with("| kernel "))
@@ -668,7 +669,7 @@ fn check_guest(g: &Guest, dir: &Path, expected_set: &str) -> Vec<String> {
             .unwrap_or("");
         if !set_line.contains(&format!("{expected_set} (")) {
             fail(format!(
-                "the README's table says {expected_set:?}, the {run} run loaded: {set_line:?}"
+                "docs/compatibility.md says {expected_set:?}, the {run} run loaded: {set_line:?}"
             ));
         }
     }
@@ -835,7 +836,7 @@ fn check_guest(g: &Guest, dir: &Path, expected_set: &str) -> Vec<String> {
 #[test]
 fn fleet_kernels_load_sample_and_merge() {
     require_root();
-    let sets = readme_sets();
+    let sets = documented_sets();
     let bin = profiler_bin();
     let py = python("3.12.1");
     let mut errors = Vec::new();
@@ -845,7 +846,12 @@ fn fleet_kernels_load_sample_and_merge() {
             .iter()
             .find(|(label, _)| label.split_whitespace().next() == Some(g.label.as_str()))
             .map(|(_, set)| set.clone())
-            .unwrap_or_else(|| panic!("the README's kernel table has no row for {}", g.label));
+            .unwrap_or_else(|| {
+                panic!(
+                    "docs/compatibility.md's kernel table has no row for {}",
+                    g.label
+                )
+            });
         let dir = scratch(&format!("kernel-{}", g.label));
         std::fs::write(dir.join("work.py"), WORK).unwrap();
         std::fs::write(dir.join("bpf_count.py"), BPF_COUNT).unwrap();

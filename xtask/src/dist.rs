@@ -256,11 +256,11 @@ fn tarball(out: &Path, name: &str, stage: &Path, epoch: &str) -> Result<PathBuf>
         (stage.join("tachyon-bpf"), dir.join("tachyon-bpf")),
         (stage.join("tachyon-bpf.1"), dir.join("tachyon-bpf.1")),
         (
-            ws.join("packaging/tachyon-bpf.service"),
+            ws.join("contrib/systemd/tachyon-bpf.service"),
             dir.join("systemd/tachyon-bpf.service"),
         ),
         (
-            ws.join("packaging/tachyon-bpf.default"),
+            ws.join("contrib/systemd/tachyon-bpf.default"),
             dir.join("systemd/tachyon-bpf.default"),
         ),
         (ws.join("LICENSE-MIT"), dir.join("LICENSE-MIT")),

@@ -1,5 +1,5 @@
 // The one definition of how the BPF object is built, shared by `cargo xtask build-ebpf` and by
-// profiler-userspace's build script (which `include!`s this file). See README "Toolchain".
+// profiler-userspace's build script (which `include!`s this file). See docs/dev/building.md, "Toolchain".
 
 /// Debian's compiler that can build `core` for bpfel-unknown-none (rustup's toolchains here
 /// lack rust-src).

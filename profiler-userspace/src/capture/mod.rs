@@ -22,7 +22,7 @@ use profiler_common::{
 
 static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(env!("TACHYON_BPF_OBJECT"));
 
-/// The oldest kernel the programs are built and tested for (README "Kernels").
+/// The oldest kernel the programs are built and tested for (docs/compatibility.md, "Kernels").
 pub const MIN_KERNEL: &str = "5.10";
 
 /// What kind of failure a `CaptureError` is, set where it happens (from the OS error, never

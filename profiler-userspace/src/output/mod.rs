@@ -120,7 +120,7 @@ pub fn bpf_programs_line(programs: &[(String, f64, u64)]) -> String {
 pub struct KernelMeta {
     /// `uname -r`.
     pub release: String,
-    /// `modern` or `compat` (README "Kernels").
+    /// `modern` or `compat` (docs/compatibility.md, "Kernels").
     pub programs: String,
 }
 
