@@ -19,44 +19,6 @@ fn format_parser() -> impl TypedValueParser<Value = Format> {
         .map(|s| Format::from_name(&s).expect("a possible value"))
 }
 
-/// The run options `top` refuses or has no use for (it draws a live table: no files, no
-/// intervals, no export): left out of its help.
-pub const TOP_REFUSES: &[&str] = &[
-    "output",
-    "format",
-    "open",
-    "file_mode",
-    "continuous",
-    "rotate",
-    "output_dir",
-    "keep",
-    "push",
-    "push_name",
-    "otlp",
-    "labels",
-    "env_labels",
-];
-
-/// The run options `record` refuses or has no use for (it writes one recording, which
-/// `convert` writes in formats): left out of its help.
-pub const RECORD_REFUSES: &[&str] = &[
-    "format",
-    "open",
-    "continuous",
-    "rotate",
-    "output_dir",
-    "keep",
-    "push",
-    "push_name",
-];
-
-fn hide_all(mut c: clap::Command, ids: &[&str]) -> clap::Command {
-    for id in ids {
-        c = c.mut_arg(*id, |a| a.hide(true));
-    }
-    c
-}
-
 /// `--version`: the build, and what it runs on (`-V` says the version alone).
 const LONG_VERSION: &str = concat!(
     env!("CARGO_PKG_VERSION"),
@@ -68,6 +30,57 @@ const LONG_VERSION: &str = concat!(
     "\nPython: CPython 3.8 to 3.15 (free-threaded builds: native stacks only)"
 );
 
+/// `--help`'s closing: examples, then where to read more.
+const MAIN_EXAMPLES: &str = "\
+Examples:
+  sudo tachyon-bpf -- python3 app.py             profile a command until it exits: profile.json
+  sudo tachyon-bpf -p PID -d 30 -f flamegraph    a running process for 30 s: profile.svg
+  sudo tachyon-bpf --all-pythons -d 10 --open    every Python process, opened in the Firefox Profiler
+  sudo tachyon-bpf -m cpu -p PID -d 30s          on-CPU time only (wall, the default, counts idle
+                                                 threads too)
+  sudo tachyon-bpf -p PID -f pprof,flamegraph -o out -d 1m
+                                                 out.pb.gz and out.svg
+  sudo tachyon-bpf --all-pythons --continuous --output-dir /var/lib/tachyon -f pprof \\
+      --push http://pyroscope:4040 --label cluster=eu-1
+                                                 always on: one profile a minute, pushed
+
+Every option can also be set by its TACHYON_BPF_* variable; the command line wins.
+Needs Linux 5.10 or newer with BTF, and root or the capabilities CAP_BPF, CAP_PERFMON,
+CAP_SYS_PTRACE, CAP_DAC_READ_SEARCH and CAP_SYSLOG. Under sudo, the files written and
+-- COMMAND belong to the user who ran it (--run-as-root keeps root for the command).
+Exit codes: 0 written, 2 bad command line, 3 privilege, 4 kernel, 5 target, 6 output,
+7 recording, 1 anything else.
+More: man tachyon-bpf, and the guide: docs/ in the tarball, /usr/share/doc/tachyon-bpf/docs
+from the package.";
+
+const RECORD_EXAMPLES: &str = "\
+Examples:
+  sudo tachyon-bpf record -o run.tbpf -- python3 app.py
+  sudo tachyon-bpf record -m all -p PID -d 30 -o run.tbpf
+  tachyon-bpf convert run.tbpf -f pprof,flamegraph     later, anywhere, without root";
+
+const CONVERT_EXAMPLES: &str = "\
+Examples:
+  tachyon-bpf convert run.tbpf                       run.json, for the Firefox Profiler
+  tachyon-bpf convert run.tbpf -f pprof -m cpu       on-CPU time of a wall recording
+  tachyon-bpf convert new.tbpf --diff-against old.tbpf
+                                                     new.diff.svg: red grew, blue shrank";
+
+const TOP_EXAMPLES: &str = "\
+Examples:
+  sudo tachyon-bpf top --all-pythons
+  sudo tachyon-bpf top -p PID -m cpu
+
+Keys: n switches between Python functions and every function (native and kernel), up/down
+and Enter show the native code a row runs, s/t/g sort by self/total/GIL wait, p cycles the
+process filter, q quits.";
+
+const DUMP_EXAMPLES: &str = "\
+Examples:
+  sudo tachyon-bpf dump -p PID
+  sudo tachyon-bpf dump -p PID --json
+  sudo tachyon-bpf dump -p PID --async-aware all     also every asyncio task where it waits";
+
 /// Sample every CPU and write where processes spend their time: Python, native and kernel
 /// frames, GIL and CPU state, as a Firefox Profiler profile or any other format.
 #[derive(Parser, Debug)]
@@ -76,14 +89,13 @@ const LONG_VERSION: &str = concat!(
     version,
     long_version = LONG_VERSION,
     about,
-    after_help = "Needs Linux 5.10 or newer with BTF, and root or the capabilities CAP_BPF, \
-                  CAP_PERFMON, CAP_SYS_PTRACE, CAP_DAC_READ_SEARCH and CAP_SYSLOG. Under sudo, \
-                  the files written and -- COMMAND belong to the user who ran it. More: \
-                  man tachyon-bpf.",
+    after_help = "More with --help: examples, every option's TACHYON_BPF_* variable.",
+    after_long_help = MAIN_EXAMPLES,
     args_conflicts_with_subcommands = true,
-    mut_subcommand("top", |c| hide_all(c, TOP_REFUSES)),
-    mut_subcommand("record", |c| hide_all(c, RECORD_REFUSES)
-        .mut_arg("output", |a| a.help("The recording's file (default profile.tbpf)"))),
+    mut_subcommand("record", |c| c.mut_arg("output", |a| a
+        .help("The recording's file (default profile.tbpf)")
+        .long_help("The recording's file (default profile.tbpf); `convert` writes it in any \
+                    format later"))),
 )]
 pub struct Cli {
     /// For packagers: write the man page (`man`) or a shell's completion script (`bash`, `zsh`,
@@ -101,13 +113,17 @@ pub struct Cli {
 pub enum Cmd {
     /// Profile as the main command does, and store the run in one file (-o, default
     /// profile.tbpf) that `convert` writes in any format later.
-    Record(RunArgs),
+    #[command(after_long_help = RECORD_EXAMPLES)]
+    Record(RecordArgs),
     /// Write a recording in other formats: no root needed, its processes may be gone.
+    #[command(after_long_help = CONVERT_EXAMPLES)]
     Convert(ConvertArgs),
     /// A live table of the hottest functions (last 10 s), with GIL waits; q quits.
-    Top(RunArgs),
+    #[command(after_long_help = TOP_EXAMPLES)]
+    Top(TopArgs),
     /// Print every thread's merged Python, native and kernel stack once, with its GIL and CPU
     /// state, without pausing the process.
+    #[command(after_long_help = DUMP_EXAMPLES)]
     Dump(DumpArgs),
 }
 
@@ -127,22 +143,18 @@ pub struct DumpArgs {
     pub async_aware: Option<String>,
 }
 
-#[derive(clap::Args, Debug)]
-pub struct RunArgs {
+/// What to profile (every subcommand that samples takes it).
+#[derive(clap::Args, Debug, Default)]
+#[command(next_help_heading = "Target")]
+pub struct TargetArgs {
     /// Profile every process on the host.
-    #[arg(help_heading = "Target", long, conflicts_with_all = ["pid", "all_pythons"], env = "TACHYON_BPF_ALL")]
+    #[arg(long, conflicts_with_all = ["pid", "all_pythons"], env = "TACHYON_BPF_ALL")]
     pub all: bool,
     /// Profile every Python process on the host, including ones started during the run.
-    #[arg(
-        help_heading = "Target",
-        long,
-        conflicts_with = "pid",
-        env = "TACHYON_BPF_ALL_PYTHONS"
-    )]
+    #[arg(long, conflicts_with = "pid", env = "TACHYON_BPF_ALL_PYTHONS")]
     pub all_pythons: bool,
     /// Profile this process, all its threads (repeatable).
     #[arg(
-        help_heading = "Target",
         short,
         long = "pid",
         value_name = "PID",
@@ -150,125 +162,282 @@ pub struct RunArgs {
         value_delimiter = ','
     )]
     pub pid: Vec<u32>,
-    /// Samples per second on each CPU [default: 1000, or 49 with --continuous].
-    #[arg(help_heading = "Sampling", short, long, value_parser = clap::value_parser!(u64).range(1..=100_000), env = "TACHYON_BPF_RATE")]
-    pub rate: Option<u64>,
-    /// Stop after this long: seconds, or with a unit (30, 30s, 5m; default: until Ctrl-C, the
-    /// command exits, or every --pid process has exited).
-    #[arg(help_heading = "Sampling", short, long, value_name = "DURATION", value_parser = parse_secs, env = "TACHYON_BPF_DURATION")]
-    pub duration: Option<f64>,
-    /// Output file (default profile.json, or profile.<ext> for another format); with several
-    /// formats, the base name each format adds its extension to.
-    #[arg(help_heading = "Output", short, long, env = "TACHYON_BPF_OUTPUT")]
-    pub output: Option<PathBuf>,
-    /// Output formats, comma-separated: gecko (Firefox Profiler), collapsed (folded stacks),
-    /// jsonl (CPython sampler JSONL), pprof, flamegraph (SVG), pstats (Python's pstats.Stats),
-    /// heatmap (HTML: Python source lines shaded by their samples).
-    #[arg(help_heading = "Output", short, long, value_parser = format_parser(), value_delimiter = ',', env = "TACHYON_BPF_FORMAT")]
-    pub format: Vec<Format>,
-    /// Serve the profile to profiler.firefox.com from 127.0.0.1 and print its link (until Ctrl-C).
-    #[arg(help_heading = "Output", long, env = "TACHYON_BPF_OPEN")]
-    pub open: bool,
-    /// Permissions of the files written, in octal (profiles name every user's code paths).
-    #[arg(help_heading = "Output", long, alias = "output-mode", value_name = "OCTAL", default_value = "600", value_parser = parse_mode, env = "TACHYON_BPF_FILE_MODE")]
-    pub file_mode: u32,
-    /// Profile until stopped, writing one profile per --rotate interval into --output-dir.
-    #[arg(help_heading = "Continuous", long, requires = "output_dir", conflicts_with_all = ["output", "open", "command"], env = "TACHYON_BPF_CONTINUOUS")]
-    pub continuous: bool,
-    /// With --continuous: the length of each profile (60, 60s, 5m).
-    #[arg(help_heading = "Continuous", long, value_parser = parse_rotate, default_value = "60s", requires = "continuous", env = "TACHYON_BPF_ROTATE")]
-    pub rotate: Duration,
-    /// With --continuous: the directory the interval profiles go to (created if missing).
-    #[arg(
-        help_heading = "Continuous",
-        long,
-        value_name = "DIR",
-        env = "TACHYON_BPF_OUTPUT_DIR"
-    )]
-    pub output_dir: Option<PathBuf>,
-    /// With --continuous: keep only the newest N intervals' files.
-    #[arg(help_heading = "Continuous", long, value_name = "N", requires = "continuous", value_parser = clap::value_parser!(u64).range(1..), env = "TACHYON_BPF_KEEP")]
-    pub keep: Option<u64>,
-    /// With --continuous: send each interval's pprof to this Pyroscope-compatible server
-    /// (POST URL/ingest?name=...&from=...&until=...&format=pprof), retrying with back-off.
-    #[arg(help_heading = "Continuous", long, value_name = "URL", requires = "continuous", value_parser = parse_push_url, env = "TACHYON_BPF_PUSH")]
-    pub push: Option<String>,
-    /// The application name pushed (default tachyon-bpf.MODE{host=HOSTNAME}).
-    #[arg(
-        help_heading = "Continuous",
-        long,
-        value_name = "NAME",
-        requires = "push",
-        env = "TACHYON_BPF_PUSH_NAME"
-    )]
-    pub push_name: Option<String>,
-    /// Send the profile to this OpenTelemetry receiver as OTLP/HTTP (the profiles signal, at
-    /// URL/v1development/profiles unless URL ends in /profiles): at the end of the run, or with
-    /// --continuous each interval.
-    #[arg(help_heading = "Output", long, value_name = "URL", value_parser = parse_push_url, env = "TACHYON_BPF_OTLP")]
-    pub otlp: Option<String>,
-    /// A label given to every process's samples (e.g. cluster=eu-1), in every format and push
-    /// (repeatable). Names are letters, digits and _, not starting with a digit.
-    #[arg(help_heading = "Output", long = "label", value_name = "NAME=VALUE", value_parser = parse_label, env = "TACHYON_BPF_LABELS", value_delimiter = ',')]
-    pub labels: Vec<(String, String)>,
-    /// Copy this environment variable of each profiled process into its labels, when it has it
-    /// (repeatable). Only the variables named are read of a process's environment.
-    #[arg(help_heading = "Output", long = "env-label", value_name = "VAR", value_parser = parse_env_var, env = "TACHYON_BPF_ENV_LABELS", value_delimiter = ',')]
-    pub env_labels: Vec<String>,
-    /// Bytes of user stack copied per sample for DWARF unwinding (4096-65536): only the part in
-    /// use is copied, so the limit costs only the deep stacks that need it (nested imports
-    /// under Python 3.12 go past 32 KiB).
-    #[arg(help_heading = "Sampling", long, default_value_t = 65536, value_parser = clap::value_parser!(u64).range(4096..=65536), env = "TACHYON_BPF_STACK_SIZE")]
-    pub stack_size: u64,
-    /// Ring buffer size in MiB.
-    #[arg(help_heading = "Sampling", long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=1024), env = "TACHYON_BPF_RING_MB")]
-    pub ring_mb: u32,
-    /// What to count: wall (on- and off-CPU time of every thread, idle ones included), cpu
-    /// (on-CPU time), gil (time holding the GIL), exception (time with an exception raised or
-    /// handled), all (the same samples as wall, each with all its states). A wall or all
-    /// recording converts to any other mode (`convert -m`).
-    #[arg(help_heading = "Sampling", short, long, value_parser = mode_parser(), default_value = "wall", env = "TACHYON_BPF_MODE")]
-    pub mode: Mode,
     /// With --pid or -- COMMAND: also profile the processes they start, and theirs.
-    #[arg(help_heading = "Target", long, env = "TACHYON_BPF_SUBPROCESSES")]
+    #[arg(long, env = "TACHYON_BPF_SUBPROCESSES")]
     pub subprocesses: bool,
-    /// Show interpreter-internal native frames between Python frames.
-    #[arg(help_heading = "Python", long, env = "TACHYON_BPF_SHOW_INTERNAL")]
-    pub show_internal: bool,
-    /// Name the bytecode instruction each sample's innermost Python frame runs (specialized
-    /// form included): Opcode markers in the Firefox Profiler, `file:func:line:OPNAME` in
-    /// collapsed stacks, an opcode per frame in JSONL.
-    #[arg(help_heading = "Python", long, env = "TACHYON_BPF_OPCODES")]
-    pub opcodes: bool,
-    /// running (the default when no value is given): show each sample of a thread that runs an asyncio event loop from the task it
-    /// runs, under `<task> NAME` frames of that task and of each task awaiting it, outermost
-    /// first, instead of under the loop's machinery (Python 3.11+; others are shown plain).
-    /// all: that, and every suspended task's await chain, sampled every 100 ms on a
-    /// pseudo-thread of its loop, weighted with the time it stood for (a wall-time view).
-    #[arg(help_heading = "Python", long, value_name = "WHICH", num_args = 0..=1, default_missing_value = "running", value_parser = ["running", "all"], env = "TACHYON_BPF_ASYNC_AWARE")]
-    pub async_aware: Option<String>,
-    /// No summary on stderr.
-    #[arg(help_heading = "General", short, long, env = "TACHYON_BPF_QUIET")]
-    pub quiet: bool,
-    /// Load the BPF programs made for kernels older than 5.18 even on a newer one (the kernel's
-    /// BTF chooses otherwise; this is for comparing the two, and for kernels that misreport).
-    #[arg(long, hide = true)]
-    pub compat_programs: bool,
-    /// Log failures inside the BPF programs, with the pid, tid and address involved: a user
-    /// stack or registers unreadable, a Python thread state not found, a frame chain cut or
-    /// looping, a record dropped. The first 4 of each kind per CPU are logged, the rest counted.
-    #[arg(help_heading = "Sampling", long, env = "TACHYON_BPF_DEBUG_BPF")]
-    pub debug_bpf: bool,
-    /// Print more: the kernel's whole verifier log when it refuses a program.
-    #[arg(help_heading = "General", short, long, env = "TACHYON_BPF_VERBOSE")]
-    pub verbose: bool,
-    /// Run -- COMMAND as root under sudo. By default it runs as the user who ran sudo
-    /// (SUDO_UID, SUDO_GID), with their groups and home, as it would without the profiler.
-    #[arg(help_heading = "Target", long, env = "TACHYON_BPF_RUN_AS_ROOT")]
+    /// Run -- COMMAND as root under sudo.
+    ///
+    /// By default a command launched under sudo runs as the user who ran sudo (SUDO_UID,
+    /// SUDO_GID), with their groups and home, as it would without the profiler.
+    #[arg(long, env = "TACHYON_BPF_RUN_AS_ROOT")]
     pub run_as_root: bool,
     /// Command to launch and profile until it exits.
     #[arg(last = true, value_name = "CMD")]
     pub command: Vec<String>,
+}
+
+/// How and what to sample.
+#[derive(clap::Args, Debug)]
+#[command(next_help_heading = "Sampling")]
+pub struct SamplingArgs {
+    /// Samples per second on each CPU [default: 1000, or 49 with --continuous].
+    #[arg(short, long, value_parser = clap::value_parser!(u64).range(1..=100_000), env = "TACHYON_BPF_RATE")]
+    pub rate: Option<u64>,
+    /// Stop after this long: 30, 30s, 5m.
+    ///
+    /// Seconds, or with a unit. Without it the run lasts until Ctrl-C or SIGTERM, the
+    /// command's exit, or the exit of every --pid process.
+    #[arg(short, long, value_name = "DURATION", value_parser = parse_secs, env = "TACHYON_BPF_DURATION")]
+    pub duration: Option<f64>,
+    /// What to count: wall (every thread, idle ones included), cpu, gil, exception, all.
+    ///
+    /// wall: on- and off-CPU time of every thread, idle ones included. cpu: on-CPU time.
+    /// gil: time holding the GIL. exception: time with an exception raised or handled. all:
+    /// the same samples as wall, each with all its states. A wall or all recording converts to
+    /// any other mode (`convert -m`).
+    #[arg(short, long, value_parser = mode_parser(), default_value = "wall", env = "TACHYON_BPF_MODE")]
+    pub mode: Mode,
+    /// Bytes of user stack copied per sample for DWARF unwinding (4096-65536).
+    ///
+    /// Only the part in use is copied, so the limit costs only the deep stacks that need it
+    /// (nested imports under Python 3.12 go past 32 KiB).
+    #[arg(hide_short_help = true, long, default_value_t = 65536, value_parser = clap::value_parser!(u64).range(4096..=65536), env = "TACHYON_BPF_STACK_SIZE")]
+    pub stack_size: u64,
+    /// Ring buffer size in MiB.
+    #[arg(hide_short_help = true, long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=1024), env = "TACHYON_BPF_RING_MB")]
+    pub ring_mb: u32,
+    /// Log failures inside the BPF programs.
+    ///
+    /// A user stack or registers unreadable, a Python thread state not found, a frame chain
+    /// cut or looping, a record dropped, each with the pid, tid and address involved. The
+    /// first 4 of each kind per CPU are logged, the rest counted.
+    #[arg(hide_short_help = true, long, env = "TACHYON_BPF_DEBUG_BPF")]
+    pub debug_bpf: bool,
+    /// Load the BPF programs made for kernels older than 5.18 even on a newer one (the kernel's
+    /// BTF chooses otherwise; this is for comparing the two, and for kernels that misreport).
+    #[arg(long, hide = true)]
+    pub compat_programs: bool,
+}
+
+/// What to show of Python.
+#[derive(clap::Args, Debug, Default)]
+#[command(next_help_heading = "Python")]
+pub struct PythonArgs {
+    /// Show interpreter-internal native frames between Python frames.
+    #[arg(long, env = "TACHYON_BPF_SHOW_INTERNAL")]
+    pub show_internal: bool,
+    /// Name the bytecode instruction each sample's innermost Python frame runs.
+    ///
+    /// The specialized form included: Opcode markers in the Firefox Profiler,
+    /// `file:func:line:OPNAME` in collapsed stacks, an opcode per frame in JSONL.
+    #[arg(long, env = "TACHYON_BPF_OPCODES")]
+    pub opcodes: bool,
+    /// asyncio (3.11+): show samples from the task the loop runs (running, the default), or
+    /// also every suspended task (all).
+    ///
+    /// running: show each sample of a thread that runs an asyncio event loop from the task it
+    /// runs, under `<task> NAME` frames of that task and of each task awaiting it, outermost
+    /// first, instead of under the loop's machinery (Python 3.11+; others are shown plain).
+    /// all: that, and every suspended task's await chain, sampled every 100 ms on a
+    /// pseudo-thread of its loop, weighted with the time it stood for (a wall-time view).
+    #[arg(long, value_name = "WHICH", num_args = 0..=1, default_missing_value = "running", value_parser = ["running", "all"], env = "TACHYON_BPF_ASYNC_AWARE")]
+    pub async_aware: Option<String>,
+}
+
+/// The file a run writes, and what goes with it (the main command and `record`).
+#[derive(clap::Args, Debug)]
+#[command(next_help_heading = "Output")]
+pub struct FileArgs {
+    /// Output file (default profile.json, or profile.<ext> for another format).
+    ///
+    /// With several formats, the base name each format adds its extension to. `-o -` writes
+    /// one format to standard output.
+    #[arg(short, long, env = "TACHYON_BPF_OUTPUT")]
+    pub output: Option<PathBuf>,
+    /// Permissions of the files written, in octal (profiles name every user's code paths).
+    #[arg(hide_short_help = true, long, alias = "output-mode", value_name = "OCTAL", default_value = DEFAULT_FILE_MODE, value_parser = parse_mode, env = "TACHYON_BPF_FILE_MODE")]
+    pub file_mode: u32,
+    /// Send the profile to this OpenTelemetry receiver as OTLP/HTTP.
+    ///
+    /// The profiles signal, at URL/v1development/profiles unless URL ends in /profiles: at
+    /// the end of the run, or with --continuous each interval.
+    #[arg(long, value_name = "URL", value_parser = parse_push_url, env = "TACHYON_BPF_OTLP")]
+    pub otlp: Option<String>,
+    /// A label given to every process's samples, e.g. cluster=eu-1 (repeatable).
+    ///
+    /// In every format and push. Names are letters, digits and _, not starting with a digit.
+    #[arg(long = "label", value_name = "NAME=VALUE", value_parser = parse_label, env = "TACHYON_BPF_LABELS", value_delimiter = ',')]
+    pub labels: Vec<(String, String)>,
+    /// Copy this environment variable of each profiled process into its labels (repeatable).
+    ///
+    /// Only the variables named are read of a process's environment.
+    #[arg(long = "env-label", value_name = "VAR", value_parser = parse_env_var, env = "TACHYON_BPF_ENV_LABELS", value_delimiter = ',')]
+    pub env_labels: Vec<String>,
+}
+
+/// The formats a run writes (the main command only: `record` writes a recording).
+#[derive(clap::Args, Debug, Default)]
+#[command(next_help_heading = "Output")]
+pub struct FormatArgs {
+    /// Output formats, comma-separated: gecko (default), pprof, flamegraph, collapsed, jsonl,
+    /// pstats, heatmap.
+    ///
+    /// gecko (Firefox Profiler), collapsed (folded stacks), jsonl (CPython sampler JSONL),
+    /// pprof, flamegraph (SVG), pstats (Python's pstats.Stats), heatmap (HTML: Python source
+    /// lines shaded by their samples).
+    #[arg(short, long, value_parser = format_parser(), value_delimiter = ',', env = "TACHYON_BPF_FORMAT")]
+    pub format: Vec<Format>,
+    /// Serve the profile to profiler.firefox.com from 127.0.0.1 and print its link (until Ctrl-C).
+    #[arg(long, env = "TACHYON_BPF_OPEN")]
+    pub open: bool,
+}
+
+/// Profiling until stopped, one profile per interval (the main command only).
+#[derive(clap::Args, Debug)]
+#[command(next_help_heading = "Continuous")]
+pub struct ContinuousArgs {
+    /// Profile until stopped, writing one profile per --rotate interval into --output-dir.
+    #[arg(long, requires = "output_dir", conflicts_with_all = ["output", "open", "command"], env = "TACHYON_BPF_CONTINUOUS")]
+    pub continuous: bool,
+    /// With --continuous: the length of each profile (60, 60s, 5m).
+    #[arg(long, value_parser = parse_rotate, default_value = DEFAULT_ROTATE, requires = "continuous", env = "TACHYON_BPF_ROTATE")]
+    pub rotate: Duration,
+    /// With --continuous: the directory the interval profiles go to (created if missing).
+    #[arg(long, value_name = "DIR", env = "TACHYON_BPF_OUTPUT_DIR")]
+    pub output_dir: Option<PathBuf>,
+    /// With --continuous: keep only the newest N intervals' files.
+    #[arg(long, value_name = "N", requires = "continuous", value_parser = clap::value_parser!(u64).range(1..), env = "TACHYON_BPF_KEEP")]
+    pub keep: Option<u64>,
+    /// With --continuous: send each interval's pprof to this Pyroscope-compatible server.
+    ///
+    /// POST URL/ingest?name=...&from=...&until=...&format=pprof, one series per service and
+    /// container, retrying with back-off.
+    #[arg(long, value_name = "URL", requires = "continuous", value_parser = parse_push_url, env = "TACHYON_BPF_PUSH")]
+    pub push: Option<String>,
+    /// The application name pushed, for every process (default: one series per service,
+    /// SERVICE.MODE{host=HOSTNAME,...}).
+    #[arg(hide_short_help = true, long, value_name = "NAME", requires = "push", env = "TACHYON_BPF_PUSH_NAME")]
+    pub push_name: Option<String>,
+}
+
+/// Options every sampling subcommand takes.
+#[derive(clap::Args, Debug, Default)]
+#[command(next_help_heading = "General")]
+pub struct GeneralArgs {
+    /// No summary on stderr.
+    #[arg(short, long, env = "TACHYON_BPF_QUIET")]
+    pub quiet: bool,
+    /// Print more: the BPF program set loaded, and the kernel's whole verifier log when it
+    /// refuses a program.
+    #[arg(short, long, env = "TACHYON_BPF_VERBOSE")]
+    pub verbose: bool,
+}
+
+/// `--file-mode`'s default, in octal.
+const DEFAULT_FILE_MODE: &str = "600";
+/// `--rotate`'s default.
+const DEFAULT_ROTATE: &str = "60s";
+
+impl Default for FileArgs {
+    fn default() -> Self {
+        FileArgs {
+            output: None,
+            file_mode: parse_mode(DEFAULT_FILE_MODE).expect("a valid default"),
+            otlp: None,
+            labels: Vec::new(),
+            env_labels: Vec::new(),
+        }
+    }
+}
+
+impl Default for ContinuousArgs {
+    fn default() -> Self {
+        ContinuousArgs {
+            continuous: false,
+            rotate: parse_rotate(DEFAULT_ROTATE).expect("a valid default"),
+            output_dir: None,
+            keep: None,
+            push: None,
+            push_name: None,
+        }
+    }
+}
+
+/// The main command's options: every group. `top` and `record` take fewer groups (their
+/// own structs, so clap refuses what they do not take), and become a `RunArgs` with the
+/// others at their defaults.
+#[derive(clap::Args, Debug)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub target: TargetArgs,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    #[command(flatten)]
+    pub python: PythonArgs,
+    #[command(flatten)]
+    pub file: FileArgs,
+    #[command(flatten)]
+    pub formats: FormatArgs,
+    #[command(flatten)]
+    pub continuous: ContinuousArgs,
+    #[command(flatten)]
+    pub general: GeneralArgs,
+}
+
+/// `top`: a live table, so no files, formats or intervals.
+#[derive(clap::Args, Debug)]
+pub struct TopArgs {
+    #[command(flatten)]
+    pub target: TargetArgs,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    #[command(flatten)]
+    pub python: PythonArgs,
+    #[command(flatten)]
+    pub general: GeneralArgs,
+}
+
+/// `record`: one recording file, which `convert` writes in formats.
+#[derive(clap::Args, Debug)]
+pub struct RecordArgs {
+    #[command(flatten)]
+    pub target: TargetArgs,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    #[command(flatten)]
+    pub python: PythonArgs,
+    #[command(flatten)]
+    pub file: FileArgs,
+    #[command(flatten)]
+    pub general: GeneralArgs,
+}
+
+impl From<TopArgs> for RunArgs {
+    fn from(a: TopArgs) -> RunArgs {
+        RunArgs {
+            target: a.target,
+            sampling: a.sampling,
+            python: a.python,
+            file: FileArgs::default(),
+            formats: FormatArgs::default(),
+            continuous: ContinuousArgs::default(),
+            general: a.general,
+        }
+    }
+}
+
+impl From<RecordArgs> for RunArgs {
+    fn from(a: RecordArgs) -> RunArgs {
+        RunArgs {
+            target: a.target,
+            sampling: a.sampling,
+            python: a.python,
+            file: a.file,
+            formats: FormatArgs::default(),
+            continuous: ContinuousArgs::default(),
+            general: a.general,
+        }
+    }
 }
 
 #[derive(clap::Args, Debug)]
@@ -297,6 +466,27 @@ pub struct ConvertArgs {
     /// Nothing on stderr but errors.
     #[arg(short, long)]
     pub quiet: bool,
+}
+
+/// The command line as clap reads it. `-h` (before any `--`) shows the short help: the
+/// common options, without each one's variable, which `--help` names with the rest.
+pub fn parse() -> Result<Cli, clap::Error> {
+    use clap::{CommandFactory, FromArgMatches};
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let short = args
+        .iter()
+        .skip(1)
+        .take_while(|a| *a != "--")
+        .any(|a| a == "-h");
+    let mut cmd = Cli::command();
+    if short {
+        cmd = without_env(cmd);
+    }
+    Cli::from_arg_matches(&cmd.try_get_matches_from(args)?)
+}
+
+fn without_env(c: clap::Command) -> clap::Command {
+    c.mut_args(|a| a.hide_env(true)).mut_subcommands(without_env)
 }
 
 /// The longest `-d`: a year (longer is a typo, and would overflow the timers).
@@ -437,19 +627,54 @@ mod tests {
         assert!(n >= 25, "{n} options");
     }
 
+    /// `top` and `record` take only their groups of options: every option of the main command
+    /// that a subcommand's help does not list is refused by clap, and every one it lists is
+    /// taken.
     #[test]
-    fn each_subcommand_lists_only_what_it_takes() {
+    fn each_subcommand_takes_only_what_it_lists() {
         use clap::CommandFactory;
         let mut cmd = Cli::command();
-        let long = |id: &str| format!("--{}", id.replace('_', "-"));
-        for (sub, refused) in [("top", TOP_REFUSES), ("record", RECORD_REFUSES)] {
+        let main: Vec<(String, bool)> = cmd
+            .get_arguments()
+            .filter(|a| !a.is_positional() && !a.is_hide_set())
+            .filter_map(|a| Some((a.get_long()?.to_string(), a.get_action().takes_values())))
+            .filter(|(l, _)| l != "help" && l != "version")
+            .collect();
+        assert!(main.len() >= 25, "{main:?}");
+        // A value each option takes, to tell "refused" from "bad value".
+        let value = |long: &str| match long {
+            "pid" => "1",
+            "rate" | "keep" => "10",
+            "duration" | "rotate" => "5s",
+            "mode" => "cpu",
+            "stack-size" => "8192",
+            "ring-mb" => "8",
+            "async-aware" => "all",
+            "file-mode" => "640",
+            "otlp" | "push" => "http://127.0.0.1:1",
+            "label" => "a=b",
+            "env-label" => "X",
+            "format" => "pprof",
+            _ => "x",
+        };
+        let mut checked = 0;
+        for (sub, groups) in [
+            ("top", &["Target:", "Sampling:", "Python:", "General:"][..]),
+            (
+                "record",
+                &["Target:", "Sampling:", "Python:", "Output:", "General:"][..],
+            ),
+        ] {
             let help = cmd
                 .find_subcommand_mut(sub)
                 .unwrap()
                 .render_long_help()
                 .to_string();
-            for id in refused {
-                let flag = long(id);
+            for h in groups {
+                assert!(help.contains(h), "{sub} --help has no {h} heading:\n{help}");
+            }
+            for (long, takes) in &main {
+                let flag = format!("--{long}");
                 // An option's own line: its names, before its value and description.
                 let listed = help.lines().any(|l| {
                     let l = l.trim_start();
@@ -457,18 +682,45 @@ mod tests {
                         && l.split("  ")
                             .next()
                             .unwrap_or("")
-                            .split([' ', ','])
-                            .any(|w| w == flag)
+                            .split([' ', ',', '='])
+                            .any(|w| w == flag || w.strip_suffix("[=<WHICH>]") == Some(&flag))
                 });
-                assert!(!listed, "{sub} --help lists {flag}:\n{help}");
+                let mut args = vec![sub.to_string(), "--all".into()];
+                if long == "all" {
+                    args.pop();
+                }
+                args.push(if *takes {
+                    format!("{flag}={}", value(long))
+                } else {
+                    flag.clone()
+                });
+                let got = Cli::try_parse_from(std::iter::once("tachyon-bpf".to_string()).chain(args.clone()));
+                match got {
+                    Err(e) if e.kind() == clap::error::ErrorKind::UnknownArgument => {
+                        assert!(!listed, "{sub} lists {flag} but refuses it: {e}")
+                    }
+                    // Taken, or refused only for what it needs beside it (--continuous
+                    // without --output-dir is not a subcommand's).
+                    Ok(_) => assert!(listed, "{sub} takes {flag} but does not list it"),
+                    Err(e) => assert!(
+                        listed,
+                        "{sub} {args:?}: {e}, and its help does not list {flag}"
+                    ),
+                }
+                checked += 1;
             }
-            for shown in ["--pid", "--all-pythons", "--rate", "--duration", "--mode"] {
-                assert!(help.contains(shown), "{sub} --help lacks {shown}");
-            }
-            // Grouped under headings.
-            for h in ["Target:", "Sampling:", "Python:"] {
-                assert!(help.contains(h), "{sub} --help has no {h} heading:\n{help}");
-            }
+        }
+        assert!(checked >= 50, "{checked}");
+        // The refusals users meet first.
+        for args in [
+            &["top", "--all", "-o", "x"][..],
+            &["top", "--all", "--continuous"],
+            &["record", "--all", "-f", "pprof"],
+            &["record", "--all", "--open"],
+            &["record", "--all", "--push", "http://x"],
+        ] {
+            let e = Cli::try_parse_from(std::iter::once(&"tachyon-bpf").chain(args)).unwrap_err();
+            assert_eq!(e.kind(), clap::error::ErrorKind::UnknownArgument, "{args:?}");
         }
         let record = cmd
             .find_subcommand_mut("record")
@@ -525,6 +777,56 @@ mod tests {
         Cli::try_parse_from(&args).unwrap_or_else(|e| panic!("{args:?}: {e}"));
     }
 
+    /// `--help` of the command and of each subcommand, as docs/cli.md's reference shows them:
+    /// 100 columns, variables named without their values here.
+    fn reference() -> String {
+        use clap::CommandFactory;
+        fn fixed(c: clap::Command) -> clap::Command {
+            c.term_width(100)
+                .mut_args(|a| a.hide_env_values(true))
+                .mut_subcommands(fixed)
+        }
+        let mut cmd = fixed(Cli::command());
+        cmd.build();
+        let mut out = String::new();
+        let mut section = |title: &str, c: &mut clap::Command| {
+            let help = c.render_long_help().to_string();
+            let help: Vec<&str> = help.lines().map(str::trim_end).collect();
+            out += &format!("### `{title}`\n\n```text\n{}\n```\n\n", help.join("\n"));
+        };
+        section("tachyon-bpf --help", &mut cmd);
+        for sub in ["record", "convert", "top", "dump"] {
+            let c = cmd.find_subcommand_mut(sub).unwrap();
+            section(&format!("tachyon-bpf {sub} --help"), c);
+        }
+        out
+    }
+
+    const GENERATED: &str = "<!-- Below: generated from the command line's definition. A unit test \
+                             checks it; TACHYON_WRITE_DOCS=1 cargo test -p tachyon-bpf --bin \
+                             tachyon-bpf docs_cli rewrites it. -->\n";
+
+    /// docs/cli.md's reference is `--help` itself: a change to an option that leaves the page
+    /// behind fails here.
+    #[test]
+    fn docs_cli_page_is_the_help() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/cli.md");
+        let page = std::fs::read_to_string(path).unwrap();
+        let at = page
+            .find(GENERATED)
+            .expect("docs/cli.md has the generated reference's marker");
+        let want = format!("{}{GENERATED}\n{}", &page[..at], reference());
+        let want = want.trim_end().to_string() + "\n";
+        if std::env::var_os("TACHYON_WRITE_DOCS").is_some() {
+            std::fs::write(path, &want).unwrap();
+        }
+        assert!(
+            page == want,
+            "docs/cli.md's reference differs from --help: rerun this test with \
+             TACHYON_WRITE_DOCS=1 and commit docs/cli.md"
+        );
+    }
+
     #[test]
     fn durations_take_seconds_or_units_alike() {
         for (d, secs) in [
@@ -535,7 +837,7 @@ mod tests {
             ("1h", 3600.0),
         ] {
             let c = parse(&["--all", "-d", d]).unwrap();
-            assert_eq!(c.run.duration, Some(secs), "-d {d}");
+            assert_eq!(c.run.sampling.duration, Some(secs), "-d {d}");
         }
         for (r, secs) in [("60", 60), ("60s", 60), ("5m", 300)] {
             let c = parse(&[
@@ -547,7 +849,7 @@ mod tests {
                 r,
             ])
             .unwrap();
-            assert_eq!(c.run.rotate, Duration::from_secs(secs), "--rotate {r}");
+            assert_eq!(c.run.continuous.rotate, Duration::from_secs(secs), "--rotate {r}");
         }
         for bad in ["0", "0s", "abc", "2y", "nan", "inf"] {
             let e = parse(&["--all", "-d", bad]).unwrap_err();
@@ -568,12 +870,12 @@ mod tests {
     #[test]
     fn async_aware_takes_the_same_values_everywhere() {
         let c = parse(&["--all-pythons", "--async-aware"]).unwrap();
-        assert_eq!(c.run.async_aware.as_deref(), Some("running"));
+        assert_eq!(c.run.python.async_aware.as_deref(), Some("running"));
         let c = parse(&["--all-pythons", "--async-aware", "all"]).unwrap();
-        assert_eq!(c.run.async_aware.as_deref(), Some("all"));
+        assert_eq!(c.run.python.async_aware.as_deref(), Some("all"));
         let c = parse(&["--async-aware", "--", "python3", "app.py"]).unwrap();
-        assert_eq!(c.run.async_aware.as_deref(), Some("running"));
-        assert_eq!(c.run.command, ["python3", "app.py"]);
+        assert_eq!(c.run.python.async_aware.as_deref(), Some("running"));
+        assert_eq!(c.run.target.command, ["python3", "app.py"]);
         for (args, want) in [
             (&["dump", "-p", "1", "--async-aware"][..], "running"),
             (&["dump", "-p", "1", "--async-aware", "all"][..], "all"),
@@ -591,15 +893,13 @@ mod tests {
         assert_eq!(
             parse(&["--all", "--file-mode", "640"])
                 .unwrap()
-                .run
-                .file_mode,
+                .run.file.file_mode,
             0o640
         );
         assert_eq!(
             parse(&["--all", "--output-mode", "644"])
                 .unwrap()
-                .run
-                .file_mode,
+                .run.file.file_mode,
             0o644
         );
     }
@@ -607,9 +907,9 @@ mod tests {
     #[test]
     fn modes_and_formats_by_name() {
         let c = parse(&["--all", "-m", "cpu", "-f", "gecko,pprof"]).unwrap();
-        assert_eq!(c.run.mode, Mode::Cpu);
-        assert_eq!(c.run.format, vec![Format::Gecko, Format::Pprof]);
-        assert_eq!(parse(&["--all"]).unwrap().run.mode, Mode::Wall);
+        assert_eq!(c.run.sampling.mode, Mode::Cpu);
+        assert_eq!(c.run.formats.format, vec![Format::Gecko, Format::Pprof]);
+        assert_eq!(parse(&["--all"]).unwrap().run.sampling.mode, Mode::Wall);
         let e = parse(&["--all", "-m", "walls"]).unwrap_err();
         assert!(
             e.contains("possible values: wall, cpu, gil, exception, all"),

@@ -10,7 +10,6 @@ mod launch;
 mod run;
 mod sinks;
 
-use clap::Parser;
 
 use cli::{Cli, Cmd};
 use run::Command;
@@ -24,14 +23,14 @@ fn main() {
         let _ = Cli::command().print_help();
         std::process::exit(2);
     }
-    let cli = match Cli::try_parse() {
+    let cli = match cli::parse() {
         Ok(c) => c,
         Err(e) if e.use_stderr() => {
             // One line, as every other error: clap's first, without its usage block.
             let text = e.to_string();
             let first = text.lines().next().unwrap_or("bad command line");
             let first = first.strip_prefix("error: ").unwrap_or(first);
-            eprintln!("tachyon-bpf: error: {first} (see --help)");
+            eprintln!("tachyon-bpf: error: {first}{}", refused_hint(&e));
             std::process::exit(2);
         }
         Err(e) => {
@@ -53,8 +52,8 @@ fn main() {
     let result = rt.block_on(async {
         match cli.cmd {
             None => run::run(cli.run, Command::Profile).await,
-            Some(Cmd::Record(args)) => run::run(args, Command::Record).await,
-            Some(Cmd::Top(args)) => run::run(args, Command::Top).await,
+            Some(Cmd::Record(args)) => run::run(args.into(), Command::Record).await,
+            Some(Cmd::Top(args)) => run::run(args.into(), Command::Top).await,
             Some(Cmd::Convert(args)) => run::convert(args).await,
             Some(Cmd::Dump(args)) => run::dump(args).await,
         }
@@ -65,6 +64,23 @@ fn main() {
             eprintln!("tachyon-bpf: error: {e}");
             std::process::exit(e.code());
         }
+    }
+}
+
+/// What follows clap's one line: why `top` or `record` has no such option (they take only
+/// their groups of options), else a pointer to the help.
+fn refused_hint(e: &clap::Error) -> &'static str {
+    if e.kind() != clap::error::ErrorKind::UnknownArgument {
+        return " (see --help)";
+    }
+    // Options before a subcommand are refused, so a subcommand is the first argument.
+    match std::env::args().nth(1).as_deref() {
+        Some("record") => {
+            " (record writes a recording: give --format and --open to convert, and \
+             --continuous to the main command)"
+        }
+        Some("top") => " (top shows a live table: it writes no file and sends nothing)",
+        _ => " (see --help)",
     }
 }
 

@@ -35,17 +35,17 @@ pub enum Command {
 
 /// Checks what the command line asks to profile.
 fn check_targets(cli: &RunArgs) -> Result<(), AppError> {
-    if !cli.all && !cli.all_pythons && cli.pid.is_empty() && cli.command.is_empty() {
+    if !cli.target.all && !cli.target.all_pythons && cli.target.pid.is_empty() && cli.target.command.is_empty() {
         return Err(usage(
             "nothing to profile: give --all, --all-pythons, --pid PID or -- COMMAND",
         ));
     }
-    if !cli.command.is_empty() && (cli.all || cli.all_pythons || !cli.pid.is_empty()) {
+    if !cli.target.command.is_empty() && (cli.target.all || cli.target.all_pythons || !cli.target.pid.is_empty()) {
         return Err(usage(
             "-- COMMAND cannot be combined with --all, --all-pythons or --pid",
         ));
     }
-    if cli.subprocesses && cli.pid.is_empty() && cli.command.is_empty() {
+    if cli.target.subprocesses && cli.target.pid.is_empty() && cli.target.command.is_empty() {
         return Err(usage("--subprocesses needs --pid PID or -- COMMAND"));
     }
     Ok(())
@@ -74,7 +74,7 @@ fn sink_for(cli: &RunArgs, command: Command) -> Result<Box<dyn Sink>, AppError> 
         Command::Top => Box::new(sinks::Top::new()),
         Command::Dump { json } => Box::new(sinks::Dump::new(json)),
         Command::Record => Box::new(sinks::Recording::new(cli)?),
-        Command::Profile if cli.continuous => Box::new(sinks::Continuous::new(cli)?),
+        Command::Profile if cli.continuous.continuous => Box::new(sinks::Continuous::new(cli)?),
         Command::Profile => Box::new(sinks::Files::new(cli)?),
     })
 }
@@ -87,24 +87,24 @@ fn epoch_ms() -> f64 {
 }
 
 pub async fn run(cli: RunArgs, command: Command) -> Result<i32, AppError> {
-    sinks::check_usage(&cli, command == Command::Top, command == Command::Record)?;
+    sinks::check_usage(&cli, command == Command::Top)?;
     check_targets(&cli)?;
     check_environment()?;
-    check_pids(&cli.pid)?;
+    check_pids(&cli.target.pid)?;
     let sink = sink_for(&cli, command)?;
-    let rate = cli.rate.unwrap_or(if cli.continuous { 49 } else { 1000 });
+    let rate = cli.sampling.rate.unwrap_or(if cli.continuous.continuous { 49 } else { 1000 });
     let mut capture = load(&cli, rate)?;
     let bpf_logs = bpf_logs(&cli, &mut capture)?;
     capture.attach_lifetimes()?;
-    let launched = if cli.command.is_empty() {
+    let launched = if cli.target.command.is_empty() {
         None
     } else {
         // Run by sudo: the command runs as the user who ran it, as it would without the
         // profiler (unless --run-as-root).
         let run_as = launch::sudo_user()
-            .filter(|_| !cli.run_as_root)
+            .filter(|_| !cli.target.run_as_root)
             .map(|(uid, gid)| launch::RunAs::new(uid, gid));
-        Some(launch::launch(&cli.command, run_as.as_ref())?)
+        Some(launch::launch(&cli.target.command, run_as.as_ref())?)
     };
     let explicit = targets(&cli, &mut capture, launched.as_ref())?;
     let mut run = Running::start(&cli, command, rate, sink, capture, explicit, bpf_logs)?;
@@ -125,30 +125,30 @@ pub async fn run(cli: RunArgs, command: Command) -> Result<i32, AppError> {
 /// Loads the programs that fit the kernel (`-v`: which, and what the verifier went through).
 fn load(cli: &RunArgs, rate: u64) -> Result<Capture, AppError> {
     let capture = Capture::load(&CaptureOptions {
-        all: cli.all,
-        stack_size: cli.stack_size as usize,
-        ring_bytes: cli.ring_mb << 20,
-        offcpu: if cli.mode.needs_offcpu_stacks() {
+        all: cli.target.all,
+        stack_size: cli.sampling.stack_size as usize,
+        ring_bytes: cli.sampling.ring_mb << 20,
+        offcpu: if cli.sampling.mode.needs_offcpu_stacks() {
             profiler_common::OFFCPU_STACKS
         } else {
             profiler_common::OFFCPU_TIMES
         },
-        follow_children: cli.subprocesses,
-        exec_all: cli.all_pythons,
-        follow_python_forks: cli.all_pythons,
+        follow_children: cli.target.subprocesses,
+        exec_all: cli.target.all_pythons,
+        follow_python_forks: cli.target.all_pythons,
         rate_hz: rate,
-        force_compat: cli.compat_programs,
-        debug_bpf: cli.debug_bpf,
-        full_verifier_log: cli.verbose,
+        force_compat: cli.sampling.compat_programs,
+        debug_bpf: cli.sampling.debug_bpf,
+        full_verifier_log: cli.general.verbose,
     })
     .inspect_err(|e| {
         if let capture::CaptureError::Refused { log, .. } = e {
-            if cli.verbose {
+            if cli.general.verbose {
                 eprintln!("tachyon-bpf: the verifier's log:\n{log}");
             }
         }
     })?;
-    if cli.verbose {
+    if cli.general.verbose {
         eprintln!(
             "tachyon-bpf: kernel {}: {} BPF programs",
             capture.kernel.release,
@@ -167,14 +167,14 @@ fn bpf_logs(
     cli: &RunArgs,
     capture: &mut Capture,
 ) -> Result<Option<AsyncFd<capture::BpfLogs>>, AppError> {
-    Ok(match cli.debug_bpf.then(|| capture.take_logs()).flatten() {
+    Ok(match cli.sampling.debug_bpf.then(|| capture.take_logs()).flatten() {
         // SAFETY: the logger owns its map fd and neither replaces nor closes it while the
         // AsyncFd holds it.
         Some(logs) => Some(
             unsafe { AsyncFd::register_with_interest(logs, tokio::io::Interest::READABLE) }
                 .map_err(|e| other(format!("BPF logs: {e}")))?,
         ),
-        None if cli.debug_bpf => {
+        None if cli.sampling.debug_bpf => {
             return Err(other("BPF logs: the object has no log ring".to_string()))
         }
         None => None,
@@ -188,16 +188,16 @@ fn targets(
     capture: &mut Capture,
     launched: Option<&launch::Launched>,
 ) -> Result<Vec<u32>, AppError> {
-    let mut explicit = cli.pid.clone();
-    if cli.subprocesses {
+    let mut explicit = cli.target.pid.clone();
+    if cli.target.subprocesses {
         // The processes a --pid target has started already are profiled too; new ones are
         // followed through fork events.
-        for &pid in &cli.pid {
+        for &pid in &cli.target.pid {
             let found: Vec<u32> = process::descendants(pid)
                 .into_iter()
                 .filter(|p| !explicit.contains(p) && *p != std::process::id())
                 .collect();
-            if !cli.quiet {
+            if !cli.general.quiet {
                 eprintln!(
                     "tachyon-bpf: --pid {pid} --subprocesses: {} running descendants profiled too",
                     found.len()
@@ -243,16 +243,16 @@ impl<'a> Running<'a> {
         let start_epoch_ms = epoch_ms();
         let interval_ms = 1000.0 / rate as f64;
         let registry = python::PythonRegistry::new(python::PythonOptions {
-            show_internal: cli.show_internal,
-            opcodes: cli.opcodes,
-            async_aware: cli.async_aware.is_some(),
-            async_all: cli.async_aware.as_deref() == Some("all"),
+            show_internal: cli.python.show_internal,
+            opcodes: cli.python.opcodes,
+            async_aware: cli.python.async_aware.is_some(),
+            async_all: cli.python.async_aware.as_deref() == Some("all"),
         });
         let mut collector =
-            Collector::new(start_ns, registry, cli.mode, interval_ms, Kernel::load());
+            Collector::new(start_ns, registry, cli.sampling.mode, interval_ms, Kernel::load());
         collector.add_kernel_code(capture.program_code());
-        collector.env_labels = cli.env_labels.clone();
-        if cli.verbose {
+        collector.env_labels = cli.file.env_labels.clone();
+        if cli.general.verbose {
             eprintln!("tachyon-bpf: kernel symbols {}", collector.kernel_source);
         }
         let ring = capture.take_ring();
@@ -260,9 +260,9 @@ impl<'a> Running<'a> {
             capture,
             collector,
             Scope {
-                all: cli.all,
-                all_pythons: cli.all_pythons,
-                subprocesses: cli.subprocesses,
+                all: cli.target.all,
+                all_pythons: cli.target.all_pythons,
+                subprocesses: cli.target.subprocesses,
                 explicit,
             },
         );
@@ -300,7 +300,7 @@ impl<'a> Running<'a> {
             start_epoch_ms: self.start_epoch_ms,
             interval_ms: self.interval_ms,
             duration_ms: duration.as_secs_f64() * 1000.0,
-            mode: cli.mode.name().into(),
+            mode: cli.sampling.mode.name().into(),
             rate_hz: self.rate,
             command: std::env::args().collect::<Vec<_>>().join(" "),
             lost: capture.stats().0[profiler_common::STAT_LOST as usize],
@@ -315,10 +315,10 @@ impl<'a> Running<'a> {
                 .into_iter()
                 .map(|(n, v)| (n.to_string(), v))
                 .collect(),
-            async_aware: cli.async_aware.clone(),
+            async_aware: cli.python.async_aware.clone(),
             bpf_programs: Vec::new(),
             host: output::continuous::hostname(),
-            labels: cli.labels.clone(),
+            labels: cli.file.labels.clone(),
         }
     }
 
@@ -339,7 +339,7 @@ impl<'a> Running<'a> {
         let ring = &mut self.ring;
         let mut started = l
             .release(child_tx)
-            .map_err(|e| target(format!("cannot start {}: {e}", cli.command[0])))?;
+            .map_err(|e| target(format!("cannot start {}: {e}", cli.target.command[0])))?;
         session.started(started.pid, started.held());
         // A wrapper (`env`, a shell, a shim) held instead of Python: followed through its
         // execs, a few, each briefly.
@@ -369,7 +369,7 @@ impl<'a> Running<'a> {
         let mut sigint = signal(SignalKind::interrupt()).map_err(|e| other(e.to_string()))?;
         let mut sigterm = signal(SignalKind::terminate()).map_err(|e| other(e.to_string()))?;
         let deadline = cli
-            .duration
+            .sampling.duration
             .map(|d| tokio::time::Instant::now() + Duration::from_secs_f64(d.max(0.0)));
         let sleep = async {
             match deadline {
@@ -378,14 +378,14 @@ impl<'a> Running<'a> {
             }
         };
         tokio::pin!(sleep);
-        let has_child = !cli.command.is_empty();
+        let has_child = !cli.target.command.is_empty();
         let mut child_status = None;
         let mut tick = tokio::time::interval(TICK);
         let mut ticks: u64 = 0;
         let mut young_tick = tokio::time::interval(YOUNG_TICK);
         young_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         // The live status line: on a terminal only, never with --quiet.
-        let status = !cli.quiet
+        let status = !cli.general.quiet
             && self.sink.status_line()
             && std::io::IsTerminal::is_terminal(&std::io::stderr());
         let every = self.sink.interval();
@@ -431,7 +431,7 @@ impl<'a> Running<'a> {
                     // --pid: the run ends when every process it names (and, with --subprocesses,
                     // every child that joined them) has exited, as it does with a command.
                     if !has_child && ticks.is_multiple_of(5) && self.session.targets_gone() {
-                        if !cli.quiet {
+                        if !cli.general.quiet {
                             eprintln!("tachyon-bpf: the profiled processes have exited");
                         }
                         break;
@@ -510,13 +510,13 @@ impl<'a> Running<'a> {
         let now = monotonic_ns();
         self.session.settle_sched(now);
         if let Command::Dump { .. } = self.command {
-            for &pid in &cli.pid {
+            for &pid in &cli.target.pid {
                 let read = self.session.collector.sample_blocked_threads(pid);
                 self.sink.read_from_memory(read);
             }
         }
         self.session.collector.finish(now);
-        if let (true, Some(addr)) = (cli.verbose, self.session.collector.kernel_reread_at) {
+        if let (true, Some(addr)) = (cli.general.verbose, self.session.collector.kernel_reread_at) {
             eprintln!(
                 "tachyon-bpf: kernel symbols read again mid-run: {addr:#x} is kernel code made since boot"
             );
@@ -538,7 +538,7 @@ impl<'a> Running<'a> {
         };
         self.sink.finish(&self.session.collector.profile, &run)?;
         // --otlp without --continuous: the run's profile, once, after the files are written.
-        let otlp = match (&cli.otlp, cli.continuous) {
+        let otlp = match (&cli.file.otlp, cli.continuous.continuous) {
             (Some(url), false) => {
                 let p =
                     output::continuous::Pusher::start(url, output::continuous::Destination::Otlp);
@@ -547,7 +547,7 @@ impl<'a> Running<'a> {
             }
             _ => None,
         };
-        if !cli.quiet {
+        if !cli.general.quiet {
             summary(
                 &self.session.collector.profile,
                 &run,
@@ -557,15 +557,15 @@ impl<'a> Running<'a> {
             );
         }
         if let Some(p) = otlp {
-            crate::sinks::report_otlp(p, cli.quiet);
+            crate::sinks::report_otlp(p, cli.general.quiet);
         }
-        self.sink.report(cli.quiet)?;
+        self.sink.report(cli.general.quiet)?;
         if let Some(code) = child_status {
-            if code != 0 && !cli.quiet {
+            if code != 0 && !cli.general.quiet {
                 eprintln!("tachyon-bpf: the command exited with status {code}");
             }
         }
-        if cli.open {
+        if cli.formats.open {
             open_in_browser(&self.session.collector.profile, &run).await?;
         }
         Ok(0)

@@ -120,49 +120,28 @@ pub struct Files {
 }
 
 /// The command line's choices that no sink can take, checked before anything else.
-pub fn check_usage(cli: &RunArgs, top: bool, record: bool) -> Result<(), AppError> {
+pub fn check_usage(cli: &RunArgs, top: bool) -> Result<(), AppError> {
+    // What `top` and `record` do not take, clap refuses: they have no such options.
     if top {
-        if cli.continuous
-            || cli.open
-            || !cli.format.is_empty()
-            || cli.output.is_some()
-            || cli.otlp.is_some()
-        {
-            return Err(usage(
-                "top shows a live table: --continuous, --open, --format, -o and --otlp do not \
-                 apply",
-            ));
-        }
         if !std::io::IsTerminal::is_terminal(&std::io::stdout()) {
             return Err(usage("top needs a terminal"));
         }
-    } else if record {
-        if cli.continuous {
-            return Err(usage(
-                "record writes one recording: --continuous is for the main command",
-            ));
-        }
-        if !cli.format.is_empty() || cli.open {
-            return Err(usage(
-                "record writes a recording: give --format and --open to convert",
-            ));
-        }
-    } else if !cli.continuous
+    } else if !cli.continuous.continuous
         && cli
-            .output
+            .file.output
             .as_deref()
             .is_some_and(tachyon_bpf::files::is_stdout)
-        && output::output_paths(cli.output.as_deref(), &cli.format).len() > 1
+        && output::output_paths(cli.file.output.as_deref(), &cli.formats.format).len() > 1
     {
         return Err(usage(
             "-o - writes one format to standard output: give one --format",
         ));
-    } else if !cli.continuous
+    } else if !cli.continuous.continuous
         && cli
-            .output
+            .file.output
             .as_deref()
             .is_some_and(tachyon_bpf::files::is_stdout)
-        && cli.format.iter().any(|f| f.is_directory())
+        && cli.formats.format.iter().any(|f| f.is_directory())
     {
         // Said before profiling, not after: the run's profile would be lost.
         return Err(usage(
@@ -174,7 +153,7 @@ pub fn check_usage(cli: &RunArgs, top: bool, record: bool) -> Result<(), AppErro
 
 impl Files {
     pub fn new(cli: &RunArgs) -> Result<Files, AppError> {
-        let outputs = output::output_paths(cli.output.as_deref(), &cli.format);
+        let outputs = output::output_paths(cli.file.output.as_deref(), &cli.formats.format);
         for (f, p) in &outputs {
             if f.is_directory() {
                 output::check_dir_writable(p)
@@ -185,7 +164,7 @@ impl Files {
         }
         Ok(Files {
             outputs,
-            write: output::WriteOptions::with_mode(cli.file_mode),
+            write: output::WriteOptions::with_mode(cli.file.file_mode),
         })
     }
 }
@@ -212,13 +191,13 @@ pub struct Recording {
 impl Recording {
     pub fn new(cli: &RunArgs) -> Result<Recording, AppError> {
         let path = cli
-            .output
+            .file.output
             .clone()
             .unwrap_or_else(|| PathBuf::from("profile.tbpf"));
         writable(&path)?;
         Ok(Recording {
             path,
-            write: output::WriteOptions::with_mode(cli.file_mode),
+            write: output::WriteOptions::with_mode(cli.file.file_mode),
         })
     }
 }
@@ -342,37 +321,37 @@ pub struct Continuous {
 impl Continuous {
     pub fn new(cli: &RunArgs) -> Result<Continuous, AppError> {
         let dir = cli
-            .output_dir
+            .continuous.output_dir
             .clone()
             .ok_or_else(|| usage("--continuous needs --output-dir"))?;
-        tachyon_bpf::files::prepare_output_dir(&dir, cli.file_mode)
+        tachyon_bpf::files::prepare_output_dir(&dir, cli.file.file_mode)
             .map_err(|e| output_err(format!("cannot use {}: {e}", dir.display())))?;
         writable(&dir.join("tachyon-probe"))?;
         Ok(Continuous {
-            write: output::WriteOptions::with_mode(cli.file_mode),
+            write: output::WriteOptions::with_mode(cli.file.file_mode),
             dir,
-            formats: cli.format.clone(),
-            keep: cli.keep.map(|k| k as usize),
-            rotate: cli.rotate,
-            pusher: cli.push.as_deref().map(|url| {
+            formats: cli.formats.format.clone(),
+            keep: cli.continuous.keep.map(|k| k as usize),
+            rotate: cli.continuous.rotate,
+            pusher: cli.continuous.push.as_deref().map(|url| {
                 output::continuous::Pusher::start(
                     url,
                     output::continuous::Destination::Pyroscope {
-                        name: cli.push_name.clone(),
+                        name: cli.continuous.push_name.clone(),
                     },
                 )
             }),
-            otlp: cli.otlp.as_deref().map(|url| {
+            otlp: cli.file.otlp.as_deref().map(|url| {
                 output::continuous::Pusher::start(url, output::continuous::Destination::Otlp)
             }),
-            quiet: cli.quiet,
+            quiet: cli.general.quiet,
             start_epoch_ms: output::continuous::epoch_ms(),
             started: Instant::now(),
             lost_before: 0,
             intervals: 0,
             write_failures: 0,
             samples: 0,
-            mode: cli.mode,
+            mode: cli.sampling.mode,
         })
     }
 

@@ -166,6 +166,8 @@ fn binaries_need_glibc_2_17_at_most_are_stripped_and_their_debug_files_symbolize
             "LICENSE-MIT",
             "LICENSE-APACHE",
             "README.md",
+            "docs/cli.md",
+            "docs/install.md",
         ] {
             assert!(top.join(f).is_file(), "{arch}: the tarball has no {f}");
         }
@@ -234,6 +236,8 @@ fn debian_package_holds_the_binary_man_page_completions_unit_and_licences() {
             "./usr/share/doc/tachyon-bpf/copyright",
             "./usr/share/doc/tachyon-bpf/LICENSE-MIT",
             "./usr/share/doc/tachyon-bpf/LICENSE-APACHE",
+            "./usr/share/doc/tachyon-bpf/docs/cli.md",
+            "./usr/share/doc/tachyon-bpf/docs/troubleshooting.md",
         ] {
             assert!(
                 contents.lines().any(|l| l.ends_with(path)),

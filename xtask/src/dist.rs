@@ -1,7 +1,7 @@
 //! `cargo xtask dist`: the release artifacts, for x86_64 and aarch64, in `target/dist/`:
 //!
 //! - `tachyon-bpf-VERSION-ARCH-linux.tar.gz`: the binary, its man page, shell completions, the
-//!   systemd unit with its options file, the licences and the README;
+//!   systemd unit with its options file, the licences, the README and the user's guide (docs/*.md);
 //! - `tachyon-bpf_VERSION-1_DEBARCH.deb`: the same files where Debian puts them (cargo-deb);
 //! - `tachyon_bpf-VERSION-py3-none-manylinux_2_17_ARCH.manylinux2014_ARCH.whl`: the binary as a
 //!   script of a wheel, for `pip install` / `pipx install` (the wheel carries no Python code);
@@ -248,7 +248,7 @@ fn tarball(out: &Path, name: &str, stage: &Path, epoch: &str) -> Result<PathBuf>
     let top = out.join(format!(".{name}"));
     let dir = top.join(name);
     let _ = std::fs::remove_dir_all(&top);
-    for d in ["completions", "systemd"] {
+    for d in ["completions", "systemd", "docs"] {
         std::fs::create_dir_all(dir.join(d))?;
     }
     let ws = workspace();
@@ -273,6 +273,13 @@ fn tarball(out: &Path, name: &str, stage: &Path, epoch: &str) -> Result<PathBuf>
     for e in std::fs::read_dir(stage.join("completions"))? {
         let e = e?;
         std::fs::copy(e.path(), dir.join("completions").join(e.file_name()))?;
+    }
+    // The user's guide (the pages of docs/ itself; internals/ and dev/ are for the source).
+    for e in std::fs::read_dir(ws.join("docs"))? {
+        let e = e?;
+        if e.path().extension().is_some_and(|x| x == "md") {
+            std::fs::copy(e.path(), dir.join("docs").join(e.file_name()))?;
+        }
     }
     let tarball = out.join(format!("{name}.tar.gz"));
     run(Command::new("tar")
