@@ -316,7 +316,13 @@ pub struct ContinuousArgs {
     pub push: Option<String>,
     /// The application name pushed, for every process (default: one series per service,
     /// SERVICE.MODE{host=HOSTNAME,...}).
-    #[arg(hide_short_help = true, long, value_name = "NAME", requires = "push", env = "TACHYON_BPF_PUSH_NAME")]
+    #[arg(
+        hide_short_help = true,
+        long,
+        value_name = "NAME",
+        requires = "push",
+        env = "TACHYON_BPF_PUSH_NAME"
+    )]
     pub push_name: Option<String>,
 }
 
@@ -486,7 +492,8 @@ pub fn parse() -> Result<Cli, clap::Error> {
 }
 
 fn without_env(c: clap::Command) -> clap::Command {
-    c.mut_args(|a| a.hide_env(true)).mut_subcommands(without_env)
+    c.mut_args(|a| a.hide_env(true))
+        .mut_subcommands(without_env)
 }
 
 /// The longest `-d`: a year (longer is a typo, and would overflow the timers).
@@ -694,7 +701,9 @@ mod tests {
                 } else {
                     flag.clone()
                 });
-                let got = Cli::try_parse_from(std::iter::once("tachyon-bpf".to_string()).chain(args.clone()));
+                let got = Cli::try_parse_from(
+                    std::iter::once("tachyon-bpf".to_string()).chain(args.clone()),
+                );
                 match got {
                     Err(e) if e.kind() == clap::error::ErrorKind::UnknownArgument => {
                         assert!(!listed, "{sub} lists {flag} but refuses it: {e}")
@@ -720,7 +729,11 @@ mod tests {
             &["record", "--all", "--push", "http://x"],
         ] {
             let e = Cli::try_parse_from(std::iter::once(&"tachyon-bpf").chain(args)).unwrap_err();
-            assert_eq!(e.kind(), clap::error::ErrorKind::UnknownArgument, "{args:?}");
+            assert_eq!(
+                e.kind(),
+                clap::error::ErrorKind::UnknownArgument,
+                "{args:?}"
+            );
         }
         let record = cmd
             .find_subcommand_mut("record")
@@ -802,7 +815,8 @@ mod tests {
         out
     }
 
-    const GENERATED: &str = "<!-- Below: generated from the command line's definition. A unit test \
+    const GENERATED: &str =
+        "<!-- Below: generated from the command line's definition. A unit test \
                              checks it; TACHYON_WRITE_DOCS=1 cargo test -p tachyon-bpf --bin \
                              tachyon-bpf docs_cli rewrites it. -->\n";
 
@@ -849,7 +863,11 @@ mod tests {
                 r,
             ])
             .unwrap();
-            assert_eq!(c.run.continuous.rotate, Duration::from_secs(secs), "--rotate {r}");
+            assert_eq!(
+                c.run.continuous.rotate,
+                Duration::from_secs(secs),
+                "--rotate {r}"
+            );
         }
         for bad in ["0", "0s", "abc", "2y", "nan", "inf"] {
             let e = parse(&["--all", "-d", bad]).unwrap_err();
@@ -893,13 +911,17 @@ mod tests {
         assert_eq!(
             parse(&["--all", "--file-mode", "640"])
                 .unwrap()
-                .run.file.file_mode,
+                .run
+                .file
+                .file_mode,
             0o640
         );
         assert_eq!(
             parse(&["--all", "--output-mode", "644"])
                 .unwrap()
-                .run.file.file_mode,
+                .run
+                .file
+                .file_mode,
             0o644
         );
     }

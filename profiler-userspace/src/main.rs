@@ -10,7 +10,6 @@ mod launch;
 mod run;
 mod sinks;
 
-
 use cli::{Cli, Cmd};
 use run::Command;
 

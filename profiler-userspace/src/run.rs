@@ -35,12 +35,18 @@ pub enum Command {
 
 /// Checks what the command line asks to profile.
 fn check_targets(cli: &RunArgs) -> Result<(), AppError> {
-    if !cli.target.all && !cli.target.all_pythons && cli.target.pid.is_empty() && cli.target.command.is_empty() {
+    if !cli.target.all
+        && !cli.target.all_pythons
+        && cli.target.pid.is_empty()
+        && cli.target.command.is_empty()
+    {
         return Err(usage(
             "nothing to profile: give --all, --all-pythons, --pid PID or -- COMMAND",
         ));
     }
-    if !cli.target.command.is_empty() && (cli.target.all || cli.target.all_pythons || !cli.target.pid.is_empty()) {
+    if !cli.target.command.is_empty()
+        && (cli.target.all || cli.target.all_pythons || !cli.target.pid.is_empty())
+    {
         return Err(usage(
             "-- COMMAND cannot be combined with --all, --all-pythons or --pid",
         ));
@@ -92,7 +98,10 @@ pub async fn run(cli: RunArgs, command: Command) -> Result<i32, AppError> {
     check_environment()?;
     check_pids(&cli.target.pid)?;
     let sink = sink_for(&cli, command)?;
-    let rate = cli.sampling.rate.unwrap_or(if cli.continuous.continuous { 49 } else { 1000 });
+    let rate = cli
+        .sampling
+        .rate
+        .unwrap_or(if cli.continuous.continuous { 49 } else { 1000 });
     let mut capture = load(&cli, rate)?;
     let bpf_logs = bpf_logs(&cli, &mut capture)?;
     capture.attach_lifetimes()?;
@@ -167,18 +176,25 @@ fn bpf_logs(
     cli: &RunArgs,
     capture: &mut Capture,
 ) -> Result<Option<AsyncFd<capture::BpfLogs>>, AppError> {
-    Ok(match cli.sampling.debug_bpf.then(|| capture.take_logs()).flatten() {
-        // SAFETY: the logger owns its map fd and neither replaces nor closes it while the
-        // AsyncFd holds it.
-        Some(logs) => Some(
-            unsafe { AsyncFd::register_with_interest(logs, tokio::io::Interest::READABLE) }
-                .map_err(|e| other(format!("BPF logs: {e}")))?,
-        ),
-        None if cli.sampling.debug_bpf => {
-            return Err(other("BPF logs: the object has no log ring".to_string()))
-        }
-        None => None,
-    })
+    Ok(
+        match cli
+            .sampling
+            .debug_bpf
+            .then(|| capture.take_logs())
+            .flatten()
+        {
+            // SAFETY: the logger owns its map fd and neither replaces nor closes it while the
+            // AsyncFd holds it.
+            Some(logs) => Some(
+                unsafe { AsyncFd::register_with_interest(logs, tokio::io::Interest::READABLE) }
+                    .map_err(|e| other(format!("BPF logs: {e}")))?,
+            ),
+            None if cli.sampling.debug_bpf => {
+                return Err(other("BPF logs: the object has no log ring".to_string()))
+            }
+            None => None,
+        },
+    )
 }
 
 /// The processes the command line names (`--pid`, with `--subprocesses` their running
@@ -248,8 +264,13 @@ impl<'a> Running<'a> {
             async_aware: cli.python.async_aware.is_some(),
             async_all: cli.python.async_aware.as_deref() == Some("all"),
         });
-        let mut collector =
-            Collector::new(start_ns, registry, cli.sampling.mode, interval_ms, Kernel::load());
+        let mut collector = Collector::new(
+            start_ns,
+            registry,
+            cli.sampling.mode,
+            interval_ms,
+            Kernel::load(),
+        );
         collector.add_kernel_code(capture.program_code());
         collector.env_labels = cli.file.env_labels.clone();
         if cli.general.verbose {
@@ -369,7 +390,8 @@ impl<'a> Running<'a> {
         let mut sigint = signal(SignalKind::interrupt()).map_err(|e| other(e.to_string()))?;
         let mut sigterm = signal(SignalKind::terminate()).map_err(|e| other(e.to_string()))?;
         let deadline = cli
-            .sampling.duration
+            .sampling
+            .duration
             .map(|d| tokio::time::Instant::now() + Duration::from_secs_f64(d.max(0.0)));
         let sleep = async {
             match deadline {

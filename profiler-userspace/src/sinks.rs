@@ -128,7 +128,8 @@ pub fn check_usage(cli: &RunArgs, top: bool) -> Result<(), AppError> {
         }
     } else if !cli.continuous.continuous
         && cli
-            .file.output
+            .file
+            .output
             .as_deref()
             .is_some_and(tachyon_bpf::files::is_stdout)
         && output::output_paths(cli.file.output.as_deref(), &cli.formats.format).len() > 1
@@ -138,7 +139,8 @@ pub fn check_usage(cli: &RunArgs, top: bool) -> Result<(), AppError> {
         ));
     } else if !cli.continuous.continuous
         && cli
-            .file.output
+            .file
+            .output
             .as_deref()
             .is_some_and(tachyon_bpf::files::is_stdout)
         && cli.formats.format.iter().any(|f| f.is_directory())
@@ -191,7 +193,8 @@ pub struct Recording {
 impl Recording {
     pub fn new(cli: &RunArgs) -> Result<Recording, AppError> {
         let path = cli
-            .file.output
+            .file
+            .output
             .clone()
             .unwrap_or_else(|| PathBuf::from("profile.tbpf"));
         writable(&path)?;
@@ -321,7 +324,8 @@ pub struct Continuous {
 impl Continuous {
     pub fn new(cli: &RunArgs) -> Result<Continuous, AppError> {
         let dir = cli
-            .continuous.output_dir
+            .continuous
+            .output_dir
             .clone()
             .ok_or_else(|| usage("--continuous needs --output-dir"))?;
         tachyon_bpf::files::prepare_output_dir(&dir, cli.file.file_mode)
