@@ -21,6 +21,14 @@ const MAX_CODES: usize = 200_000;
 /// copying its head (`PyProcess::settled`): a function lives as long as the program, while code
 /// run by `exec` in a loop lives milliseconds, and its address goes to the next one.
 const SETTLED_NS: u64 = 1_000_000_000;
+/// Epochs a settled code object's validation holds (about a second: an epoch is at most
+/// 100 ms or 256 records). A settled object has been the same at its address for a second of
+/// samples and is no longer copied at samples; functions live as long as their program, so
+/// reading each again at every epoch was most of the validation's cost (a threaded service
+/// runs hundreds of them). Should one be freed and its address taken by another code object,
+/// samples name the old one until the next validation, a second at most, which then tells the
+/// BPF side to copy it again.
+const SETTLED_EPOCHS: u64 = 10;
 
 /// A function frame made for a code object, with the name and file it was made for.
 type MadeFunction = (FrameRef, Arc<str>, Arc<str>);
@@ -42,8 +50,11 @@ struct Heads {
 /// The code objects of one process, and the function and frame ids made for them.
 #[derive(Default)]
 pub struct CodeCache {
-    /// Code objects by address, with the epoch they were last validated in.
+    /// Code objects by address, with the last epoch their validation holds for (the one
+    /// they were validated in, or for settled ones `SETTLED_EPOCHS` more).
     pub(super) codes: FxHashMap<u64, (Arc<CodeInfo>, u64)>,
+    /// Addresses whose code object settled (the BPF side no longer copies it).
+    pub(super) settled: rustc_hash::FxHashSet<u64>,
     /// Code objects that were at an address before another took it, by address and identity: a
     /// sample's copy of a code head with that identity names its frame with them (line table
     /// included) after the object itself is gone.
@@ -84,12 +95,13 @@ impl CodeCache {
     ) -> Vec<Option<Arc<CodeInfo>>> {
         if self.codes.len() > MAX_CODES {
             self.codes.clear();
+            self.settled.clear();
         }
         let mut out: Vec<Option<Arc<CodeInfo>>> = vec![None; addrs.len()];
         let mut stale = Vec::new();
         for (i, a) in addrs.iter().enumerate() {
             match self.codes.get(a) {
-                Some((c, e)) if *e == epoch => out[i] = Some(c.clone()),
+                Some((c, e)) if *e >= epoch => out[i] = Some(c.clone()),
                 _ => stale.push(i),
             }
         }
@@ -139,15 +151,9 @@ impl CodeCache {
                 ranges.push((c.ident[1], profiler_common::PY_FILE_SNAP));
             }
         }
-        let mut read_now = rt.remote.read_many(&ranges);
-        let guesses = read_now.split_off(stale.len());
-        let mut heads = read_now;
-        if heads.iter().any(Option::is_none) {
-            heads = ranges[..stale.len()]
-                .iter()
-                .map(|r| rt.remote.read(r.0, r.1))
-                .collect();
-        }
+        // Each range reads as it would alone, whatever fails beside it.
+        let mut heads = rt.remote.read_many(&ranges);
+        let guesses = heads.split_off(stale.len());
         Heads {
             heads,
             guesses,
@@ -185,6 +191,7 @@ impl CodeCache {
                 // checked against it. Only another code object there ends what is known.
                 // The frame walk must copy what runs there next: another code object may get
                 // the address.
+                self.settled.remove(&a);
                 out[i] = self.codes.get(&a).map(|(c, _)| {
                     self.gone.push(a);
                     c.clone()
@@ -251,10 +258,7 @@ impl CodeCache {
                     ]
                 })
                 .collect();
-            let mut more = rt.remote.read_many(&strings);
-            if more.iter().any(Option::is_none) {
-                more = strings.iter().map(|r| rt.remote.read(r.0, r.1)).collect();
-            }
+            let more = rt.remote.read_many(&strings);
             for (&k, pair) in unread.iter().zip(more.chunks(2)) {
                 copies[2 * k] = pair[0].clone();
                 copies[2 * k + 1] = pair.get(1).cloned().flatten();
@@ -271,7 +275,10 @@ impl CodeCache {
                     .is_none_or(|b| code::copy_agrees(l, ptr, b, rt.str_type, known))
             };
             if agrees(name, &pair[0], &c.name) && agrees(file, &pair[1], &c.file) {
-                *e = epoch;
+                *e = match self.settled.contains(&a) {
+                    true => epoch + SETTLED_EPOCHS,
+                    false => epoch,
+                };
                 out[i] = Some(c.clone());
             } else {
                 self.retire(a);
@@ -287,14 +294,22 @@ impl CodeCache {
     /// the same addresses, its strings' included, and only a copy taken at the sample tells
     /// one of these objects from the next: it is copied as long as it lives.
     pub fn settled(&mut self, addr: u64, info: &Arc<CodeInfo>, time_ns: u64, epoch: u64) -> bool {
-        if !matches!(self.codes.get(&addr), Some((c, e)) if *e == epoch && Arc::ptr_eq(c, info)) {
+        if !matches!(self.codes.get(&addr), Some((c, e)) if *e >= epoch && Arc::ptr_eq(c, info)) {
             return false;
         }
         if self.young.len() >= MAX_CODES {
             self.young.clear();
         }
         match self.young.get(&addr) {
-            Some((t, c)) if Arc::ptr_eq(c, info) => time_ns.saturating_sub(*t) >= SETTLED_NS,
+            Some((t, c)) if Arc::ptr_eq(c, info) => {
+                let settled = time_ns.saturating_sub(*t) >= SETTLED_NS;
+                if settled && self.settled.insert(addr) {
+                    if let Some((_, e)) = self.codes.get_mut(&addr) {
+                        *e = epoch + SETTLED_EPOCHS;
+                    }
+                }
+                settled
+            }
             _ => {
                 self.young.insert(addr, (time_ns, info.clone()));
                 false
@@ -305,6 +320,7 @@ impl CodeCache {
     /// Moves what was known at `a` to the retired code objects.
     fn retire(&mut self, a: u64) {
         self.young.remove(&a);
+        self.settled.remove(&a);
         if let Some((c, _)) = self.codes.remove(&a) {
             self.gone.push(a);
             if self.retired.len() >= MAX_CODES / 4 {

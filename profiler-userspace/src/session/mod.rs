@@ -173,8 +173,13 @@ impl Pending {
 /// loads Python later (an application embedding it). So the scan's cost follows the processes
 /// that are new, not every idle process on the host.
 const RECHECK_SCANS: u64 = 30;
-/// Records per code-object validation epoch (a few ms of samples at high rates).
+/// Records per code-object validation epoch: about 100 ms of samples at 1 kHz on 2 CPUs.
 const EPOCH_RECORDS: u32 = 256;
+/// The longest a validation epoch lasts, whatever the rate: at a low rate (49 Hz, always on)
+/// the reader drains a few records at a time, and an epoch per drain had each sample's code
+/// objects read again (a quarter of the profiler's CPU on a threaded service); an epoch of the
+/// same length at every rate validates the code the threads share once.
+const EPOCH_SPAN: Duration = Duration::from_millis(100);
 /// The longest one drain reads for. A ring that refills as fast as it is read (an overload)
 /// would otherwise hold the reader in one drain for good: `-d`, Ctrl-C and the ticks' work
 /// would never come.
@@ -204,6 +209,8 @@ pub struct Session<T: Targets> {
     emptied: Option<Instant>,
     /// When `read_ahead` last ran.
     read_ahead_at: Instant,
+    /// When the current validation epoch began.
+    epoch_at: Instant,
     /// Processes found dead, and since when: what is known of one is kept until no record of
     /// its can be waiting (`gone`).
     dead: std::collections::HashMap<u32, Instant>,
@@ -272,6 +279,7 @@ impl<T: Targets> Session<T> {
             task_rng: 0x9e37_79b9_7f4a_7c15,
             emptied: None,
             read_ahead_at: Instant::now(),
+            epoch_at: Instant::now(),
             dead: std::collections::HashMap::new(),
         };
         s.discover(true, true);
@@ -344,11 +352,18 @@ impl<T: Targets> Session<T> {
         self.drain_until(source, None)
     }
 
+    fn new_epoch(&mut self, now: Instant) {
+        self.collector.python.new_epoch();
+        self.epoch_at = now;
+    }
+
     fn drain_until(&mut self, source: &mut impl RecordSource, until: Option<Instant>) -> u32 {
         let mut n = 0u32;
-        self.collector.python.new_epoch();
-        let mut emptied = true;
         let start = Instant::now();
+        if start - self.epoch_at >= EPOCH_SPAN || until.is_none() {
+            self.new_epoch(start);
+        }
+        let mut emptied = true;
         // Each record is handled where it lies in the ring (its stack is not copied out).
         while source
             .next_record(|bytes| self.handle(Record::parse(bytes)))
@@ -364,7 +379,7 @@ impl<T: Targets> Session<T> {
                 }
             }
             if n.is_multiple_of(EPOCH_RECORDS) {
-                self.collector.python.new_epoch();
+                self.new_epoch(Instant::now());
             }
             if n.is_multiple_of(BUDGET_RECORDS) && until.is_some_and(|t| Instant::now() >= t) {
                 emptied = false;

@@ -105,7 +105,8 @@ impl AsyncLayout {
             .take(MAX_TASKS)
             .map(|w| (w, (WEAKREF_OBJECT + 8) as usize))
             .collect();
-        let objs: Vec<(u64, usize)> = read_batch(r, &refs)
+        let objs: Vec<(u64, usize)> = r
+            .read_many(&refs)
             .into_iter()
             .filter_map(|b| le_u64(&b?, WEAKREF_OBJECT as usize))
             .filter(|&t| plausible(t))
@@ -114,7 +115,7 @@ impl AsyncLayout {
         let mut types: std::collections::HashMap<u64, bool> = std::collections::HashMap::new();
         let tasks = objs
             .iter()
-            .zip(read_batch(r, &objs))
+            .zip(r.read_many(&objs))
             .filter_map(|(&(t, _), b)| {
                 let b = b?;
                 let ty = le_u64(&b, 8)?;
@@ -188,23 +189,4 @@ impl AsyncLayout {
         names.retain(|k, _| listed.contains_key(&k.0));
         out
     }
-}
-
-/// Ranges read per system call (under the kernel's `IOV_MAX` of 1024).
-pub(super) const BATCH: usize = 512;
-/// Reads `ranges` in as few system calls as it can: `BATCH` at a time, and again from the
-/// range after one that did not read (a freed object among them).
-pub(super) fn read_batch(r: &Remote, ranges: &[(u64, usize)]) -> Vec<Option<Vec<u8>>> {
-    let mut out = Vec::with_capacity(ranges.len());
-    while out.len() < ranges.len() {
-        let rest = &ranges[out.len()..(out.len() + BATCH).min(ranges.len())];
-        let got = r.read_many(rest);
-        let whole = got.iter().take_while(|g| g.is_some()).count();
-        out.extend(got.into_iter().take(whole));
-        if whole < rest.len() {
-            // The range that failed; the ones after it are read by the next call.
-            out.push(None);
-        }
-    }
-    out
 }

@@ -279,7 +279,7 @@ impl AsyncLayout {
     }
 
     /// `coro_chain` of many coroutines, read a level at a time (one system call for up to
-    /// `BATCH` coroutines): `all` mode reads every suspended task's chain on each pass.
+    /// 1024 coroutines): `all` mode reads every suspended task's chain on each pass.
     pub fn coro_chains(&self, r: &Remote, coros: &[u64]) -> Vec<Vec<(u64, i32)>> {
         let mut out = vec![Vec::new(); coros.len()];
         let mut seen: Vec<Vec<u64>> = vec![Vec::new(); coros.len()];
@@ -296,7 +296,7 @@ impl AsyncLayout {
             if cur.is_empty() {
                 break;
             }
-            let heads = read_batch(r, &cur.iter().map(|&(_, c)| (c, len)).collect::<Vec<_>>());
+            let heads = r.read_many(&cur.iter().map(|&(_, c)| (c, len)).collect::<Vec<_>>());
             let mut slots: Vec<(usize, u64)> = Vec::new();
             for (&(i, c), head) in cur.iter().zip(heads) {
                 seen[i].push(c);
@@ -316,7 +316,7 @@ impl AsyncLayout {
                     slots.push((i, sp - below));
                 }
             }
-            let next = read_batch(r, &slots.iter().map(|&(_, a)| (a, 8)).collect::<Vec<_>>());
+            let next = r.read_many(&slots.iter().map(|&(_, a)| (a, 8)).collect::<Vec<_>>());
             cur = slots
                 .iter()
                 .zip(next)

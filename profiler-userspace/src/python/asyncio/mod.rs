@@ -32,7 +32,6 @@ mod layout;
 pub mod state;
 mod wakeups;
 
-use all_tasks::read_batch;
 pub use layout::TaskBytes;
 use layout::TypeCache;
 use wakeups::set_members;
