@@ -143,7 +143,7 @@ mod tests {
         };
         let block: Vec<u8> = (0..3 * 4096 + 100).map(|i| (i * 7 % 251) as u8).collect();
         let a = block.as_ptr() as u64;
-        let other = vec![9u8; 64];
+        let other = [9u8; 64];
         let b = other.as_ptr() as u64;
         let ranges = [
             (a + 4096, 200),
