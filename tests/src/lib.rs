@@ -255,6 +255,9 @@ pub fn python(label: &str) -> PathBuf {
 
 static SESSION: AtomicU32 = AtomicU32::new(0);
 
+/// What `profiler-cli load` prints when its daemon has not answered within its startup window.
+const STILL_STARTING: &str = "daemon did not become ready";
+
 /// A loaded profile in the Firefox Profiler CLI (`@firefox-devtools/profiler-cli`), which runs
 /// the profiler web app's own import and processing pipeline.
 pub struct Viewer {
@@ -306,14 +309,46 @@ impl Viewer {
             .output()
             .context("running profiler-cli")?;
         if !out.status.success() {
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            // `load` gives its daemon a fixed half second to start, which node can exceed on a
+            // loaded machine; the daemon keeps starting and loading the profile, so wait for it.
+            if stderr.contains(STILL_STARTING) {
+                v.wait_until_loaded().with_context(|| {
+                    format!(
+                        "the Firefox Profiler could not load {} (its daemon was slow to start: \
+                         {stderr})",
+                        profile.display()
+                    )
+                })?;
+                return Ok(v);
+            }
             bail!(
-                "the Firefox Profiler could not load {}: {}{}",
+                "the Firefox Profiler could not load {}: {}{stderr}",
                 profile.display(),
                 String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
             );
         }
         Ok(v)
+    }
+
+    /// Waits (two minutes at most) until the session's daemon answers `status`, that is, until
+    /// it has loaded the profile; a failed load is an error at once.
+    fn wait_until_loaded(&self) -> Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let out = self
+                .cli()
+                .args(["status", "--session", &self.session])
+                .output()?;
+            if out.status.success() {
+                return Ok(());
+            }
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            if stderr.contains("Profile load failed") || Instant::now() > deadline {
+                bail!("profiler-cli status: {stderr}");
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
     }
 
     /// Runs a query with `--json` and parses its output.
