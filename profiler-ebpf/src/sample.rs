@@ -90,6 +90,10 @@ pub(crate) fn maps_changed(cfg: &Config, pid: u32) -> bool {
 /// thread was interrupted with (a sample's); when they are not user mode's (or there are none,
 /// a switch's), the user registers come from the task and the kernel stack is recorded.
 /// Returns whether the record was written.
+///
+/// The steps, in the record's order: the header, the registers (and the kernel stack), the
+/// Python state, the lengths of the Python part, the user stack, and the send. Each step is
+/// inlined: the program the verifier walks is the one body it always was.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn capture<const MODERN: bool>(
@@ -115,6 +119,33 @@ pub(crate) fn capture<const MODERN: bool>(
     // (`sched_exit_tp`, interrupts on, preemption off) raises `CAPTURING`, which the sampler
     // respects.
     let hdr = unsafe { &mut *(base as *mut SampleHeader) };
+    start_header(hdr, kind, pid, tid, now, cpu, sched_state);
+    record_registers::<MODERN>(ctx, cfg, hdr, pid, tid, regs);
+    if maps_changed(cfg, pid) {
+        hdr.flags |= SAMPLE_MAPS_CHANGED;
+    }
+    record_python::<MODERN>(cfg, hdr, cpu, pid, tid);
+    let (area, mut flags) = settle_python_part::<MODERN>(hdr, pid, tid);
+    let copied = copy_user_stack::<MODERN>(cfg, base, hdr, cpu, pid, tid, area, &mut flags);
+    hdr.ustack_len = copied as u32;
+    hdr.flags = flags;
+    if MODERN && copied == 0 && flags & SAMPLE_NO_USER == 0 {
+        log::failure(LOG_USTACK, pid, tid, hdr.sp, 0);
+    }
+    send::<MODERN>(cfg, base, kind, pid, tid, area + copied)
+}
+
+/// The header's identity of the record, every other field zeroed (the buffer is reused).
+#[inline(always)]
+fn start_header(
+    hdr: &mut SampleHeader,
+    kind: u32,
+    pid: u32,
+    tid: u32,
+    now: u64,
+    cpu: u32,
+    sched_state: u64,
+) {
     hdr.kind = kind;
     hdr.pid = pid;
     hdr.tid = tid;
@@ -139,7 +170,19 @@ pub(crate) fn capture<const MODERN: bool>(
     zero(&mut hdr.sp);
     zero(&mut hdr.bp);
     zero(&mut hdr.lr);
+}
 
+/// The user registers, from `regs` when they are user mode's, else from the task, with the
+/// kernel stack of the instant.
+#[inline(always)]
+fn record_registers<const MODERN: bool>(
+    ctx: *mut c_void,
+    cfg: &Config,
+    hdr: &mut SampleHeader,
+    pid: u32,
+    tid: u32,
+    regs: Option<&arch::Regs>,
+) {
     // The registers are read from the context here, where they are used: read at the start
     // and kept on the stack, their words were written only when in user mode, and 6.1's
     // verifier (which did not carry what the first test of the mode proved to the second)
@@ -183,56 +226,72 @@ pub(crate) fn capture<const MODERN: bool>(
             count(STAT_KSTACK_FAIL);
         }
     }
+}
 
-    if maps_changed(cfg, pid) {
-        hdr.flags |= SAMPLE_MAPS_CHANGED;
-    }
-
-    // Python: the frame chain and the GIL/GC words of the same instant. Flags and the walk's
-    // results are kept in the header (map memory) and read back from there: to the verifier, a
-    // value read from a map is any value, so paths that differ only in them merge, and the
-    // frame loop (512 steps without bpf_loop) and the rest of the program are verified once,
-    // not once per flag combination or possible frame count.
+/// Python: the frame chain and the GIL/GC words of the same instant. Flags and the walk's
+/// results are kept in the header (map memory) and read back from there: to the verifier, a
+/// value read from a map is any value, so paths that differ only in them merge, and the frame
+/// loop (512 steps without bpf_loop) and the rest of the program are verified once, not once
+/// per flag combination or possible frame count.
+#[inline(always)]
+fn record_python<const MODERN: bool>(
+    cfg: &Config,
+    hdr: &mut SampleHeader,
+    cpu: u32,
+    pid: u32,
+    tid: u32,
+) {
     // SAFETY: the value is copied out at once.
-    if let Some(pc) = unsafe { PY_PROCS.get(pid) } {
-        let pc = *pc;
-        match thread_state(cfg, &pc, pid, tid) {
-            None => {
-                hdr.flags |= SAMPLE_PY_MISS;
-                count(STAT_PY_MISS);
-                if MODERN {
-                    log::failure(LOG_TSTATE, pid, tid, 0, 0);
-                }
-            }
-            Some(tstate) => {
-                hdr.flags |= SAMPLE_PY_THREAD;
-                hdr.py_tstate = tstate;
-                walk_python::<MODERN>(cpu, &pc, tstate);
+    let Some(pc) = (unsafe { PY_PROCS.get(pid) }) else {
+        return;
+    };
+    let pc = *pc;
+    match thread_state(cfg, &pc, pid, tid) {
+        None => {
+            hdr.flags |= SAMPLE_PY_MISS;
+            count(STAT_PY_MISS);
+            if MODERN {
+                log::failure(LOG_TSTATE, pid, tid, 0, 0);
             }
         }
-        if pc.gil_locked != 0 {
-            hdr.py_gil_locked = read_user::<u32>(pc.gil_locked).unwrap_or(0);
-            hdr.py_gil_holder = read_user::<u64>(pc.gil_last_holder).unwrap_or(0);
-        }
-        if pc.gc_collecting != 0 {
-            hdr.py_gc_collecting = read_user::<u32>(pc.gc_collecting).unwrap_or(0);
-        }
-        if pc.tstate_status != NO_OFFSET && hdr.py_tstate != 0 {
-            hdr.py_status = read_user::<u32>(hdr.py_tstate + pc.tstate_status as u64).unwrap_or(0);
-        }
-        if hdr.py_tstate != 0 && has_exception(&pc, hdr.py_tstate) {
-            hdr.flags |= SAMPLE_PY_EXCEPTION;
-        }
-        // `--async-aware`: the task the thread's event loop runs.
-        if pc.tstate_running_task != NO_OFFSET && hdr.py_tstate != 0 {
-            hdr.py_task =
-                read_user::<u64>(hdr.py_tstate + pc.tstate_running_task as u64).unwrap_or(0);
+        Some(tstate) => {
+            hdr.flags |= SAMPLE_PY_THREAD;
+            hdr.py_tstate = tstate;
+            walk_python::<MODERN>(cpu, &pc, tstate);
         }
     }
+    if pc.gil_locked != 0 {
+        hdr.py_gil_locked = read_user::<u32>(pc.gil_locked).unwrap_or(0);
+        hdr.py_gil_holder = read_user::<u64>(pc.gil_last_holder).unwrap_or(0);
+    }
+    if pc.gc_collecting != 0 {
+        hdr.py_gc_collecting = read_user::<u32>(pc.gc_collecting).unwrap_or(0);
+    }
+    if pc.tstate_status != NO_OFFSET && hdr.py_tstate != 0 {
+        hdr.py_status = read_user::<u32>(hdr.py_tstate + pc.tstate_status as u64).unwrap_or(0);
+    }
+    if hdr.py_tstate != 0 && has_exception(&pc, hdr.py_tstate) {
+        hdr.flags |= SAMPLE_PY_EXCEPTION;
+    }
+    // `--async-aware`: the task the thread's event loop runs.
+    if pc.tstate_running_task != NO_OFFSET && hdr.py_tstate != 0 {
+        hdr.py_task = read_user::<u64>(hdr.py_tstate + pc.tstate_running_task as u64).unwrap_or(0);
+    }
+}
+
+/// Counts (and with `--debug-bpf` logs) what the walk reported, bounds the frame and code-head
+/// counts, and returns where the user stack goes (after the frames and the code heads) with
+/// the record's flags so far.
+#[inline(always)]
+fn settle_python_part<const MODERN: bool>(
+    hdr: &mut SampleHeader,
+    pid: u32,
+    tid: u32,
+) -> (usize, u32) {
     // SAFETY: fields of the header written above; volatile so that the value comes from memory.
     let mut py_len = unsafe { core::ptr::read_volatile(&hdr.py_len) } as usize;
     // SAFETY: as above.
-    let mut flags = unsafe { core::ptr::read_volatile(&hdr.flags) };
+    let flags = unsafe { core::ptr::read_volatile(&hdr.flags) };
     if flags & SAMPLE_PY_TRUNCATED != 0 {
         count(STAT_PY_TRUNCATED);
     }
@@ -246,10 +305,7 @@ pub(crate) fn capture<const MODERN: bool>(
         py_len = MAX_PY_FRAMES;
     }
     hdr.py_len = py_len as u32;
-
-    // The user stack: first up to the next page boundary, then whole pages, so the copy ends
-    // exactly where the stack mapping ends.
-    // The code heads follow the frames (see `snap`).
+    // The code heads follow the frames (see `copy_code_head`).
     // SAFETY: a field of the header; volatile as above.
     let mut snaps = unsafe { core::ptr::read_volatile(&hdr.py_snaps) } as usize;
     if snaps > PY_CODE_SNAPS {
@@ -258,8 +314,26 @@ pub(crate) fn capture<const MODERN: bool>(
     hdr.py_snaps = snaps as u32;
     let area =
         SampleHeader::SIZE + py_len * core::mem::size_of::<PyFrame>() + snaps * CodeSnap::SIZE;
+    (area, flags)
+}
+
+/// The user stack, copied to the record at `area`: first up to the next page boundary, then
+/// whole pages, so the copy ends exactly where the stack mapping ends. Returns the bytes
+/// copied.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn copy_user_stack<const MODERN: bool>(
+    cfg: &Config,
+    base: *mut u8,
+    hdr: &SampleHeader,
+    cpu: u32,
+    pid: u32,
+    tid: u32,
+    area: usize,
+    flags: &mut u32,
+) -> usize {
     let mut copied_total: usize = 0;
-    if flags & SAMPLE_NO_USER == 0 && hdr.sp != 0 {
+    if *flags & SAMPLE_NO_USER == 0 && hdr.sp != 0 {
         let sp = hdr.sp;
         let mut want = cfg.ustack_size as usize;
         // The stack in use ends below the thread's outermost frame: copied up to the page
@@ -276,18 +350,18 @@ pub(crate) fn capture<const MODERN: bool>(
             // One chunk a `bpf_loop` step: the verifier walks the step once, where it walked
             // each of the unrolled loop's 16 steps (two-thirds of the sampler's instructions
             // verified, and of the scheduler program's capture).
-            copied_total = copy_stack(cpu, pid, tid, sp, area, want, &mut flags);
+            copied_total = copy_stack(cpu, pid, tid, sp, area, want, flags);
         } else {
             let mut top: u64 = 0;
             let key = thread_key(pid, tid);
             for k in 0..(MAX_USTACK / USTACK_CHUNK) {
-                // Read back through memory: LLVM would otherwise fold the offset into an induction
-                // variable whose bounds the verifier cannot follow.
+                // Read back through memory: LLVM would otherwise fold the offset into an
+                // induction variable whose bounds the verifier cannot follow.
                 // SAFETY: a local.
                 let copied = unsafe { core::ptr::read_volatile(&copied_total) };
-                let Some(next) = copy_chunk(
-                    base, area, sp, k as u64, copied, want, key, &mut top, &mut flags,
-                ) else {
+                let Some(next) =
+                    copy_chunk(base, area, sp, k as u64, copied, want, key, &mut top, flags)
+                else {
                     break;
                 };
                 // SAFETY: a local.
@@ -296,20 +370,25 @@ pub(crate) fn capture<const MODERN: bool>(
         }
     }
     // SAFETY: a local.
-    let copied = unsafe { core::ptr::read_volatile(&copied_total) };
-    hdr.ustack_len = copied as u32;
-    hdr.flags = flags;
-    if MODERN && copied == 0 && flags & SAMPLE_NO_USER == 0 {
-        log::failure(LOG_USTACK, pid, tid, hdr.sp, 0);
-    }
+    unsafe { core::ptr::read_volatile(&copied_total) }
+}
 
-    let mut total = area + copied;
+/// Sends the first `total` bytes of the scratch buffer to the ring, unless a sample would take
+/// the room kept for off-CPU captures and events (`sample_stop_bytes`).
+#[inline(always)]
+fn send<const MODERN: bool>(
+    cfg: &Config,
+    base: *mut u8,
+    kind: u32,
+    pid: u32,
+    tid: u32,
+    mut total: usize,
+) -> bool {
     if total > SCRATCH_SIZE {
         total = SCRATCH_SIZE;
     }
     // SAFETY: total <= SCRATCH_SIZE, the size of the buffer behind base.
     let record = unsafe { core::slice::from_raw_parts(base as *const u8, total) };
-    // A ring this full keeps its room for off-CPU captures and events (`sample_stop_bytes`).
     if kind == RECORD_SAMPLE
         && cfg.sample_stop_bytes != 0
         && SAMPLES.query(BPF_RB_AVAIL_DATA as u64) >= cfg.sample_stop_bytes as u64
