@@ -211,6 +211,90 @@ fn os_error(e: &(dyn std::error::Error + 'static)) -> Option<i32> {
     None
 }
 
+/// What the BPF programs read of the options and the kernel's layout.
+fn bpf_config(opts: &CaptureOptions, kernel: &btf::KernelInfo, ring: u32) -> Config {
+    Config {
+        all: opts.all as u32,
+        ustack_size: clamp_stack_size(opts.stack_size) as u32,
+        self_tgid: std::process::id(),
+        offcpu: opts.offcpu,
+        follow_children: opts.follow_children as u32,
+        task_pid_off: kernel.task_pid,
+        task_tgid_off: kernel.task_tgid,
+        task_flags_off: kernel.task_flags,
+        exec_all: opts.exec_all as u32,
+        follow_python_forks: opts.follow_python_forks as u32,
+        wakeup_bytes: ring / 4,
+        sample_stop_bytes: ring - ring / 4,
+        sched_span_ns: 1_000_000_000 / opts.rate_hz.max(1),
+        task_state_off: kernel.task_state,
+        task_stack_off: kernel.task_stack,
+        task_signal_off: kernel.task_signal,
+        signal_live_off: kernel.signal_live,
+        // x86_64: PAGE_SIZE << THREAD_SIZE_ORDER (2); arm64: 16 KiB too (MIN_THREAD_SHIFT 14).
+        // Distribution kernels build no KASAN.
+        thread_size: 16384,
+        pt_regs_size: kernel.pt_regs_size,
+        task_fsbase_off: kernel.task_fsbase,
+        task_sum_exec_off: kernel.task_sum_exec,
+        task_prev_sum_exec_off: kernel.task_prev_sum_exec,
+        task_mm_off: kernel.task_mm,
+        mm_exec_vm_off: kernel.mm_exec_vm,
+        mm_start_stack_off: kernel.mm_start_stack,
+    }
+}
+
+/// Loads the program set's sampler, and the tracepoint and kprobe programs the options use;
+/// a refusal names the program, what it is for and the kernel.
+fn load_programs(
+    bpf: &mut aya::Ebpf,
+    opts: &CaptureOptions,
+    kernel: &btf::KernelInfo,
+    programs: &ProgramSet,
+    tracepoint_btf: &Btf,
+) -> Result<(), CaptureError> {
+    let refused = |program: &'static str, purpose: &'static str| {
+        let kernel = kernel.release.clone();
+        move |e: ProgramError| refusal(program, purpose, kernel, e)
+    };
+    let prog: &mut PerfEvent = bpf
+        .program_mut(programs.sample)
+        .expect("sampling program")
+        .try_into()
+        .map_err(load_error)?;
+    prog.load()
+        .map_err(refused(programs.sample, "the sampler"))?;
+    let mut tracepoints: Vec<(&'static str, &'static str, &'static str)> = LIFETIMES
+        .iter()
+        .map(|&(n, tp)| (n, tp, "process lifetimes"))
+        .collect();
+    if opts.offcpu != OFFCPU_NONE {
+        tracepoints.push((programs.switch, SWITCH, "off-CPU time"));
+    }
+    if opts.offcpu == OFFCPU_STACKS && programs.switch_in_tracepoint {
+        tracepoints.push((programs.switch_in, btf::SCHED_EXIT_TP, "off-CPU stacks"));
+    }
+    for (name, tp, purpose) in tracepoints {
+        let prog: &mut BtfTracePoint = bpf
+            .program_mut(name)
+            .expect("tracepoint program")
+            .try_into()
+            .map_err(load_error)?;
+        prog.load(tp, tracepoint_btf)
+            .map_err(refused(name, purpose))?;
+    }
+    if opts.offcpu == OFFCPU_STACKS && !programs.switch_in_tracepoint {
+        let prog: &mut KProbe = bpf
+            .program_mut(programs.switch_in)
+            .expect("switch-in program")
+            .try_into()
+            .map_err(load_error)?;
+        prog.load()
+            .map_err(refused(programs.switch_in, "off-CPU stacks"))?;
+    }
+    Ok(())
+}
+
 /// A failed load, with its kind taken from the OS error.
 fn load_error(e: impl std::error::Error + 'static) -> CaptureError {
     CaptureError::Load {
@@ -350,78 +434,12 @@ impl Capture {
             )
             .load(BPF_OBJECT)
             .map_err(load_error)?;
-        let cfg = Config {
-            all: opts.all as u32,
-            ustack_size: clamp_stack_size(opts.stack_size) as u32,
-            self_tgid: std::process::id(),
-            offcpu: opts.offcpu,
-            follow_children: opts.follow_children as u32,
-            task_pid_off: kernel.task_pid,
-            task_tgid_off: kernel.task_tgid,
-            task_flags_off: kernel.task_flags,
-            exec_all: opts.exec_all as u32,
-            follow_python_forks: opts.follow_python_forks as u32,
-            wakeup_bytes: ring / 4,
-            sample_stop_bytes: ring - ring / 4,
-            sched_span_ns: 1_000_000_000 / opts.rate_hz.max(1),
-            task_state_off: kernel.task_state,
-            task_stack_off: kernel.task_stack,
-            task_signal_off: kernel.task_signal,
-            signal_live_off: kernel.signal_live,
-            // x86_64: PAGE_SIZE << THREAD_SIZE_ORDER (2); arm64: 16 KiB too (MIN_THREAD_SHIFT 14).
-            // Distribution kernels build no KASAN.
-            thread_size: 16384,
-            pt_regs_size: kernel.pt_regs_size,
-            task_fsbase_off: kernel.task_fsbase,
-            task_sum_exec_off: kernel.task_sum_exec,
-            task_prev_sum_exec_off: kernel.task_prev_sum_exec,
-            task_mm_off: kernel.task_mm,
-            mm_exec_vm_off: kernel.mm_exec_vm,
-            mm_start_stack_off: kernel.mm_start_stack,
-        };
+        let cfg = bpf_config(opts, &kernel, ring);
         let mut arr: Array<_, Config> =
             Array::try_from(bpf.map_mut(names::MAP_CONFIG).expect("CONFIG map"))
                 .map_err(map_err(names::MAP_CONFIG))?;
         arr.set(0, cfg, 0).map_err(map_err(names::MAP_CONFIG))?;
-        let refused = |program: &'static str, purpose: &'static str| {
-            let kernel = kernel.release.clone();
-            move |e: ProgramError| refusal(program, purpose, kernel, e)
-        };
-        let prog: &mut PerfEvent = bpf
-            .program_mut(programs.sample)
-            .expect("sampling program")
-            .try_into()
-            .map_err(load_error)?;
-        prog.load()
-            .map_err(refused(programs.sample, "the sampler"))?;
-        let mut tracepoints: Vec<(&'static str, &'static str, &'static str)> = LIFETIMES
-            .iter()
-            .map(|&(n, tp)| (n, tp, "process lifetimes"))
-            .collect();
-        if opts.offcpu != OFFCPU_NONE {
-            tracepoints.push((programs.switch, SWITCH, "off-CPU time"));
-        }
-        if opts.offcpu == OFFCPU_STACKS && programs.switch_in_tracepoint {
-            tracepoints.push((programs.switch_in, btf::SCHED_EXIT_TP, "off-CPU stacks"));
-        }
-        for (name, tp, purpose) in tracepoints {
-            let prog: &mut BtfTracePoint = bpf
-                .program_mut(name)
-                .expect("tracepoint program")
-                .try_into()
-                .map_err(load_error)?;
-            prog.load(tp, &tracepoint_btf)
-                .map_err(refused(name, purpose))?;
-        }
-        if opts.offcpu == OFFCPU_STACKS && !programs.switch_in_tracepoint {
-            let prog: &mut KProbe = bpf
-                .program_mut(programs.switch_in)
-                .expect("switch-in program")
-                .try_into()
-                .map_err(load_error)?;
-            prog.load()
-                .map_err(refused(programs.switch_in, "off-CPU stacks"))?;
-        }
+        load_programs(&mut bpf, opts, &kernel, &programs, &tracepoint_btf)?;
         let cpus =
             aya::util::online_cpus().map_err(|(s, e)| CaptureError::Cpus(format!("{s}: {e}")))?;
         Ok(Capture {

@@ -173,53 +173,10 @@ pub fn build(p: &Profile, run: &RunInfo) -> PProfile {
 /// The profile message of the processes `keep` takes (a push series' own).
 pub fn build_of(p: &Profile, run: &RunInfo, keep: &dyn Fn(&ProcessData) -> bool) -> PProfile {
     let mut s = Strings::new();
-    let kind = time_kind(&run.mode);
-    let (samples, count, ns) = (s.id("samples"), s.id("count"), s.id("nanoseconds"));
-    let time = s.id(kind);
-    let mut out = PProfile {
-        sample_type: vec![
-            ValueType {
-                r#type: samples,
-                unit: count,
-            },
-            ValueType {
-                r#type: time,
-                unit: ns,
-            },
-        ],
-        time_nanos: (run.start_epoch_ms * 1e6) as i64,
-        duration_nanos: (run.duration_ms * 1e6) as i64,
-        period_type: Some(ValueType {
-            r#type: time,
-            unit: ns,
-        }),
-        period: (p.interval_ms * 1e6).round() as i64,
-        default_sample_type: time,
-        ..Default::default()
-    };
-    out.comment = vec![
-        s.id(&format!("tachyon-bpf {}", env!("CARGO_PKG_VERSION"))),
-        s.id(&format!("mode={} rate={}Hz", run.mode, run.rate_hz)),
-        s.id(&run.command),
-    ];
-    if !run.host.is_empty() {
-        out.comment.push(s.id(&format!("host={}", run.host)));
-    }
+    let mut out = header(p, run, &mut s);
     // Each process's labels, as string-table ids (its identity's, then the run's).
     let mut proc_labels: HashMap<(u32, u32), Vec<(i64, i64)>> = HashMap::new();
-    // Mappings: one per library, ids from 1.
-    for (i, lib) in p.libs.iter().enumerate() {
-        out.mapping.push(Mapping {
-            id: i as u64 + 1,
-            filename: s.id(&lib.path),
-            build_id: lib.build_id.as_deref().map_or(0, |b| s.id(b)),
-            has_functions: true,
-            ..Default::default()
-        });
-    }
-    // Functions and locations: ids from 1, only those samples use.
-    let mut func_ids: HashMap<usize, u64> = HashMap::new();
-    let mut loc_ids: HashMap<usize, u64> = HashMap::new();
+    let mut ids = Ids::default();
     let (k_pid, k_tid, k_proc, k_thread) =
         (s.id("pid"), s.id("tid"), s.id("process"), s.id("thread"));
     for st in stack_totals(p) {
@@ -227,46 +184,12 @@ pub fn build_of(p: &Profile, run: &RunInfo, keep: &dyn Fn(&ProcessData) -> bool)
         if n == 0 || !keep(st.process) {
             continue;
         }
-        let mut locs = Vec::new();
-        for f in p.stack_root_first(st.stack).into_iter().rev() {
-            let id = match loc_ids.get(&f) {
-                Some(&id) => id,
-                None => {
-                    let fr = &p.frames[f];
-                    let func = &p.funcs[fr.func];
-                    let fid = match func_ids.get(&fr.func) {
-                        Some(&id) => id,
-                        None => {
-                            let id = out.function.len() as u64 + 1;
-                            let name = s.id(&func.name);
-                            out.function.push(Function {
-                                id,
-                                name,
-                                system_name: name,
-                                filename: func.file.as_deref().map(|f| s.id(f)).unwrap_or(0),
-                                start_line: func.line.unwrap_or(0) as i64,
-                            });
-                            func_ids.insert(fr.func, id);
-                            id
-                        }
-                    };
-                    let id = out.location.len() as u64 + 1;
-                    out.location.push(Location {
-                        id,
-                        mapping_id: func.lib.map(|l| l as u64 + 1).unwrap_or(0),
-                        address: fr.address.unwrap_or(0),
-                        line: vec![Line {
-                            function_id: fid,
-                            line: fr.line.unwrap_or(0) as i64,
-                        }],
-                        is_folded: false,
-                    });
-                    loc_ids.insert(f, id);
-                    id
-                }
-            };
-            locs.push(id);
-        }
+        let locs: Vec<u64> = p
+            .stack_root_first(st.stack)
+            .into_iter()
+            .rev()
+            .map(|f| ids.location(&mut out, &mut s, p, f))
+            .collect();
         let label = |key: i64, str: i64, num: i64| Label {
             key,
             str,
@@ -299,6 +222,101 @@ pub fn build_of(p: &Profile, run: &RunInfo, keep: &dyn Fn(&ProcessData) -> bool)
     }
     out.string_table = s.list;
     out
+}
+
+/// The profile's sample types, period, times, comments and mappings (one per library, ids
+/// from 1).
+fn header(p: &Profile, run: &RunInfo, s: &mut Strings) -> PProfile {
+    let kind = time_kind(&run.mode);
+    let (samples, count, ns) = (s.id("samples"), s.id("count"), s.id("nanoseconds"));
+    let time = s.id(kind);
+    let mut out = PProfile {
+        sample_type: vec![
+            ValueType {
+                r#type: samples,
+                unit: count,
+            },
+            ValueType {
+                r#type: time,
+                unit: ns,
+            },
+        ],
+        time_nanos: (run.start_epoch_ms * 1e6) as i64,
+        duration_nanos: (run.duration_ms * 1e6) as i64,
+        period_type: Some(ValueType {
+            r#type: time,
+            unit: ns,
+        }),
+        period: (p.interval_ms * 1e6).round() as i64,
+        default_sample_type: time,
+        ..Default::default()
+    };
+    out.comment = vec![
+        s.id(&format!("tachyon-bpf {}", env!("CARGO_PKG_VERSION"))),
+        s.id(&format!("mode={} rate={}Hz", run.mode, run.rate_hz)),
+        s.id(&run.command),
+    ];
+    if !run.host.is_empty() {
+        out.comment.push(s.id(&format!("host={}", run.host)));
+    }
+    // Mappings: one per library, ids from 1.
+    for (i, lib) in p.libs.iter().enumerate() {
+        out.mapping.push(Mapping {
+            id: i as u64 + 1,
+            filename: s.id(&lib.path),
+            build_id: lib.build_id.as_deref().map_or(0, |b| s.id(b)),
+            has_functions: true,
+            ..Default::default()
+        });
+    }
+    out
+}
+
+/// Functions and locations: ids from 1, only those samples use.
+#[derive(Default)]
+struct Ids {
+    funcs: HashMap<usize, u64>,
+    locs: HashMap<usize, u64>,
+}
+
+impl Ids {
+    /// The location id of frame `f`, added (with its function) on first use.
+    fn location(&mut self, out: &mut PProfile, s: &mut Strings, p: &Profile, f: usize) -> u64 {
+        if let Some(&id) = self.locs.get(&f) {
+            return id;
+        }
+        let fr = &p.frames[f];
+        let func = &p.funcs[fr.func];
+        let fid = match self.funcs.get(&fr.func) {
+            Some(&id) => id,
+            None => {
+                let id = out.function.len() as u64 + 1;
+                let name = s.id(&func.name);
+                out.function.push(Function {
+                    id,
+                    name,
+                    system_name: name,
+                    filename: func.file.as_deref().map(|f| s.id(f)).unwrap_or(0),
+                    start_line: func.line.unwrap_or(0) as i64,
+                });
+                self.funcs.insert(fr.func, id);
+                id
+            }
+        };
+        let id = out.location.len() as u64 + 1;
+        out.location.push(Location {
+            id,
+            mapping_id: func.lib.map(|l| l as u64 + 1).unwrap_or(0),
+            address: fr.address.unwrap_or(0),
+            line: vec![Line {
+                function_id: fid,
+                line: fr.line.unwrap_or(0) as i64,
+            }],
+            is_folded: false,
+        });
+        self.locs.insert(f, id);
+        id
+    }
 }
 
 pub fn to_bytes(p: &Profile, run: &RunInfo) -> Result<Vec<u8>, String> {

@@ -138,48 +138,11 @@ impl PyProcess {
             let runtime = runtime_svma.wrapping_add(m.bias);
             let addr = |n: &str| syms.get(n).map(|a| a.wrapping_add(m.bias)).unwrap_or(0);
 
-            // Version: debug offsets (3.13+), Py_Version (3.11+), the file name.
-            let head = remote.read(runtime, 24);
-            let mut hex = head
-                .as_ref()
-                .filter(|h| &h[..8] == layout::DEBUG_COOKIE)
-                .and_then(|h| le_u64(h, 8));
-            if hex.is_none() && addr("Py_Version") != 0 {
-                hex = remote.u32(addr("Py_Version")).map(|v| v as u64);
-            }
-            let (major, minor, micro) = match hex {
-                Some(v) => ((v >> 24) & 0xff, ((v >> 16) & 0xff) as u32, (v >> 8) & 0xff),
-                None => match parse_minor_from_path(&m.path) {
-                    Some(minor) => (3, minor, 0),
-                    None => continue,
-                },
+            let Some((version, layout)) =
+                version_and_layout(&remote, &m.path, runtime, addr("Py_Version"))?
+            else {
+                continue;
             };
-            let version = if hex.is_some() {
-                format!("{major}.{minor}.{micro}")
-            } else {
-                format!("{major}.{minor}")
-            };
-            if major != 3 {
-                return Err(NotPython::Unsupported(format!("Python {version}")));
-            }
-            let Some(mut layout) = layout::builtin(minor) else {
-                return Err(NotPython::Unsupported(format!("Python {version}")));
-            };
-            if minor >= 13 {
-                match layout::apply_debug_offsets(&remote, runtime, &mut layout) {
-                    Some(d) if d.free_threaded => {
-                        return Err(NotPython::Unsupported(format!(
-                            "free-threaded Python {version}"
-                        )))
-                    }
-                    Some(_) => {}
-                    None => {
-                        return Err(NotPython::Unsupported(format!(
-                            "Python {version} without debug offsets"
-                        )))
-                    }
-                }
-            }
             // A runtime still starting (no interpreter or GIL yet) is profiled already: the BPF
             // side reads the interpreter from the runtime until it is looked at again.
             let interp = remote.u64(runtime + layout.interp_head).unwrap_or(0);
@@ -232,6 +195,60 @@ impl PyProcess {
         }
         Err(NotPython::NoRuntime)
     }
+}
+
+/// The version of the runtime at `runtime` (from the debug offsets on 3.13+, `Py_Version` at
+/// `py_version` on 3.11+, else the file name) and its layout; `None` when not even the file
+/// name says.
+fn version_and_layout(
+    remote: &Remote,
+    path: &str,
+    runtime: u64,
+    py_version: u64,
+) -> Result<Option<(String, Layout)>, NotPython> {
+    // Version: debug offsets (3.13+), Py_Version (3.11+), the file name.
+    let head = remote.read(runtime, 24);
+    let mut hex = head
+        .as_ref()
+        .filter(|h| &h[..8] == layout::DEBUG_COOKIE)
+        .and_then(|h| le_u64(h, 8));
+    if hex.is_none() && py_version != 0 {
+        hex = remote.u32(py_version).map(|v| v as u64);
+    }
+    let (major, minor, micro) = match hex {
+        Some(v) => ((v >> 24) & 0xff, ((v >> 16) & 0xff) as u32, (v >> 8) & 0xff),
+        None => match parse_minor_from_path(path) {
+            Some(minor) => (3, minor, 0),
+            None => return Ok(None),
+        },
+    };
+    let version = if hex.is_some() {
+        format!("{major}.{minor}.{micro}")
+    } else {
+        format!("{major}.{minor}")
+    };
+    if major != 3 {
+        return Err(NotPython::Unsupported(format!("Python {version}")));
+    }
+    let Some(mut layout) = layout::builtin(minor) else {
+        return Err(NotPython::Unsupported(format!("Python {version}")));
+    };
+    if minor >= 13 {
+        match layout::apply_debug_offsets(remote, runtime, &mut layout) {
+            Some(d) if d.free_threaded => {
+                return Err(NotPython::Unsupported(format!(
+                    "free-threaded Python {version}"
+                )))
+            }
+            Some(_) => {}
+            None => {
+                return Err(NotPython::Unsupported(format!(
+                    "Python {version} without debug offsets"
+                )))
+            }
+        }
+    }
+    Ok(Some((version, layout)))
 }
 
 /// The addresses of the GIL's `last_holder` and `locked` words. From 3.12 the interpreter points
