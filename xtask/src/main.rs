@@ -230,6 +230,142 @@ fn fuzz(secs: u64) -> Result<()> {
     Ok(())
 }
 
+/// `cargo xtask test [FILTER]`: unit tests, the end-to-end tests one at a time, the kernel
+/// and distribution matrix, and (unfiltered) the memory soak.
+fn test_task(rest: &[String]) -> Result<()> {
+    setup_toolchain()?;
+    let tools = setup_tools()?;
+    let bin = build_release()?;
+    // The release artifacts, which the distribution matrix installs; the arm64 guests
+    // run the released aarch64 binary.
+    let dist = dist::dist(&tools)?;
+    let bin_arm64 = &dist
+        .iter()
+        .find(|(arch, _)| arch == "aarch64")
+        .context("no aarch64 artifacts")?
+        .1
+        .binary;
+    // Unit tests of every crate, then the end-to-end tests one at a time: they profile
+    // real processes on every CPU, and concurrent runs would disturb each other's counts.
+    run(Command::new("cargo").current_dir(workspace()).args([
+        "test",
+        "--workspace",
+        "--exclude",
+        "tachyon-bpf-tests",
+    ]))?;
+    let e2e = || {
+        let mut cmd = Command::new("cargo");
+        cmd.current_dir(workspace())
+            .env("TACHYON_BPF_BIN", &bin)
+            .env("TACHYON_BPF_BIN_AARCH64", bin_arm64)
+            .env("TACHYON_DIST", dist::dist_dir())
+            .env("TACHYON_TOOLS", &tools)
+            // Deep call trees (300-frame recursion) are walked recursively.
+            .env("RUST_MIN_STACK", "67108864")
+            .args(["test", "-p", "tachyon-bpf-tests"]);
+        cmd
+    };
+    run(e2e()
+        .arg("--")
+        .arg("--test-threads=1")
+        .args(["--skip", "fleet_kernels", "--skip", "arm64_guest"])
+        .args(rest))?;
+    // The kernel and distribution matrix last: its x86_64 and arm64 guests at once, each
+    // an emulator on one core of its own (their checks are of what happened inside each
+    // guest, not of this machine's timing).
+    run(e2e()
+        .args(["--test", "kernels", "--", "--test-threads=2"])
+        .args(rest))?;
+    // The whole suite ends with the 5-minute memory soak (a filtered run skips it;
+    // `cargo xtask soak` runs longer ones).
+    if rest.is_empty() {
+        soak::soak(&bin, 300)?;
+    }
+
+    Ok(())
+}
+
+/// `cargo xtask dist`: the release artifacts (dist.rs) for every architecture, in target/dist.
+fn dist_task() -> Result<()> {
+    // The release artifacts (dist.rs) for every architecture, in target/dist.
+    // Only the build's tools: the test tools are not needed to make a release.
+    setup_toolchain()?;
+    for (arch, a) in dist::dist(&workspace().join(".tools"))? {
+        for f in [&a.tarball, &a.deb, &a.wheel, &a.debug] {
+            let size = std::fs::metadata(f)?.len();
+            eprintln!(
+                "xtask: {arch}: {} ({:.1} MB)",
+                f.display(),
+                size as f64 / 1e6
+            );
+        }
+    }
+    eprintln!("xtask: {}", dist::dist_dir().join("SHA256SUMS").display());
+
+    Ok(())
+}
+
+/// `cargo xtask kernels [--arch aarch64]`: the kernel matrix alone (it is also part of `test`).
+fn kernels_task(rest: &[String]) -> Result<()> {
+    // The kernel matrix alone (it is also part of `test`): the x86_64 kernels, or with
+    // `--arch aarch64` the arm64 guest.
+    setup_toolchain()?;
+    let tools = setup_tools()?;
+    let arch = cross::arch_arg(rest)?;
+    let mut cmd = Command::new("cargo");
+    // The release guests install the packages of `dist`.
+    let dist = dist::dist(&tools)?;
+    cmd.current_dir(workspace())
+        .env("TACHYON_TOOLS", &tools)
+        .env("TACHYON_DIST", dist::dist_dir());
+    let (_, released) = dist
+        .iter()
+        .find(|(a, _)| *a == arch)
+        .context("no artifacts")?;
+    let filter = if arch == std::env::consts::ARCH {
+        cmd.env("TACHYON_BPF_BIN", &released.binary);
+        "fleet_kernels"
+    } else {
+        cmd.env("TACHYON_BPF_BIN_AARCH64", &released.binary);
+        "arm64_guest"
+    };
+    run(cmd
+        .args(["test", "-p", "tachyon-bpf-tests", "--test", "kernels", "--"])
+        .args(["--test-threads=1", "--nocapture", filter]))?;
+
+    Ok(())
+}
+
+/// `cargo xtask bench [SECTION]`: every section, written to bench/results.md, or one printed.
+fn bench_task(rest: &[String]) -> Result<()> {
+    setup_toolchain()?;
+    let tools = setup_tools()?;
+    let bin = build_release()?;
+    let dir = workspace().join("target/bench");
+    std::fs::create_dir_all(&dir)?;
+    // One section alone (6, 9, 10, 11 or 12) is printed, not written to bench/results.md.
+    let md = match rest.first().map(String::as_str) {
+        Some("pingpong") => {
+            let py = bench::workload_python(&tools)?;
+            bench::pingpong(&bin, &py, &bench::setup_py_spy(&tools)?, &dir)?.0
+        }
+        Some("cpython") => {
+            let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+            bench::cpython_sampler(&bin, &tools, &dir, &(cpus - 1).to_string())?.0
+        }
+        Some("asyncio") => bench::asyncio_tasks(&bin, &tools, &dir)?.0,
+        Some("callgrind") => {
+            let py = bench::workload_python(&tools)?;
+            bench::callgrind(&bin, &py, &dir)?.0
+        }
+        Some("service") => bench::service(&bin, &tools, &bench::setup_py_spy(&tools)?, &dir)?.0,
+        _ => return bench::bench(&bin, &tools),
+    };
+    println!("{}", md.join("\n"));
+
+    Ok(())
+}
+
 fn main() -> Result<()> {
     // `sudo cargo xtask test` (the README's way): the profilers the tests and benchmarks start
     // are root, not run on a user's behalf. With SUDO_UID they would give their files to that
@@ -269,99 +405,9 @@ fn main() -> Result<()> {
             let status = Command::new(bin).args(rest).status()?;
             std::process::exit(status.code().unwrap_or(1));
         }
-        "test" => {
-            setup_toolchain()?;
-            let tools = setup_tools()?;
-            let bin = build_release()?;
-            // The release artifacts, which the distribution matrix installs; the arm64 guests
-            // run the released aarch64 binary.
-            let dist = dist::dist(&tools)?;
-            let bin_arm64 = &dist
-                .iter()
-                .find(|(arch, _)| arch == "aarch64")
-                .context("no aarch64 artifacts")?
-                .1
-                .binary;
-            // Unit tests of every crate, then the end-to-end tests one at a time: they profile
-            // real processes on every CPU, and concurrent runs would disturb each other's counts.
-            run(Command::new("cargo").current_dir(workspace()).args([
-                "test",
-                "--workspace",
-                "--exclude",
-                "tachyon-bpf-tests",
-            ]))?;
-            let e2e = || {
-                let mut cmd = Command::new("cargo");
-                cmd.current_dir(workspace())
-                    .env("TACHYON_BPF_BIN", &bin)
-                    .env("TACHYON_BPF_BIN_AARCH64", bin_arm64)
-                    .env("TACHYON_DIST", dist::dist_dir())
-                    .env("TACHYON_TOOLS", &tools)
-                    // Deep call trees (300-frame recursion) are walked recursively.
-                    .env("RUST_MIN_STACK", "67108864")
-                    .args(["test", "-p", "tachyon-bpf-tests"]);
-                cmd
-            };
-            run(e2e()
-                .arg("--")
-                .arg("--test-threads=1")
-                .args(["--skip", "fleet_kernels", "--skip", "arm64_guest"])
-                .args(rest))?;
-            // The kernel and distribution matrix last: its x86_64 and arm64 guests at once, each
-            // an emulator on one core of its own (their checks are of what happened inside each
-            // guest, not of this machine's timing).
-            run(e2e()
-                .args(["--test", "kernels", "--", "--test-threads=2"])
-                .args(rest))?;
-            // The whole suite ends with the 5-minute memory soak (a filtered run skips it;
-            // `cargo xtask soak` runs longer ones).
-            if rest.is_empty() {
-                soak::soak(&bin, 300)?;
-            }
-        }
-        "dist" => {
-            // The release artifacts (dist.rs) for every architecture, in target/dist.
-            // Only the build's tools: the test tools are not needed to make a release.
-            setup_toolchain()?;
-            for (arch, a) in dist::dist(&workspace().join(".tools"))? {
-                for f in [&a.tarball, &a.deb, &a.wheel, &a.debug] {
-                    let size = std::fs::metadata(f)?.len();
-                    eprintln!(
-                        "xtask: {arch}: {} ({:.1} MB)",
-                        f.display(),
-                        size as f64 / 1e6
-                    );
-                }
-            }
-            eprintln!("xtask: {}", dist::dist_dir().join("SHA256SUMS").display());
-        }
-        "kernels" => {
-            // The kernel matrix alone (it is also part of `test`): the x86_64 kernels, or with
-            // `--arch aarch64` the arm64 guest.
-            setup_toolchain()?;
-            let tools = setup_tools()?;
-            let arch = cross::arch_arg(rest)?;
-            let mut cmd = Command::new("cargo");
-            // The release guests install the packages of `dist`.
-            let dist = dist::dist(&tools)?;
-            cmd.current_dir(workspace())
-                .env("TACHYON_TOOLS", &tools)
-                .env("TACHYON_DIST", dist::dist_dir());
-            let (_, released) = dist
-                .iter()
-                .find(|(a, _)| *a == arch)
-                .context("no artifacts")?;
-            let filter = if arch == std::env::consts::ARCH {
-                cmd.env("TACHYON_BPF_BIN", &released.binary);
-                "fleet_kernels"
-            } else {
-                cmd.env("TACHYON_BPF_BIN_AARCH64", &released.binary);
-                "arm64_guest"
-            };
-            run(cmd
-                .args(["test", "-p", "tachyon-bpf-tests", "--test", "kernels", "--"])
-                .args(["--test-threads=1", "--nocapture", filter]))?;
-        }
+        "test" => test_task(rest)?,
+        "dist" => dist_task()?,
+        "kernels" => kernels_task(rest)?,
         "soak" => {
             setup_toolchain()?;
             let bin = build_release()?;
@@ -373,34 +419,7 @@ fn main() -> Result<()> {
             let secs: u64 = rest.first().and_then(|s| s.parse().ok()).unwrap_or(60);
             fuzz(secs)?;
         }
-        "bench" => {
-            setup_toolchain()?;
-            let tools = setup_tools()?;
-            let bin = build_release()?;
-            let dir = workspace().join("target/bench");
-            std::fs::create_dir_all(&dir)?;
-            // One section alone (6, 9, 10, 11 or 12) is printed, not written to bench/results.md.
-            let md = match rest.first().map(String::as_str) {
-                Some("pingpong") => {
-                    let py = bench::workload_python(&tools)?;
-                    bench::pingpong(&bin, &py, &bench::setup_py_spy(&tools)?, &dir)?.0
-                }
-                Some("cpython") => {
-                    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-                    bench::cpython_sampler(&bin, &tools, &dir, &(cpus - 1).to_string())?.0
-                }
-                Some("asyncio") => bench::asyncio_tasks(&bin, &tools, &dir)?.0,
-                Some("callgrind") => {
-                    let py = bench::workload_python(&tools)?;
-                    bench::callgrind(&bin, &py, &dir)?.0
-                }
-                Some("service") => {
-                    bench::service(&bin, &tools, &bench::setup_py_spy(&tools)?, &dir)?.0
-                }
-                _ => return bench::bench(&bin, &tools),
-            };
-            println!("{}", md.join("\n"));
-        }
+        "bench" => bench_task(rest)?,
         _ => {
             eprintln!(
                 "usage: cargo xtask <setup | build-ebpf [--arch aarch64] | build [--arch aarch64] | dist | run -- ARGS | test [FILTER] | kernels [--arch aarch64] | bench [pingpong | cpython | asyncio | callgrind | service] | fuzz [SECONDS] | soak [SECONDS]>"

@@ -87,38 +87,73 @@ pub fn asyncio_tasks(tachyon: &Path, tools: &Path, dir: &Path) -> Result<(Vec<St
             false,
         ),
     ];
-    eprintln!(
-        "bench: asyncio with {tasks} tasks, {ASYNC_ROUNDS} rounds of {} configurations",
-        configs.len()
-    );
-    let mut rates: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
-    let mut costs: Vec<Vec<(f64, f64)>> = vec![Vec::new(); configs.len()];
-    let mut sample_rates: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
     let run_secs: f64 = secs.parse()?;
-    for round in 0..ASYNC_ROUNDS {
-        for (i, (name, run, is_ours)) in configs.iter().enumerate() {
-            rates[i].push(run()?);
-            if *is_ours {
-                let m = meta(&out)?;
-                let cost = &m["profilerCost"];
-                let cpu_ms = f(&cost["userCpuMs"]) + f(&cost["bpfMs"]);
-                let dur_s = f(&m["durationMs"]) / 1000.0;
-                costs[i].push((f(&cost["cpuUsPerSample"]), cpu_ms / dur_s));
-                // Timer samples, and with `all` the suspended tasks' stacks.
-                sample_rates[i].push((f(&m["samples"]) + f(&m["asyncSuspendedSamples"])) / dur_s);
+    let results = interleaved(
+        &format!("asyncio with {tasks} tasks"),
+        &configs,
+        ASYNC_ROUNDS,
+        |(name, run, is_ours)| {
+            let rate = run()?;
+            let (cost, stacks) = if *is_ours {
+                let (cost, stacks) = our_cost(&out)?;
+                (Some(cost), Some(stacks))
             } else if name.starts_with("CPython") {
-                // The stacks it wrote: the folded counts (in `all` mode, one per task per
-                // sample).
-                let text = read_lossy(&sampler_out)?;
-                let total: f64 = text
-                    .lines()
-                    .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
-                    .sum();
-                sample_rates[i].push(total / run_secs);
-            }
-        }
-        eprintln!("bench: round {} of {ASYNC_ROUNDS} done", round + 1);
-    }
+                (None, Some(folded_count(&sampler_out)? / run_secs))
+            } else {
+                (None, None)
+            };
+            Ok((rate, cost, stacks))
+        },
+    )?;
+    let names: Vec<(&str, bool)> = configs.iter().map(|(n, _, ours)| (*n, *ours)).collect();
+    report(tasks, secs, &names, &results)
+}
+
+/// A tachyon-bpf run's own CPU (µs per sample, ms per second of the run) and the stacks it
+/// recorded a second: timer samples, and with `all` the suspended tasks' stacks.
+fn our_cost(out: &Path) -> Result<((f64, f64), f64)> {
+    let m = meta(out)?;
+    let cost = &m["profilerCost"];
+    let cpu_ms = f(&cost["userCpuMs"]) + f(&cost["bpfMs"]);
+    let dur_s = f(&m["durationMs"]) / 1000.0;
+    Ok((
+        (f(&cost["cpuUsPerSample"]), cpu_ms / dur_s),
+        (f(&m["samples"]) + f(&m["asyncSuspendedSamples"])) / dur_s,
+    ))
+}
+
+/// The stacks CPython's sampler wrote: the folded counts (in `all` mode, one per task per
+/// sample).
+fn folded_count(path: &Path) -> Result<f64> {
+    Ok(read_lossy(path)?
+        .lines()
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum())
+}
+
+/// One run: the requests a second, tachyon-bpf's cost (µs per sample, ms per second) and the
+/// stacks recorded a second.
+type AsyncRun = (f64, Option<(f64, f64)>, Option<f64>);
+
+/// The section's text and table, and the raw numbers.
+fn report(
+    tasks: &str,
+    secs: &str,
+    names: &[(&str, bool)],
+    results: &[Vec<AsyncRun>],
+) -> Result<(Vec<String>, Value)> {
+    let rates: Vec<Vec<f64>> = results
+        .iter()
+        .map(|r| r.iter().map(|x| x.0).collect())
+        .collect();
+    let costs: Vec<Vec<(f64, f64)>> = results
+        .iter()
+        .map(|r| r.iter().filter_map(|x| x.1).collect())
+        .collect();
+    let sample_rates: Vec<Vec<f64>> = results
+        .iter()
+        .map(|r| r.iter().filter_map(|x| x.2).collect())
+        .collect();
     let base = median(rates[0].clone());
     let mut md = vec![
         format!("\n## 10. asyncio with {tasks} tasks on Python 3.15 (1 kHz)\n"),
@@ -136,7 +171,7 @@ pub fn asyncio_tasks(tachyon: &Path, tools: &Path, dir: &Path) -> Result<(Vec<St
             .to_string(),
     ];
     let mut raw = Vec::new();
-    for (i, (name, _, is_ours)) in configs.iter().enumerate() {
+    for (i, (name, is_ours)) in names.iter().enumerate() {
         let r = median(rates[i].clone());
         let (per_sample, per_s) = if *is_ours {
             (

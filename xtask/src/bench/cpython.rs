@@ -1,6 +1,6 @@
 //! Section 9: CPython's own sampler on Debian's 3.15, against tachyon-bpf on the same workload.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{bail, Context, Result};
@@ -92,6 +92,49 @@ fn jsonl_shape(path: &Path) -> Result<std::collections::BTreeMap<String, Vec<Str
     Ok(out)
 }
 
+/// The section's runs of the workload: alone, under CPython's sampler, under tachyon-bpf.
+struct Runs<'a> {
+    py: PathBuf,
+    tachyon: &'a Path,
+    script: PathBuf,
+    pin: &'a str,
+}
+
+impl Runs<'_> {
+    fn target(&self, c: &mut Command) {
+        c.arg(&self.script).arg(ITERS).arg(self.pin);
+    }
+
+    fn alone(&self) -> Result<f64> {
+        let mut c = Command::new(&self.py);
+        self.target(&mut c);
+        timed(&mut c)
+    }
+
+    fn sampler(&self, args: &[&str], out: &Path) -> Result<f64> {
+        let mut c = Command::new(&self.py);
+        c.args(["-m", "profiling.sampling", "run", "-r", "1khz"])
+            .args(args)
+            .arg("-o")
+            .arg(out);
+        self.target(&mut c);
+        timed(&mut c)
+    }
+
+    fn ours(&self, mode: &str, format: &str, out: &Path) -> Result<f64> {
+        let mut c = Command::new(self.tachyon);
+        c.args(["-m", mode, "-r", "1000", "-q", "-f", format, "-o"])
+            .arg(out)
+            .arg("--")
+            .arg(&self.py);
+        self.target(&mut c);
+        timed(&mut c)
+    }
+}
+
+/// The workload's iterations in this section.
+const ITERS: &str = "300";
+
 /// Section 9: CPython's own sampler on Debian's 3.15, beside tachyon-bpf, on the section-1
 /// workload pinned to one CPU.
 pub fn cpython_sampler(
@@ -106,93 +149,68 @@ pub fn cpython_sampler(
     }
     let script = dir.join("bench_work.py");
     std::fs::write(&script, WORKLOAD)?;
-    let iters = "300";
-    let target = |c: &mut Command| {
-        c.arg(&script).arg(iters).arg(pin);
+    let r = Runs {
+        py,
+        tachyon,
+        script,
+        pin,
     };
-    let sampler = |args: &[&str], out: &Path| -> Result<f64> {
-        let mut c = Command::new(&py);
-        c.args(["-m", "profiling.sampling", "run", "-r", "1khz"])
-            .args(args)
-            .arg("-o")
-            .arg(out);
-        target(&mut c);
-        timed(&mut c)
-    };
-    let ours = |mode: &str, format: &str, out: &Path| -> Result<f64> {
-        let mut c = Command::new(tachyon);
-        c.args(["-m", mode, "-r", "1000", "-q", "-f", format, "-o"])
-            .arg(out)
-            .arg("--")
-            .arg(&py);
-        target(&mut c);
-        timed(&mut c)
-    };
+    let mut md = Vec::new();
+    let rows = slowdowns(&r, dir, &mut md)?;
+    let (rates, shares, worst) = sample_shares(&r, dir, &mut md)?;
+    let truth_rows = against_truth(&r, dir, &mut md)?;
+    let same = jsonl_shapes(&r, dir, &mut md)?;
+    Ok((
+        md,
+        json!({"slowdown": rows, "samples_per_s": rates, "top10": shares, "worst_points": worst, "truth": truth_rows, "jsonl_same_shape": same}),
+    ))
+}
+
+/// The slowdown of each configuration, interleaved rounds.
+fn slowdowns(r: &Runs, dir: &Path, md: &mut Vec<String>) -> Result<Vec<Value>> {
     let cp_pstats = dir.join("cpython.pstats");
     let cp_gecko = dir.join("cpython-gecko.json");
-    let cp_folded = dir.join("cpython.folded");
     let our_cpu = dir.join("tachyon-cpu.folded");
     let our_wall = dir.join("tachyon-wall.folded");
     type Run<'a> = (&'a str, Box<dyn Fn() -> Result<f64> + 'a>);
     let configs: Vec<Run> = vec![
-        (
-            "alone",
-            Box::new(|| {
-                let mut c = Command::new(&py);
-                target(&mut c);
-                timed(&mut c)
-            }),
-        ),
+        ("alone", Box::new(|| r.alone())),
         (
             "CPython sampler --pstats",
-            Box::new(|| sampler(&["--pstats"], &cp_pstats)),
+            Box::new(|| r.sampler(&["--pstats"], &cp_pstats)),
         ),
         (
             "CPython sampler --native --gecko",
-            Box::new(|| sampler(&["--native", "--gecko"], &cp_gecko)),
+            Box::new(|| r.sampler(&["--native", "--gecko"], &cp_gecko)),
         ),
         (
             "tachyon-bpf -m cpu (native + Python + kernel)",
-            Box::new(|| ours("cpu", "collapsed", &our_cpu)),
+            Box::new(|| r.ours("cpu", "collapsed", &our_cpu)),
         ),
         (
             "tachyon-bpf -m wall (native + Python + kernel)",
-            Box::new(|| ours("wall", "collapsed", &our_wall)),
+            Box::new(|| r.ours("wall", "collapsed", &our_wall)),
         ),
     ];
-    eprintln!(
-        "bench: CPython's sampler, {CP_ROUNDS} rounds of {} configurations",
-        configs.len()
-    );
-    let mut times: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
-    for round in 0..CP_ROUNDS {
-        for (i, (_, run)) in configs.iter().enumerate() {
-            times[i].push(run()?);
-        }
-        eprintln!("bench: round {} of {CP_ROUNDS} done", round + 1);
-    }
-    let meds: Vec<f64> = times.iter().map(|t| median(t.clone())).collect();
-    let mut md = vec![
+    let times = interleaved("CPython's sampler", &configs, CP_ROUNDS, |(_, run)| run())?;
+    md.extend([
         "\n## 9. CPython's own sampler on Python 3.15 (1 kHz)\n".to_string(),
         format!(
-            "The section-1 workload ({iters} iterations) on Debian's python3.15, pinned to one \
+            "The section-1 workload ({ITERS} iterations) on Debian's python3.15, pinned to one \
              CPU, alone and under `python3.15 -m profiling.sampling run -r 1khz` and tachyon-bpf \
              (launching it, `-r 1000`), interleaved, median of {CP_ROUNDS} rounds.\n"
         ),
-        "| profiler | median s | slowdown | runs (s) |\n|---|---|---|---|".to_string(),
-    ];
-    let mut rows = Vec::new();
-    for (i, (name, _)) in configs.iter().enumerate() {
-        let runs: Vec<String> = times[i].iter().map(|t| format!("{t:.3}")).collect();
-        md.push(format!(
-            "| {name} | {:.3} | {:.3}x | {} |",
-            meds[i],
-            meds[i] / meds[0],
-            runs.join(" ")
-        ));
-        rows.push(json!({"profiler": name, "median_s": meds[i], "slowdown": meds[i] / meds[0], "runs": times[i]}));
-    }
+    ]);
+    let names: Vec<&str> = configs.iter().map(|(n, _)| *n).collect();
+    let rows = time_table(md, &names, &times);
+    Ok(rows)
+}
 
+/// The samples each delivers and the top functions' shares, from more runs of each in cpu
+/// mode: (samples per second of each, the top 10's shares, their largest difference).
+fn sample_shares(r: &Runs, dir: &Path, md: &mut Vec<String>) -> Result<(Value, Vec<Value>, f64)> {
+    let cp_folded = dir.join("cpython.folded");
+    let our_cpu = dir.join("tachyon-cpu.folded");
     // The samples each delivers, and their function shares, from more runs of each in cpu mode
     // with folded stacks, interleaved: one run's shares move by a few points with the
     // workload's own timing (its garbage collections, the CPU it shares), so each function's
@@ -201,8 +219,8 @@ pub fn cpython_sampler(
     let (mut cp_shares, mut our_shares): (Shares, Shares) = Default::default();
     let (mut cp_rates, mut our_rates) = (Vec::new(), Vec::new());
     for round in 0..SHARE_ROUNDS {
-        let cp_secs = sampler(&["--mode", "cpu", "--collapsed"], &cp_folded)?;
-        let our_secs = ours("cpu", "collapsed", &our_cpu)?;
+        let cp_secs = r.sampler(&["--mode", "cpu", "--collapsed"], &cp_folded)?;
+        let our_secs = r.ours("cpu", "collapsed", &our_cpu)?;
         // The timed part of the workload: under `main` (what runs before it, the interpreter's
         // start and imports, tachyon-bpf sees from the first instruction and the CPython
         // sampler not).
@@ -258,14 +276,25 @@ pub fn cpython_sampler(
     }
     md.push(format!("\nLargest difference: {worst:.1} points.\n"));
 
+    Ok((
+        json!({"cpython": cp_rate, "tachyon": our_rate}),
+        shares,
+        worst,
+    ))
+}
+
+/// Each part of `work` against the same calls timed from inside.
+fn against_truth(r: &Runs, dir: &Path, md: &mut Vec<String>) -> Result<Vec<Value>> {
+    let cp_folded = dir.join("cpython.folded");
+    let our_cpu = dir.join("tachyon-cpu.folded");
     // Against the truth: the three parts of `work` timed from inside.
     let truth_py = dir.join("bench_truth.py");
     std::fs::write(&truth_py, TRUTH)?;
-    let o = Command::new(&py)
+    let o = Command::new(&r.py)
         .arg(&truth_py)
-        .arg(&script)
-        .arg(iters)
-        .arg(pin)
+        .arg(&r.script)
+        .arg(ITERS)
+        .arg(r.pin)
         .output()?;
     let truth: Value = serde_json::from_slice(&o.stdout)
         .with_context(|| format!("the timed workload: {}", String::from_utf8_lossy(&o.stderr)))?;
@@ -299,11 +328,16 @@ pub fn cpython_sampler(
          {our_err:.1} points.\n"
     ));
 
+    Ok(truth_rows)
+}
+
+/// The JSONL of one run each: whether every record type has the same keys.
+fn jsonl_shapes(r: &Runs, dir: &Path, md: &mut Vec<String>) -> Result<bool> {
     // The JSONL of each: record types and their keys.
     let cp_jsonl = dir.join("cpython.jsonl");
     let our_jsonl = dir.join("tachyon.jsonl");
-    sampler(&["--jsonl"], &cp_jsonl)?;
-    ours("wall", "jsonl", &our_jsonl)?;
+    r.sampler(&["--jsonl"], &cp_jsonl)?;
+    r.ours("wall", "jsonl", &our_jsonl)?;
     let (cs, os) = (jsonl_shape(&cp_jsonl)?, jsonl_shape(&our_jsonl)?);
     let same = cs == os;
     md.push(format!(
@@ -317,8 +351,5 @@ pub fn cpython_sampler(
             format!("differ: {cs:?} against {os:?}")
         }
     ));
-    Ok((
-        md,
-        json!({"slowdown": rows, "samples_per_s": {"cpython": cp_rate, "tachyon": our_rate}, "top10": shares, "worst_points": worst, "truth": truth_rows, "jsonl_same_shape": same}),
-    ))
+    Ok(same)
 }

@@ -85,17 +85,7 @@ pub(super) fn slowdown(b: &Bench) -> Result<Section> {
             ),
         ),
     ];
-    eprintln!(
-        "bench: slowdown, {ROUNDS} rounds of {} configurations",
-        configs.len()
-    );
-    let mut times: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
-    for round in 0..ROUNDS {
-        for (i, (_, run)) in configs.iter().enumerate() {
-            times[i].push(run()?);
-        }
-        eprintln!("bench: round {} of {ROUNDS} done", round + 1);
-    }
+    let times = interleaved("slowdown", &configs, ROUNDS, |(_, run)| run())?;
     let meds: Vec<f64> = times.iter().map(|t| median(t.clone())).collect();
     let base = meds[0];
     let tach_ovh = meds[1] / base - 1.0;
@@ -105,18 +95,8 @@ pub(super) fn slowdown(b: &Bench) -> Result<Section> {
         "Workload alone: {base:.3} s (median of {ROUNDS} interleaved rounds). Target: at most \
          1.02x, and an overhead at least 5x smaller than py-spy --native's.\n"
     ));
-    md.push("| profiler | median s | slowdown | runs (s) |\n|---|---|---|---|".into());
-    let mut slow_raw = Vec::new();
-    for (i, (name, _)) in configs.iter().enumerate() {
-        let runs: Vec<String> = times[i].iter().map(|t| format!("{t:.3}")).collect();
-        md.push(format!(
-            "| {name} | {:.3} | {:.3}x | {} |",
-            meds[i],
-            meds[i] / base,
-            runs.join(" ")
-        ));
-        slow_raw.push(json!({"profiler": name, "median_s": meds[i], "slowdown": meds[i] / base, "runs": times[i]}));
-    }
+    let names: Vec<&str> = configs.iter().map(|(n, _)| *n).collect();
+    let slow_raw = time_table(&mut md, &names, &times);
     let ratio = native_ovh / tach_ovh.max(1e-4);
     md.push(format!(
         "\ntachyon-bpf's overhead: {:.2}%; py-spy --native's: {:.2}%; ratio {}.\n",

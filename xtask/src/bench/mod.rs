@@ -332,6 +332,47 @@ pub fn interpreters(tools: &Path) -> Result<Vec<(String, PathBuf)>> {
 /// A configuration of a comparison: its label, and one run giving its measure.
 type Config<'a> = (&'a str, Box<dyn Fn() -> Result<f64> + 'a>);
 
+/// Runs every configuration once a round, `rounds` rounds interleaved, so that the machine's
+/// drift falls on all of them alike; each configuration's results, in round order.
+fn interleaved<C, R>(
+    what: &str,
+    configs: &[C],
+    rounds: usize,
+    mut run: impl FnMut(&C) -> Result<R>,
+) -> Result<Vec<Vec<R>>> {
+    eprintln!(
+        "bench: {what}, {rounds} rounds of {} configurations",
+        configs.len()
+    );
+    let mut out: Vec<Vec<R>> = configs.iter().map(|_| Vec::new()).collect();
+    for round in 0..rounds {
+        for (i, c) in configs.iter().enumerate() {
+            out[i].push(run(c)?);
+        }
+        eprintln!("bench: {what}: round {} of {rounds} done", round + 1);
+    }
+    Ok(out)
+}
+
+/// The table of run times: each configuration's median, its slowdown against the first's,
+/// and its runs; the same as raw numbers.
+fn time_table(md: &mut Vec<String>, names: &[&str], times: &[Vec<f64>]) -> Vec<Value> {
+    let meds: Vec<f64> = times.iter().map(|t| median(t.clone())).collect();
+    md.push("| profiler | median s | slowdown | runs (s) |\n|---|---|---|---|".into());
+    let mut raw = Vec::new();
+    for (i, name) in names.iter().enumerate() {
+        let runs: Vec<String> = times[i].iter().map(|t| format!("{t:.3}")).collect();
+        md.push(format!(
+            "| {name} | {:.3} | {:.3}x | {} |",
+            meds[i],
+            meds[i] / meds[0],
+            runs.join(" ")
+        ));
+        raw.push(json!({"profiler": name, "median_s": meds[i], "slowdown": meds[i] / meds[0], "runs": times[i]}));
+    }
+    raw
+}
+
 fn f(v: &Value) -> f64 {
     v.as_f64().unwrap_or(f64::NAN)
 }

@@ -100,13 +100,7 @@ pub fn pingpong(
         ),
         ("py-spy record -r 1000 --nonblocking", Box::new(spy_pp)),
     ];
-    eprintln!("bench: ping-pong, {PP_ROUNDS} rounds");
-    let mut tput: Vec<Vec<f64>> = vec![Vec::new(); pp_configs.len()];
-    for _ in 0..PP_ROUNDS {
-        for (i, (_, run)) in pp_configs.iter().enumerate() {
-            tput[i].push(run()?);
-        }
-    }
+    let tput = interleaved("ping-pong", &pp_configs, PP_ROUNDS, |(_, run)| run())?;
     let pp_cost = pp_cost_cell.borrow().clone();
     let pp_meds: Vec<f64> = tput.iter().map(|t| median(t.clone())).collect();
     md.push("\n## 6. Thread ping-pong (1 kHz)\n".into());
@@ -132,6 +126,12 @@ pub fn pingpong(
         ));
         pp_raw.push(json!({"profiler": name, "median": pp_meds[i], "ratio": pp_meds[i] / pp_meds[0], "vs_timer": pp_meds[i] / pp_meds[1], "runs": tput[i]}));
     }
+    let pp_cost_raw = cost_table(&mut md, &pp_cost);
+    Ok((md, json!({"throughput": pp_raw, "cost": pp_cost_raw})))
+}
+
+/// The profiler's own cost in the tachyon-bpf runs (`meta.tachyon` of each, wall then cpu).
+fn cost_table(md: &mut Vec<String>, pp_cost: &[Vec<Value>; 2]) -> Vec<Value> {
     md.push(
         "\nThe profiler's own cost in those runs (the whole process from start to end, start-up \
          included, over the run's duration; BPF from the kernel's statistics):\n"
@@ -142,7 +142,7 @@ pub fn pingpong(
             .into(),
     );
     let mut pp_cost_raw = Vec::new();
-    for (mode, runs) in ["wall", "cpu"].iter().zip(&pp_cost) {
+    for (mode, runs) in ["wall", "cpu"].iter().zip(pp_cost) {
         let pct = |k: &str| {
             median(
                 runs.iter()
@@ -172,5 +172,5 @@ pub fn pingpong(
         ));
         pp_cost_raw.push(json!({"mode": mode, "user_pct": user, "bpf_pct": bpf, "us_per_sample": per, "peak_rss_mib": rss, "runs": runs}));
     }
-    Ok((md, json!({"throughput": pp_raw, "cost": pp_cost_raw})))
+    pp_cost_raw
 }

@@ -244,13 +244,12 @@ pub fn service(
             Box::new(spy),
         ),
     ];
-    eprintln!("bench: web service, {ROUNDS} rounds of {SECS} s");
-    let mut runs: Vec<Vec<(f64, Cost)>> = vec![Vec::new(); configs.len()];
-    for _ in 0..ROUNDS {
-        for (i, (_, run)) in configs.iter().enumerate() {
-            runs[i].push(run()?);
-        }
-    }
+    let runs = interleaved(
+        &format!("web service, {SECS} s runs"),
+        &configs,
+        ROUNDS,
+        |(_, run)| run(),
+    )?;
     let mut md = vec![
         "\n## 12. A web service, always on\n".to_string(),
         format!(
@@ -269,9 +268,16 @@ pub fn service(
         ),
         "| profiler | requests/s | ratio | steady CPU % (user + BPF) | all included % | tachyon_sample µs | off-CPU captures/s | sched records/s | peak RSS MiB |\n|---|---|---|---|---|---|---|---|---|".to_string(),
     ];
+    let names: Vec<&str> = configs.iter().map(|(n, _)| *n).collect();
+    let raw = service_rows(&mut md, &names, &runs);
+    Ok((md, Value::Array(raw)))
+}
+
+/// The section's rows: each configuration's throughput and, for the profilers, their cost.
+fn service_rows(md: &mut Vec<String>, names: &[&str], runs: &[Vec<(f64, Cost)>]) -> Vec<Value> {
     let mut raw = Vec::new();
     let alone = median(runs[0].iter().map(|r| r.0).collect());
-    for (i, (name, _)) in configs.iter().enumerate() {
+    for (i, name) in names.iter().enumerate() {
         let rs = &runs[i];
         let m = |g: &dyn Fn(&(f64, Cost)) -> f64| median(rs.iter().map(g).collect());
         let rps = m(&|r| r.0);
@@ -326,5 +332,5 @@ pub fn service(
             "runs": rs.iter().map(|r| json!({"rps": r.0, "steady_pct": r.1.steady_pct, "bpf_pct": r.1.bpf_pct, "all_pct": r.1.all_pct, "meta": r.1.meta})).collect::<Vec<_>>(),
         }));
     }
-    Ok((md, Value::Array(raw)))
+    raw
 }
