@@ -86,14 +86,233 @@ pub(crate) fn maps_changed(cfg: &Config, pid: u32) -> bool {
     true
 }
 
+/// The header's identity of the record, every other field zeroed (the buffer is reused).
+/// A macro, not a function, as every step of `capture`: the program is the body it always
+/// was. (As functions, even inlined, the steps let the compiler assume that their reference
+/// parameters do not alias; the code it then made took the compat sampler past 5.10's verifier
+/// limit of 8,192 pending branches.)
+macro_rules! start_header {
+    ($hdr:ident, $kind:ident, $pid:ident, $tid:ident, $now:ident, $cpu:ident, $sched_state:ident) => {
+        $hdr.kind = $kind;
+        $hdr.pid = $pid;
+        $hdr.tid = $tid;
+        $hdr.time_ns = $now;
+        $hdr.cpu = $cpu;
+        // Into the header: the helper zeroes the buffer when it fails.
+        // SAFETY: the header's 16-byte field.
+        unsafe {
+            bpf_get_current_comm(
+                $hdr.comm.as_mut_ptr() as *mut c_void,
+                $hdr.comm.len() as u32,
+            )
+        };
+        zero(&mut $hdr.kstack_len);
+        zero(&mut $hdr.py_len);
+        zero(&mut $hdr.flags);
+        zero(&mut $hdr.ustack_len);
+        zero(&mut $hdr.py_tstate);
+        zero(&mut $hdr.py_gil_holder);
+        zero(&mut $hdr.py_gil_locked);
+        zero(&mut $hdr.py_status);
+        zero(&mut $hdr.py_gc_collecting);
+        zero(&mut $hdr.py_snaps);
+        zero(&mut $hdr.py_task);
+        $hdr.sched_state = $sched_state;
+        zero(&mut $hdr.ip);
+        zero(&mut $hdr.sp);
+        zero(&mut $hdr.bp);
+        zero(&mut $hdr.lr);
+    };
+}
+
+/// The user registers, from `regs` when they are user mode's, else from the task, with the
+/// kernel stack of the instant. A macro, as `start_header`.
+macro_rules! record_registers {
+    ($ctx:ident, $cfg:ident, $hdr:ident, $regs:ident, $pid:ident, $tid:ident) => {
+        // The registers are read from the context here, where they are used: read at the start
+        // and kept on the stack, their words were written only when in user mode, and 6.1's
+        // verifier (which did not carry what the first test of the mode proved to the second)
+        // refused the read of them as a read of uninitialised stack.
+        if let Some(u) = $regs.and_then(arch::user) {
+            $hdr.ip = u.ip;
+            $hdr.sp = u.sp;
+            $hdr.bp = u.bp;
+            $hdr.lr = u.lr;
+        } else {
+            $hdr.flags |= SAMPLE_KERNEL_MODE;
+            match arch::read_user(user_regs::<MODERN>($cfg)) {
+                Ok(Some(u)) => {
+                    $hdr.ip = u.ip;
+                    $hdr.sp = u.sp;
+                    $hdr.bp = u.bp;
+                    $hdr.lr = u.lr;
+                }
+                Ok(None) => $hdr.flags |= SAMPLE_NO_USER,
+                Err(()) => {
+                    $hdr.flags |= SAMPLE_NO_USER;
+                    count(STAT_UREGS_FAIL);
+                    if MODERN {
+                        // The modern set's address is a typed pointer, which a log may not format.
+                        log::failure(LOG_UREGS, $pid, $tid, 0, 0);
+                    }
+                }
+            }
+            // SAFETY: the buffer is the header's kstack array of MAX_KSTACK u64.
+            let n = unsafe {
+                bpf_get_stack(
+                    $ctx,
+                    $hdr.kstack.as_mut_ptr() as *mut c_void,
+                    (MAX_KSTACK * 8) as u32,
+                    0,
+                )
+            };
+            if n > 0 {
+                $hdr.kstack_len = (n / 8) as u32;
+            } else {
+                count(STAT_KSTACK_FAIL);
+            }
+        }
+    };
+}
+
+/// Python: the frame chain and the GIL/GC words of the same instant. Flags and the walk's
+/// results are kept in the header (map memory) and read back from there: to the verifier, a
+/// value read from a map is any value, so paths that differ only in them merge, and the
+/// frame loop (512 steps without bpf_loop) and the rest of the program are verified once,
+/// not once per flag combination or possible frame count.
+/// A macro, as `start_header`.
+macro_rules! record_python {
+    ($cfg:ident, $hdr:ident, $cpu:ident, $pid:ident, $tid:ident) => {
+        // SAFETY: the value is copied out at once.
+        if let Some(pc) = unsafe { PY_PROCS.get($pid) } {
+            let pc = *pc;
+            match thread_state($cfg, &pc, $pid, $tid) {
+                None => {
+                    $hdr.flags |= SAMPLE_PY_MISS;
+                    count(STAT_PY_MISS);
+                    if MODERN {
+                        log::failure(LOG_TSTATE, $pid, $tid, 0, 0);
+                    }
+                }
+                Some(tstate) => {
+                    $hdr.flags |= SAMPLE_PY_THREAD;
+                    $hdr.py_tstate = tstate;
+                    walk_python::<MODERN>($cpu, &pc, tstate);
+                }
+            }
+            if pc.gil_locked != 0 {
+                $hdr.py_gil_locked = read_user::<u32>(pc.gil_locked).unwrap_or(0);
+                $hdr.py_gil_holder = read_user::<u64>(pc.gil_last_holder).unwrap_or(0);
+            }
+            if pc.gc_collecting != 0 {
+                $hdr.py_gc_collecting = read_user::<u32>(pc.gc_collecting).unwrap_or(0);
+            }
+            if pc.tstate_status != NO_OFFSET && $hdr.py_tstate != 0 {
+                $hdr.py_status =
+                    read_user::<u32>($hdr.py_tstate + pc.tstate_status as u64).unwrap_or(0);
+            }
+            if $hdr.py_tstate != 0 && has_exception(&pc, $hdr.py_tstate) {
+                $hdr.flags |= SAMPLE_PY_EXCEPTION;
+            }
+            // `--async-aware`: the task the thread's event loop runs.
+            if pc.tstate_running_task != NO_OFFSET && $hdr.py_tstate != 0 {
+                $hdr.py_task =
+                    read_user::<u64>($hdr.py_tstate + pc.tstate_running_task as u64).unwrap_or(0);
+            }
+        }
+    };
+}
+
+/// Counts (and with `--debug-bpf` logs) what the walk reported, bounds the frame and code-head
+/// counts, and declares `flags`, the record's flags so far, and `area`, where the user stack
+/// goes (after the frames and the code heads). A macro, as `start_header`.
+macro_rules! settle_python_part {
+    ($hdr:ident, $pid:ident, $tid:ident, $flags:ident, $area:ident) => {
+        // SAFETY: fields of the header written above; volatile so that the value comes from memory.
+        let mut py_len = unsafe { core::ptr::read_volatile(&$hdr.py_len) } as usize;
+        // SAFETY: as above.
+        let mut $flags = unsafe { core::ptr::read_volatile(&$hdr.flags) };
+        if $flags & SAMPLE_PY_TRUNCATED != 0 {
+            count(STAT_PY_TRUNCATED);
+        }
+        if $flags & SAMPLE_PY_READ_FAILED != 0 {
+            count(STAT_PY_READ_FAIL);
+        }
+        if MODERN && $flags & (SAMPLE_PY_READ_FAILED | SAMPLE_PY_CYCLE) != 0 {
+            log_frame_chain($pid, $tid, $flags, py_len as u64);
+        }
+        if py_len > MAX_PY_FRAMES {
+            py_len = MAX_PY_FRAMES;
+        }
+        $hdr.py_len = py_len as u32;
+
+        // SAFETY: a field of the header; volatile as above.
+        let mut snaps = unsafe { core::ptr::read_volatile(&$hdr.py_snaps) } as usize;
+        if snaps > PY_CODE_SNAPS {
+            snaps = PY_CODE_SNAPS;
+        }
+        $hdr.py_snaps = snaps as u32;
+        let $area =
+            SampleHeader::SIZE + py_len * core::mem::size_of::<PyFrame>() + snaps * CodeSnap::SIZE;
+    };
+}
+
+/// The user stack, copied after `area`: first up to the next page boundary, then whole pages,
+/// so the copy ends exactly where the stack mapping ends; declares `copied`, the bytes copied.
+/// A macro, as `start_header`.
+macro_rules! copy_user_stack {
+    ($cfg:ident, $base:ident, $hdr:ident, $cpu:ident, $pid:ident, $tid:ident, $area:ident, $flags:ident, $copied:ident) => {
+        let mut copied_total: usize = 0;
+        if $flags & SAMPLE_NO_USER == 0 && $hdr.sp != 0 {
+            let sp = $hdr.sp;
+            let mut want = $cfg.ustack_size as usize;
+            // The stack in use ends below the thread's outermost frame: copied up to the page
+            // boundary after that, not to the end of its mapping. (Whole pages: a last chunk of
+            // any length would have the verifier walk each step of this loop many times over.)
+            let end = stack_in_use_end($cfg, $pid, $tid, sp);
+            if end > sp {
+                let upto = ((end + USTACK_CHUNK as u64 - 1) & !(USTACK_CHUNK as u64 - 1)) - sp;
+                if upto < want as u64 {
+                    want = upto as usize;
+                }
+            }
+            if MODERN {
+                // One chunk a `bpf_loop` step: the verifier walks the step once, where it walked
+                // each of the unrolled loop's 16 steps (two-thirds of the sampler's instructions
+                // verified, and of the scheduler program's capture).
+                copied_total = copy_stack($cpu, $pid, $tid, sp, $area, want, &mut $flags);
+            } else {
+                let mut top: u64 = 0;
+                let key = thread_key($pid, $tid);
+                for k in 0..(MAX_USTACK / USTACK_CHUNK) {
+                    // Read back through memory: LLVM would otherwise fold the offset into an induction
+                    // variable whose bounds the verifier cannot follow.
+                    // SAFETY: a local.
+                    let copied = unsafe { core::ptr::read_volatile(&copied_total) };
+                    let Some(next) = copy_chunk(
+                        $base, $area, sp, k as u64, copied, want, key, &mut top, &mut $flags,
+                    ) else {
+                        break;
+                    };
+                    // SAFETY: a local.
+                    unsafe { core::ptr::write_volatile(&mut copied_total, next) };
+                }
+            }
+        }
+        // SAFETY: a local.
+        let $copied = unsafe { core::ptr::read_volatile(&copied_total) };
+    };
+}
+
 /// Assembles one sample record of the current thread and sends it. `regs`: the registers the
 /// thread was interrupted with (a sample's); when they are not user mode's (or there are none,
 /// a switch's), the user registers come from the task and the kernel stack is recorded.
 /// Returns whether the record was written.
 ///
-/// The steps, in the record's order: the header, the registers (and the kernel stack), the
-/// Python state, the lengths of the Python part, the user stack, and the send. Each step is
-/// inlined: the program the verifier walks is the one body it always was.
+/// Its steps, in the record's order (each a macro above): `start_header`, `record_registers`,
+/// `record_python`, `settle_python_part`, `copy_user_stack`, then the send. The compiled
+/// program is the same, instruction for instruction, as the one body it was before the steps
+/// were named.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn capture<const MODERN: bool>(
@@ -119,276 +338,31 @@ pub(crate) fn capture<const MODERN: bool>(
     // (`sched_exit_tp`, interrupts on, preemption off) raises `CAPTURING`, which the sampler
     // respects.
     let hdr = unsafe { &mut *(base as *mut SampleHeader) };
-    start_header(hdr, kind, pid, tid, now, cpu, sched_state);
-    record_registers::<MODERN>(ctx, cfg, hdr, pid, tid, regs);
+    start_header!(hdr, kind, pid, tid, now, cpu, sched_state);
+
+    record_registers!(ctx, cfg, hdr, regs, pid, tid);
+
     if maps_changed(cfg, pid) {
         hdr.flags |= SAMPLE_MAPS_CHANGED;
     }
-    record_python::<MODERN>(cfg, hdr, cpu, pid, tid);
-    let (area, mut flags) = settle_python_part::<MODERN>(hdr, pid, tid);
-    let copied = copy_user_stack::<MODERN>(cfg, base, hdr, cpu, pid, tid, area, &mut flags);
+
+    record_python!(cfg, hdr, cpu, pid, tid);
+    settle_python_part!(hdr, pid, tid, flags, area);
+
+    copy_user_stack!(cfg, base, hdr, cpu, pid, tid, area, flags, copied);
     hdr.ustack_len = copied as u32;
     hdr.flags = flags;
     if MODERN && copied == 0 && flags & SAMPLE_NO_USER == 0 {
         log::failure(LOG_USTACK, pid, tid, hdr.sp, 0);
     }
-    send::<MODERN>(cfg, base, kind, pid, tid, area + copied)
-}
 
-/// The header's identity of the record, every other field zeroed (the buffer is reused).
-#[inline(always)]
-fn start_header(
-    hdr: &mut SampleHeader,
-    kind: u32,
-    pid: u32,
-    tid: u32,
-    now: u64,
-    cpu: u32,
-    sched_state: u64,
-) {
-    hdr.kind = kind;
-    hdr.pid = pid;
-    hdr.tid = tid;
-    hdr.time_ns = now;
-    hdr.cpu = cpu;
-    // Into the header: the helper zeroes the buffer when it fails.
-    // SAFETY: the header's 16-byte field.
-    unsafe { bpf_get_current_comm(hdr.comm.as_mut_ptr() as *mut c_void, hdr.comm.len() as u32) };
-    zero(&mut hdr.kstack_len);
-    zero(&mut hdr.py_len);
-    zero(&mut hdr.flags);
-    zero(&mut hdr.ustack_len);
-    zero(&mut hdr.py_tstate);
-    zero(&mut hdr.py_gil_holder);
-    zero(&mut hdr.py_gil_locked);
-    zero(&mut hdr.py_status);
-    zero(&mut hdr.py_gc_collecting);
-    zero(&mut hdr.py_snaps);
-    zero(&mut hdr.py_task);
-    hdr.sched_state = sched_state;
-    zero(&mut hdr.ip);
-    zero(&mut hdr.sp);
-    zero(&mut hdr.bp);
-    zero(&mut hdr.lr);
-}
-
-/// The user registers, from `regs` when they are user mode's, else from the task, with the
-/// kernel stack of the instant.
-#[inline(always)]
-fn record_registers<const MODERN: bool>(
-    ctx: *mut c_void,
-    cfg: &Config,
-    hdr: &mut SampleHeader,
-    pid: u32,
-    tid: u32,
-    regs: Option<&arch::Regs>,
-) {
-    // The registers are read from the context here, where they are used: read at the start
-    // and kept on the stack, their words were written only when in user mode, and 6.1's
-    // verifier (which did not carry what the first test of the mode proved to the second)
-    // refused the read of them as a read of uninitialised stack.
-    if let Some(u) = regs.and_then(arch::user) {
-        hdr.ip = u.ip;
-        hdr.sp = u.sp;
-        hdr.bp = u.bp;
-        hdr.lr = u.lr;
-    } else {
-        hdr.flags |= SAMPLE_KERNEL_MODE;
-        match arch::read_user(user_regs::<MODERN>(cfg)) {
-            Ok(Some(u)) => {
-                hdr.ip = u.ip;
-                hdr.sp = u.sp;
-                hdr.bp = u.bp;
-                hdr.lr = u.lr;
-            }
-            Ok(None) => hdr.flags |= SAMPLE_NO_USER,
-            Err(()) => {
-                hdr.flags |= SAMPLE_NO_USER;
-                count(STAT_UREGS_FAIL);
-                if MODERN {
-                    // The modern set's address is a typed pointer, which a log may not format.
-                    log::failure(LOG_UREGS, pid, tid, 0, 0);
-                }
-            }
-        }
-        // SAFETY: the buffer is the header's kstack array of MAX_KSTACK u64.
-        let n = unsafe {
-            bpf_get_stack(
-                ctx,
-                hdr.kstack.as_mut_ptr() as *mut c_void,
-                (MAX_KSTACK * 8) as u32,
-                0,
-            )
-        };
-        if n > 0 {
-            hdr.kstack_len = (n / 8) as u32;
-        } else {
-            count(STAT_KSTACK_FAIL);
-        }
-    }
-}
-
-/// Python: the frame chain and the GIL/GC words of the same instant. Flags and the walk's
-/// results are kept in the header (map memory) and read back from there: to the verifier, a
-/// value read from a map is any value, so paths that differ only in them merge, and the frame
-/// loop (512 steps without bpf_loop) and the rest of the program are verified once, not once
-/// per flag combination or possible frame count.
-#[inline(always)]
-fn record_python<const MODERN: bool>(
-    cfg: &Config,
-    hdr: &mut SampleHeader,
-    cpu: u32,
-    pid: u32,
-    tid: u32,
-) {
-    // SAFETY: the value is copied out at once.
-    let Some(pc) = (unsafe { PY_PROCS.get(pid) }) else {
-        return;
-    };
-    let pc = *pc;
-    match thread_state(cfg, &pc, pid, tid) {
-        None => {
-            hdr.flags |= SAMPLE_PY_MISS;
-            count(STAT_PY_MISS);
-            if MODERN {
-                log::failure(LOG_TSTATE, pid, tid, 0, 0);
-            }
-        }
-        Some(tstate) => {
-            hdr.flags |= SAMPLE_PY_THREAD;
-            hdr.py_tstate = tstate;
-            walk_python::<MODERN>(cpu, &pc, tstate);
-        }
-    }
-    if pc.gil_locked != 0 {
-        hdr.py_gil_locked = read_user::<u32>(pc.gil_locked).unwrap_or(0);
-        hdr.py_gil_holder = read_user::<u64>(pc.gil_last_holder).unwrap_or(0);
-    }
-    if pc.gc_collecting != 0 {
-        hdr.py_gc_collecting = read_user::<u32>(pc.gc_collecting).unwrap_or(0);
-    }
-    if pc.tstate_status != NO_OFFSET && hdr.py_tstate != 0 {
-        hdr.py_status = read_user::<u32>(hdr.py_tstate + pc.tstate_status as u64).unwrap_or(0);
-    }
-    if hdr.py_tstate != 0 && has_exception(&pc, hdr.py_tstate) {
-        hdr.flags |= SAMPLE_PY_EXCEPTION;
-    }
-    // `--async-aware`: the task the thread's event loop runs.
-    if pc.tstate_running_task != NO_OFFSET && hdr.py_tstate != 0 {
-        hdr.py_task = read_user::<u64>(hdr.py_tstate + pc.tstate_running_task as u64).unwrap_or(0);
-    }
-}
-
-/// Counts (and with `--debug-bpf` logs) what the walk reported, bounds the frame and code-head
-/// counts, and returns where the user stack goes (after the frames and the code heads) with
-/// the record's flags so far.
-#[inline(always)]
-fn settle_python_part<const MODERN: bool>(
-    hdr: &mut SampleHeader,
-    pid: u32,
-    tid: u32,
-) -> (usize, u32) {
-    // SAFETY: fields of the header written above; volatile so that the value comes from memory.
-    let mut py_len = unsafe { core::ptr::read_volatile(&hdr.py_len) } as usize;
-    // SAFETY: as above.
-    let flags = unsafe { core::ptr::read_volatile(&hdr.flags) };
-    if flags & SAMPLE_PY_TRUNCATED != 0 {
-        count(STAT_PY_TRUNCATED);
-    }
-    if flags & SAMPLE_PY_READ_FAILED != 0 {
-        count(STAT_PY_READ_FAIL);
-    }
-    if MODERN && flags & (SAMPLE_PY_READ_FAILED | SAMPLE_PY_CYCLE) != 0 {
-        log_frame_chain(pid, tid, flags, py_len as u64);
-    }
-    if py_len > MAX_PY_FRAMES {
-        py_len = MAX_PY_FRAMES;
-    }
-    hdr.py_len = py_len as u32;
-    // The code heads follow the frames (see `copy_code_head`).
-    // SAFETY: a field of the header; volatile as above.
-    let mut snaps = unsafe { core::ptr::read_volatile(&hdr.py_snaps) } as usize;
-    if snaps > PY_CODE_SNAPS {
-        snaps = PY_CODE_SNAPS;
-    }
-    hdr.py_snaps = snaps as u32;
-    let area =
-        SampleHeader::SIZE + py_len * core::mem::size_of::<PyFrame>() + snaps * CodeSnap::SIZE;
-    (area, flags)
-}
-
-/// The user stack, copied to the record at `area`: first up to the next page boundary, then
-/// whole pages, so the copy ends exactly where the stack mapping ends. Returns the bytes
-/// copied.
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-fn copy_user_stack<const MODERN: bool>(
-    cfg: &Config,
-    base: *mut u8,
-    hdr: &SampleHeader,
-    cpu: u32,
-    pid: u32,
-    tid: u32,
-    area: usize,
-    flags: &mut u32,
-) -> usize {
-    let mut copied_total: usize = 0;
-    if *flags & SAMPLE_NO_USER == 0 && hdr.sp != 0 {
-        let sp = hdr.sp;
-        let mut want = cfg.ustack_size as usize;
-        // The stack in use ends below the thread's outermost frame: copied up to the page
-        // boundary after that, not to the end of its mapping. (Whole pages: a last chunk of
-        // any length would have the verifier walk each step of this loop many times over.)
-        let end = stack_in_use_end(cfg, pid, tid, sp);
-        if end > sp {
-            let upto = ((end + USTACK_CHUNK as u64 - 1) & !(USTACK_CHUNK as u64 - 1)) - sp;
-            if upto < want as u64 {
-                want = upto as usize;
-            }
-        }
-        if MODERN {
-            // One chunk a `bpf_loop` step: the verifier walks the step once, where it walked
-            // each of the unrolled loop's 16 steps (two-thirds of the sampler's instructions
-            // verified, and of the scheduler program's capture).
-            copied_total = copy_stack(cpu, pid, tid, sp, area, want, flags);
-        } else {
-            let mut top: u64 = 0;
-            let key = thread_key(pid, tid);
-            for k in 0..(MAX_USTACK / USTACK_CHUNK) {
-                // Read back through memory: LLVM would otherwise fold the offset into an
-                // induction variable whose bounds the verifier cannot follow.
-                // SAFETY: a local.
-                let copied = unsafe { core::ptr::read_volatile(&copied_total) };
-                let Some(next) =
-                    copy_chunk(base, area, sp, k as u64, copied, want, key, &mut top, flags)
-                else {
-                    break;
-                };
-                // SAFETY: a local.
-                unsafe { core::ptr::write_volatile(&mut copied_total, next) };
-            }
-        }
-    }
-    // SAFETY: a local.
-    unsafe { core::ptr::read_volatile(&copied_total) }
-}
-
-/// Sends the first `total` bytes of the scratch buffer to the ring, unless a sample would take
-/// the room kept for off-CPU captures and events (`sample_stop_bytes`).
-#[inline(always)]
-fn send<const MODERN: bool>(
-    cfg: &Config,
-    base: *mut u8,
-    kind: u32,
-    pid: u32,
-    tid: u32,
-    mut total: usize,
-) -> bool {
+    let mut total = area + copied;
     if total > SCRATCH_SIZE {
         total = SCRATCH_SIZE;
     }
     // SAFETY: total <= SCRATCH_SIZE, the size of the buffer behind base.
     let record = unsafe { core::slice::from_raw_parts(base as *const u8, total) };
+    // A ring this full keeps its room for off-CPU captures and events (`sample_stop_bytes`).
     if kind == RECORD_SAMPLE
         && cfg.sample_stop_bytes != 0
         && SAMPLES.query(BPF_RB_AVAIL_DATA as u64) >= cfg.sample_stop_bytes as u64
