@@ -1,7 +1,8 @@
 //! Per-process state: name, mappings, the ELF files behind them and a framehop unwinder over
-//! them, and the unwinding of a sample's copied user stack (`unwind`). Mappings are re-read
-//! when a sample's address falls outside every known module (`dlopen`): at once when they were
-//! read before the sample was taken, otherwise at most every `REFRESH_MIN`.
+//! them, and the unwinding of a sample's copied user stack (`unwind`, with the unwind rules
+//! it evaluates itself in `unwind::cfi`). Mappings are re-read when a sample's address falls
+//! outside every known module (`dlopen`): at once when they were read before the sample was
+//! taken, otherwise at most every `REFRESH_MIN`.
 //!
 //! `procfs` is the one reader of `/proc`'s process and thread files (`stat` parsed once).
 //!

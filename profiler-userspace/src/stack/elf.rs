@@ -40,7 +40,7 @@ pub struct ElfFile {
     /// only, and a large library's table takes milliseconds while its first samples wait.
     symbols: OnceLock<SymbolTable>,
     /// The functions whose unwind rules are evaluated here rather than by framehop
-    /// (`cfi::own_rule_ranges`), found on first use.
+    /// (`process::unwind::cfi::own_rule_ranges`), found on first use.
     pub(crate) own_rules: OnceLock<Vec<(u64, u64)>>,
     /// Functions whose split-off parts are named (see `from_mmap`).
     split: &'static [&'static str],
@@ -149,6 +149,13 @@ pub fn open_mapped(pid: u32, inode: u64, path: &Path, map_range: (u64, u64)) -> 
 }
 
 impl ElfFile {
+    /// Whether `svma` is among the first instructions at the file's entry point, where a
+    /// program (or the dynamic loader, while it relocates) starts: code with no CFI and, in a
+    /// stripped ld.so, no symbol (its `_start` calls `_dl_start` 3 bytes in).
+    pub fn at_entry(&self, svma: u64) -> bool {
+        self.entry != 0 && svma >= self.entry && svma < self.entry + 16
+    }
+
     /// An ELF file from an open descriptor (`path` names it in the profile); `split` as in
     /// `from_mmap`.
     pub fn from_file(path: &Path, f: File, split: &'static [&'static str]) -> Option<ElfFile> {
@@ -524,6 +531,16 @@ impl std::io::Write for LimitedWriter<'_> {
     fn flush(&mut self) -> std::io::Result<()> {
         Ok(())
     }
+}
+
+/// `.eh_frame` as the target architecture's vendor extensions read it (arm64's
+/// `DW_CFA_AARCH64_negate_ra_state` is an error otherwise).
+pub fn eh_frame(bytes: &[u8]) -> gimli::EhFrame<gimli::EndianSlice<'_, gimli::LittleEndian>> {
+    let mut eh = gimli::EhFrame::new(bytes, gimli::LittleEndian);
+    if cfg!(target_arch = "aarch64") {
+        eh.set_vendor(gimli::Vendor::AArch64);
+    }
+    eh
 }
 
 #[cfg(test)]

@@ -4,7 +4,6 @@
 //! Owns no process state and knows no interpreter: which functions to look for in split parts
 //! is the caller's (`python::SPLIT_FUNCTIONS`). May import nothing else of the crate.
 
-pub mod cfi;
 pub mod elf;
 pub mod split;
 pub mod symbols;

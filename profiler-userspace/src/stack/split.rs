@@ -155,7 +155,7 @@ fn fde_ranges_containing(
     let Ok(data) = section.data() else {
         return Vec::new();
     };
-    let eh = super::cfi::eh_frame(data);
+    let eh = super::elf::eh_frame(data);
     let mut bases = BaseAddresses::default().set_eh_frame(section.address());
     if let Some(text) = file.section_by_name(".text") {
         bases = bases.set_text(text.address());

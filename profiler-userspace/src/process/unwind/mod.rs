@@ -1,6 +1,8 @@
 //! DWARF CFI unwinding of a copied user stack: framehop, then for the frames it cannot take,
-//! the file's own rule (`stack::cfi`), then a checked scan of the stack for the next return
+//! the file's own rule (`cfi`), then a checked scan of the stack for the next return
 //! address.
+
+pub mod cfi;
 
 use framehop::FrameAddress;
 
@@ -9,7 +11,7 @@ use profiler_common::SAMPLE_USTACK_SHORT;
 use super::remote::Remote;
 use super::{module_at, Module, Process};
 use crate::capture::record::RawSample;
-use crate::stack::cfi::{Regs, Step};
+use cfi::{Regs, Step};
 
 pub use isa::{Cache, NativeUnwinder};
 
@@ -19,7 +21,7 @@ pub use isa::{Cache, NativeUnwinder};
 mod isa {
     use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
 
-    use crate::stack::cfi::Regs;
+    use super::cfi::Regs;
     use crate::stack::elf::FileBytes;
 
     pub type NativeUnwinder = UnwinderX86_64<FileBytes>;
@@ -45,7 +47,7 @@ mod isa {
 mod isa {
     use framehop::aarch64::{CacheAarch64, UnwindRegsAarch64, UnwinderAarch64};
 
-    use crate::stack::cfi::Regs;
+    use super::cfi::Regs;
     use crate::stack::elf::FileBytes;
 
     pub type NativeUnwinder = UnwinderAarch64<FileBytes>;
@@ -79,7 +81,7 @@ fn step<F: FnMut(u64) -> Result<u64, ()>>(
     Ok(unwinder
         .unwind_frame(addr, &mut regs, cache, read)?
         .map(|ra| {
-            let ra = crate::stack::cfi::strip_pac(ra);
+            let ra = cfi::strip_pac(ra);
             (ra, isa::regs_out(ra, &regs))
         }))
 }

@@ -16,7 +16,7 @@ use isa::{FP, RA, SP};
 #[cfg(not(target_arch = "aarch64"))]
 use x86_64 as isa;
 
-use super::elf::ElfFile;
+use crate::stack::elf::{eh_frame, ElfFile};
 
 type Slice<'a> = EndianSlice<'a, LittleEndian>;
 
@@ -155,16 +155,6 @@ pub enum Step {
     Unknown,
 }
 
-/// `.eh_frame` as the target architecture's vendor extensions read it (arm64's
-/// `DW_CFA_AARCH64_negate_ra_state` is an error otherwise).
-pub fn eh_frame(bytes: &[u8]) -> EhFrame<Slice<'_>> {
-    let mut eh = EhFrame::new(bytes, LittleEndian);
-    if cfg!(target_arch = "aarch64") {
-        eh.set_vendor(gimli::Vendor::AArch64);
-    }
-    eh
-}
-
 /// The SVMA ranges of the functions whose CFA rule framehop cannot follow: a DWARF expression
 /// (the CFA read from memory after a realignment) or a register other than the stack and frame
 /// pointers.
@@ -233,13 +223,6 @@ impl ElfFile {
             });
         let i = ranges.partition_point(|r| r.0 <= svma);
         i > 0 && svma < ranges[i - 1].1
-    }
-
-    /// Whether `svma` is among the first instructions at the file's entry point, where a
-    /// program (or the dynamic loader, while it relocates) starts: code with no CFI and, in a
-    /// stripped ld.so, no symbol (its `_start` calls `_dl_start` 3 bytes in).
-    pub fn at_entry(&self, svma: u64) -> bool {
-        self.entry != 0 && svma >= self.entry && svma < self.entry + 16
     }
 
     /// Unwinds the frame at `svma` (already the lookup address: a return address minus one)
