@@ -102,7 +102,7 @@ pub async fn run(cli: RunArgs, command: Command) -> Result<i32, AppError> {
         .sampling
         .rate
         .unwrap_or(if cli.continuous.continuous { 49 } else { 1000 });
-    let mut capture = load(&cli, rate)?;
+    let mut capture = load(&cli, rate, sink.shows_cpu_use())?;
     let bpf_logs = bpf_logs(&cli, &mut capture)?;
     capture.attach_lifetimes()?;
     let launched = if cli.target.command.is_empty() {
@@ -132,15 +132,19 @@ pub async fn run(cli: RunArgs, command: Command) -> Result<i32, AppError> {
 }
 
 /// Loads the programs that fit the kernel (`-v`: which, and what the verifier went through).
-fn load(cli: &RunArgs, rate: u64) -> Result<Capture, AppError> {
+/// `cpu_use`: the outputs show each thread's CPU use over time; without it, cpu mode attaches
+/// no scheduler program.
+fn load(cli: &RunArgs, rate: u64, cpu_use: bool) -> Result<Capture, AppError> {
     let capture = Capture::load(&CaptureOptions {
         all: cli.target.all,
         stack_size: cli.sampling.stack_size as usize,
         ring_bytes: cli.sampling.ring_mb << 20,
         offcpu: if cli.sampling.mode.needs_offcpu_stacks() {
             profiler_common::OFFCPU_STACKS
-        } else {
+        } else if cpu_use || cli.formats.open {
             profiler_common::OFFCPU_TIMES
+        } else {
+            profiler_common::OFFCPU_NONE
         },
         follow_children: cli.target.subprocesses,
         exec_all: cli.target.all_pythons,

@@ -36,6 +36,12 @@ pub trait Sink {
     fn writes(&self) -> bool {
         true
     }
+    /// Whether what the sink writes shows each thread's CPU use over time (the Firefox
+    /// Profiler's CPU graph and its On/Off CPU markers): in cpu mode, nothing else needs the
+    /// scheduler's accounting, whose program runs on every context switch of the host.
+    fn shows_cpu_use(&self) -> bool {
+        true
+    }
     /// Whether stderr may carry the live status line.
     fn status_line(&self) -> bool {
         true
@@ -172,6 +178,9 @@ impl Files {
 }
 
 impl Sink for Files {
+    fn shows_cpu_use(&self) -> bool {
+        self.outputs.iter().any(|(f, _)| *f == Format::Gecko)
+    }
     fn finish(&mut self, p: &Profile, run: &RunInfo) -> Result<(), AppError> {
         Ok(output::write_outputs(p, run, &self.outputs, self.write)?)
     }
@@ -243,6 +252,9 @@ impl Top {
 }
 
 impl Sink for Top {
+    fn shows_cpu_use(&self) -> bool {
+        false
+    }
     fn interval(&self) -> Option<Duration> {
         Some(Duration::from_secs(1))
     }
@@ -409,6 +421,9 @@ impl Continuous {
 }
 
 impl Sink for Continuous {
+    fn shows_cpu_use(&self) -> bool {
+        self.formats.is_empty() || self.formats.contains(&Format::Gecko)
+    }
     fn interval(&self) -> Option<Duration> {
         Some(self.rotate)
     }

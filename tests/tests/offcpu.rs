@@ -814,3 +814,63 @@ fn wall_mode_without_a_switch_in_probe_keeps_the_blocked_time() {
          {slept_ms:.0} ms (asleep {asleep}, uncaptured {uncaptured})"
     );
 }
+
+/// The programs that ran, as the summary's "BPF time by program" names them.
+fn programs_that_ran(stderr: &str) -> Vec<String> {
+    let line = stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("tachyon-bpf: BPF time by program: "))
+        .unwrap_or_else(|| panic!("no BPF time by program in the summary:\n{stderr}"));
+    line.split(", ")
+        .filter_map(|p| p.split_whitespace().next())
+        .map(str::to_string)
+        .collect()
+}
+
+/// In cpu mode, the scheduler's accounting (a program on every context switch of the host)
+/// runs only when an output shows each thread's CPU use over time: the Firefox Profiler's
+/// format does, folded stacks and pprof do not, and their samples are the same.
+#[test]
+fn cpu_mode_accounts_switches_only_for_outputs_that_show_cpu_use() {
+    require_root();
+    let dir = scratch("cpu_mode_switches");
+    let script = dir.join("switcher.py");
+    std::fs::write(
+        &script,
+        "import time\n\ndef work():\n    return sum(i * i for i in range(20000))\n\n\
+         for _ in range(300):\n    work()\n    time.sleep(0.002)\n",
+    )
+    .unwrap();
+    let py = python("3.12.1");
+    let (py, script) = (py.to_str().unwrap(), script.to_str().unwrap());
+    let folded = dir.join("cpu.folded");
+    let o = profile_command(
+        &folded,
+        &["-m", "cpu", "-f", "collapsed", "-r", "1000"],
+        &[py, script],
+    );
+    let ran = programs_that_ran(&stderr_of(&o));
+    assert!(
+        ran.iter().any(|p| p.starts_with("tachyon_sample")),
+        "{ran:?}"
+    );
+    assert!(
+        !ran.iter().any(|p| p.starts_with("tachyon_switch")),
+        "folded stacks in cpu mode ran a switch program: {ran:?}"
+    );
+    let text = std::fs::read_to_string(&folded).unwrap();
+    let in_work: u64 = text
+        .lines()
+        .filter(|l| l.contains("switcher.py:work"))
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<u64>().ok())
+        .sum();
+    assert!(in_work > 0, "no samples in work():\n{text}");
+
+    let gecko = dir.join("cpu.json");
+    let o = profile_command(&gecko, &["-m", "cpu", "-r", "1000"], &[py, script]);
+    let ran = programs_that_ran(&stderr_of(&o));
+    assert!(
+        ran.iter().any(|p| p.starts_with("tachyon_switch")),
+        "the Firefox Profiler's format in cpu mode ran no switch program: {ran:?}"
+    );
+}
