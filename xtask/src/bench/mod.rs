@@ -166,7 +166,12 @@ impl Background {
 /// used from start to end, as `wait4` reports it: start-up, sampling and the writing of the
 /// profile. (`meta.profilerCost.userCpuMs` is read before the profile is written, so it cannot
 /// hold the writing.) Fails with its stderr unless it succeeded.
-fn finish_measured(mut child: Child) -> Result<f64> {
+fn finish_measured(child: Child) -> Result<f64> {
+    Ok(finish_measured_with_stderr(child)?.0)
+}
+
+/// `finish_measured`, with what the profiler printed on stderr (its summary).
+fn finish_measured_with_stderr(mut child: Child) -> Result<(f64, String)> {
     use std::io::Read;
     let mut err = String::new();
     if let Some(mut e) = child.stderr.take() {
@@ -187,7 +192,7 @@ fn finish_measured(mut child: Child) -> Result<f64> {
         bail!("tachyon-bpf failed (status {status:#x}): {err}");
     }
     let ms = |t: libc::timeval| t.tv_sec as f64 * 1e3 + t.tv_usec as f64 / 1e3;
-    Ok(ms(ru.ru_utime) + ms(ru.ru_stime))
+    Ok((ms(ru.ru_utime) + ms(ru.ru_stime), err))
 }
 
 /// `meta` with `profilerCost.processCpuMs`, the run's whole-process CPU (`finish_measured`).

@@ -143,8 +143,62 @@ struct Cost {
     meta: Value,
 }
 
-/// Runs the load with `profiler` (spawned, then stopped by SIGINT) beside it.
-fn profiled(mut cmd: Command, meta_of: Option<&Path>) -> Result<(f64, Cost)> {
+/// The run's numbers as tachyon-bpf's summary prints them, under the names of the profile's
+/// `meta.tachyon` (a pprof profile carries none): its duration, BPF time by program, BPF
+/// counters and peak RSS.
+fn summary_meta(stderr: &str) -> Result<Value> {
+    let line = |prefix: &str| {
+        stderr
+            .lines()
+            .find_map(|l| l.strip_prefix("tachyon-bpf: ")?.strip_prefix(prefix))
+            .with_context(|| format!("no `{prefix}` in the summary: {stderr}"))
+    };
+    let num = |s: &str| -> Result<f64> {
+        s.trim()
+            .parse::<f64>()
+            .with_context(|| format!("{s:?} in the summary"))
+    };
+    // "24.00 s, 1667 samples on CPU ..."
+    let secs = stderr
+        .lines()
+        .filter(|l| l.contains(" samples on CPU "))
+        .find_map(|l| l.strip_prefix("tachyon-bpf: ")?.split_once(" s, "))
+        .with_context(|| format!("no duration in the summary: {stderr}"))?
+        .0;
+    let duration_ms = num(secs)? * 1e3;
+    // "tachyon_sample 39.1 ms (2028 runs, 19.30 µs each), ..."
+    let mut programs = serde_json::Map::new();
+    let mut bpf_ms = 0.0;
+    for p in line("BPF time by program: ")?.split("), ") {
+        let (name, rest) = p.split_once(' ').context("a program's time")?;
+        let (ms, rest) = rest.split_once(" ms (").context("a program's ms")?;
+        let runs = rest.split_once(" runs").context("a program's runs")?.0;
+        let ms = num(ms)?;
+        bpf_ms += ms;
+        programs.insert(name.into(), json!({"ms": ms, "runs": num(runs)?}));
+    }
+    // "records 823, lost 0, ..."
+    let mut counters = serde_json::Map::new();
+    for c in line("BPF counters: ")?.split(", ") {
+        let (name, n) = c.rsplit_once(' ').context("a counter")?;
+        counters.insert(name.into(), json!(num(n)?));
+    }
+    // "... peak RSS 96.0 MiB"
+    let rss = line("profiler cost: ")?
+        .rsplit_once("peak RSS ")
+        .and_then(|(_, r)| r.strip_suffix(" MiB"))
+        .context("the summary's peak RSS")?;
+    Ok(json!({
+        "durationMs": duration_ms,
+        "profilerCost": {"bpfMs": bpf_ms, "peakRssKiB": num(rss)? * 1024.0},
+        "bpfPrograms": programs,
+        "bpfCounters": counters,
+    }))
+}
+
+/// Runs the load with `profiler` (spawned, then stopped by SIGINT) beside it; `ours`: it is
+/// tachyon-bpf, whose summary says its BPF part.
+fn profiled(mut cmd: Command, ours: bool) -> Result<(f64, Cost)> {
     let t_start = Instant::now();
     let child = cmd
         .stdout(Stdio::null())
@@ -157,11 +211,12 @@ fn profiled(mut cmd: Command, meta_of: Option<&Path>) -> Result<(f64, Cost)> {
     let rps = load()?;
     let (c1, t1) = (cpu_ms(pid)?, Instant::now());
     crate::run(Command::new("kill").args(["-INT", &pid.to_string()]))?;
-    let all = finish_measured(child)?;
+    let (all, stderr) = finish_measured_with_stderr(child)?;
     let run_ms = t_start.elapsed().as_secs_f64() * 1e3;
-    let meta = match meta_of {
-        Some(p) => super::meta(p)?,
-        None => Value::Null,
+    let meta = if ours {
+        summary_meta(&stderr)?
+    } else {
+        Value::Null
     };
     // py-spy has no BPF part.
     let bpf_ms = meta["profilerCost"]["bpfMs"].as_f64().unwrap_or(0.0);
@@ -186,7 +241,7 @@ pub fn service(
 ) -> Result<(Vec<String>, Value)> {
     let gunicorn = setup(tools)?;
     std::fs::write(dir.join("bench_service_app.py"), APP)?;
-    let out = |name: &str| dir.join(format!("service-{name}.json"));
+    let out = |name: &str| dir.join(format!("service-{name}.pb.gz"));
     // Each run on a service started for it: one left running drifts between rounds (its
     // connections and threads settle differently, and its switch rate with them).
     let gunicorn = &gunicorn;
@@ -195,9 +250,11 @@ pub fn service(
         move || -> Result<(f64, Cost)> {
             let _svc = Service::start(gunicorn, dir)?;
             let mut c = Command::new(tachyon);
-            c.args(["--all-pythons", "-q", "-r", rate, "-m", mode, "-o"])
+            // pprof, what a fleet pushes (the systemd unit's and the DaemonSet's format); the
+            // numbers come from the summary.
+            c.args(["--all-pythons", "-f", "pprof", "-r", rate, "-m", mode, "-o"])
                 .arg(out(&name));
-            profiled(c, Some(&out(&name)))
+            profiled(c, true)
         }
     };
     let spy = || -> Result<(f64, Cost)> {
@@ -213,7 +270,7 @@ pub fn service(
                 "-o",
             ])
             .arg(dir.join("service-pyspy.txt"));
-        profiled(c, None)
+        profiled(c, false)
     };
     let alone = || -> Result<(f64, Cost)> {
         let _svc = Service::start(gunicorn, dir)?;
@@ -256,7 +313,8 @@ pub fn service(
             "A threaded WSGI service (gunicorn `gthread`, 2 workers x 8 threads, Flask; pyenv \
              3.12; each request renders JSON, hashes it, takes a lock and sleeps 2 ms) under \
              `wrk -t2 -c32` on loopback for {SECS} s, alone and under each profiler attached to \
-             the running service (started anew for each run), {ROUNDS} interleaved rounds \
+             the running service (started anew for each run; tachyon-bpf writes pprof, the format a \
+             fleet pushes, and its numbers are its summary's), {ROUNDS} interleaved rounds \
              (medians). *Steady* is the \
              profiler's process CPU after its first {} s plus its BPF programs' run time, as a \
              share of one CPU: what staying on costs. *All included* adds start-up and the \
@@ -333,4 +391,28 @@ fn service_rows(md: &mut Vec<String>, names: &[&str], runs: &[Vec<(f64, Cost)>])
         }));
     }
     raw
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_summary_reads_as_meta() {
+        let stderr = "tachyon-bpf: kernel symbols from /proc/kallsyms\n\
+            tachyon-bpf: 24.00 s, 1667 samples on CPU (69/s at 49 Hz on 2 CPUs) and 0 off-CPU captures, lost 0\n\
+            tachyon-bpf: profiler cost: 253.6 µs CPU per sample (230.0 user space, 23.5 BPF), 423 ms CPU in all, peak RSS 96.0 MiB\n\
+            tachyon-bpf: BPF time by program: tachyon_sample 39.1 ms (2028 runs, 19.30 µs each), tachyon_fork 0.5 ms (19 runs, 1.85 µs each)\n\
+            tachyon-bpf: BPF counters: records 1667, lost 0, switchCaptures 3, schedRecords 0\n";
+        let m = summary_meta(stderr).unwrap();
+        assert_eq!(m["durationMs"], json!(24000.0));
+        assert_eq!(m["profilerCost"]["bpfMs"], json!(39.6));
+        assert_eq!(m["profilerCost"]["peakRssKiB"], json!(96.0 * 1024.0));
+        assert_eq!(
+            m["bpfPrograms"]["tachyon_sample"],
+            json!({"ms": 39.1, "runs": 2028.0})
+        );
+        assert_eq!(m["bpfCounters"]["switchCaptures"], json!(3.0));
+        assert!(summary_meta("tachyon-bpf: error: no such process\n").is_err());
+    }
 }
