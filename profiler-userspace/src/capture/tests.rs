@@ -1,0 +1,59 @@
+//! Unit tests of the capture: the scheduler map's size and the BPF object's contract.
+
+use super::{parse_loadavg_threads, sched_entries};
+use object::{Object, ObjectSection, ObjectSymbol, SymbolKind, SymbolSection};
+use profiler_common::MAX_SCHED_ENTRIES;
+use std::collections::BTreeSet;
+
+#[test]
+fn the_scheduler_map_is_sized_to_the_host() {
+    assert_eq!(
+        parse_loadavg_threads("0.52 0.58 0.59 3/871 12345\n"),
+        Some(871)
+    );
+    assert_eq!(parse_loadavg_threads("0.52 0.58 0.59 garbage 1"), None);
+    assert_eq!(parse_loadavg_threads(""), None);
+    // A small host: the floor.
+    assert_eq!(sched_entries(Some(300)), 4096);
+    assert_eq!(sched_entries(Some(0)), 4096);
+    // Room for four times the threads, in powers of two.
+    assert_eq!(sched_entries(Some(1025)), 8192);
+    assert_eq!(sched_entries(Some(3000)), 16384);
+    // Never past what the object declares, whatever the count says.
+    assert_eq!(sched_entries(Some(40_000)), MAX_SCHED_ENTRIES);
+    assert_eq!(sched_entries(Some(u32::MAX)), MAX_SCHED_ENTRIES);
+    assert_eq!(sched_entries(None), MAX_SCHED_ENTRIES);
+}
+
+/// The object the BPF crate built has exactly the maps and programs of the contract in
+/// `profiler_common::names`: a rename on either side fails here, not at load time.
+#[test]
+fn the_bpf_object_matches_the_contract() {
+    let file = object::File::parse(super::BPF_OBJECT).unwrap();
+    let (mut maps, mut programs) = (BTreeSet::new(), BTreeSet::new());
+    for sym in file.symbols() {
+        let SymbolSection::Section(idx) = sym.section() else {
+            continue;
+        };
+        let section = file.section_by_index(idx).unwrap();
+        let (Ok(name), Ok(sname)) = (sym.name(), section.name()) else {
+            continue;
+        };
+        if sname == "maps" || sname == ".maps" {
+            maps.insert(name.to_string());
+        } else if sym.kind() == SymbolKind::Text && sym.is_global() && sname != ".text" {
+            programs.insert(name.to_string());
+        }
+    }
+    let want = |names: &[&str]| names.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>();
+    assert_eq!(maps, want(&profiler_common::names::MAPS));
+    assert_eq!(programs, want(&profiler_common::names::PROGRAMS));
+}
+
+#[test]
+fn every_counter_is_named_at_its_index() {
+    for (i, (index, name, meaning)) in profiler_common::STATS.iter().enumerate() {
+        assert_eq!(*index as usize, i);
+        assert!(!name.is_empty() && !meaning.is_empty());
+    }
+}
