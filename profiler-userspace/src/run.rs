@@ -11,7 +11,7 @@ use tachyon_bpf::aggregate::Profile;
 use tachyon_bpf::capture::{self, Capture, CaptureOptions};
 use tachyon_bpf::collect::{monotonic_ns, Collector, Kernel};
 use tachyon_bpf::output::{self, Format, RunInfo};
-use tachyon_bpf::session::{Scope, Session, TICK, YOUNG_TICK};
+use tachyon_bpf::session::{tick_for, Scope, Session, YOUNG_TICK};
 use tachyon_bpf::{process, python};
 
 use crate::cli::{ConvertArgs, DumpArgs, RunArgs};
@@ -295,6 +295,7 @@ impl<'a> Running<'a> {
         // AsyncFd holds it.
         let ring = unsafe { AsyncFd::register_with_interest(ring, tokio::io::Interest::READABLE) }
             .map_err(|e| other(format!("ring buffer: {e}")))?;
+        session.set_tick(tick_for(rate));
         session.targets.attach(rate)?;
         if let Some(why) = &session.targets.switch_in_refused {
             eprintln!(
@@ -406,8 +407,11 @@ impl<'a> Running<'a> {
         tokio::pin!(sleep);
         let has_child = !cli.target.command.is_empty();
         let mut child_status = None;
-        let mut tick = tokio::time::interval(TICK);
+        let mut tick = tokio::time::interval(self.session.tick_length());
         let mut ticks: u64 = 0;
+        // Whether the named processes are gone: every 100 ms; the status line: 4 times a second.
+        let gone_ticks = self.session.ticks_in(Duration::from_millis(100));
+        let status_ticks = self.session.ticks_in(Duration::from_millis(240));
         let mut young_tick = tokio::time::interval(YOUNG_TICK);
         young_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         // The live status line: on a terminal only, never with --quiet.
@@ -456,13 +460,13 @@ impl<'a> Running<'a> {
                     self.session.tick(self.ring.get_mut());
                     // --pid: the run ends when every process it names (and, with --subprocesses,
                     // every child that joined them) has exited, as it does with a command.
-                    if !has_child && ticks.is_multiple_of(5) && self.session.targets_gone() {
+                    if !has_child && ticks.is_multiple_of(gone_ticks) && self.session.targets_gone() {
                         if !cli.general.quiet {
                             eprintln!("tachyon-bpf: the profiled processes have exited");
                         }
                         break;
                     }
-                    if status && ticks.is_multiple_of(12) {
+                    if status && ticks.is_multiple_of(status_ticks) {
                         let lost = self.session.targets.stats().0[profiler_common::STAT_LOST as usize];
                         let line = output::summary::status_line(
                             &self.session.collector.profile,

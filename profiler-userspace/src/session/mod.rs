@@ -85,8 +85,20 @@ pub struct Scope {
     pub explicit: Vec<u32>,
 }
 
-/// The session's clock: one tick every `TICK`.
+/// The session's clock: one tick every `TICK` at the highest rates, and every `tick_for(rate)`.
 pub const TICK: Duration = Duration::from_millis(20);
+/// The longest tick, at the lowest rates.
+const LONGEST_TICK: Duration = Duration::from_millis(100);
+
+/// How often the session ticks at `rate_hz`: about every 5 sampling periods, between `TICK` and
+/// `LONGEST_TICK`. Each tick wakes the reader (a timer, the runtime's turn, the drain and the
+/// bookkeeping: about 100 µs of CPU even with nothing to read), and at the always-on rate
+/// (49 Hz) 50 ticks a second cost more than all the samples of an idle host. The records that
+/// must be read at once (a Python program's exec, a Python process's fork, a ring a quarter
+/// full) wake the reader themselves, so a longer tick only batches samples.
+pub fn tick_for(rate_hz: u64) -> Duration {
+    (Duration::from_secs(5) / rate_hz.clamp(1, u32::MAX as u64) as u32).clamp(TICK, LONGEST_TICK)
+}
 /// `--async-aware all`: the mean spacing of passes over the suspended tasks, and how many
 /// times a pass's own duration they are at least apart.
 const TASK_PASS: Duration = Duration::from_millis(100);
@@ -98,14 +110,14 @@ const TASK_PASS_SHARE: u32 = 20;
 pub const YOUNG_TICK: Duration = Duration::from_millis(1);
 /// How long a process counts as just started.
 const YOUNG: Duration = Duration::from_secs(1);
-/// Every process is scanned once a second (every 50 ticks): new programs are found through exec
+/// Every process is scanned once a second: new programs are found through exec
 /// events and new processes of Python programs through fork events; the scan is the safety net
 /// (reading every process's files each time is most of an idle profiler's own CPU use).
-const SCAN_TICKS: u64 = 50;
-/// Python thread maps are re-read every 100 ms.
-const THREAD_TICKS: u64 = 5;
+const SCAN_EVERY: Duration = Duration::from_secs(1);
+/// Python thread maps are re-read every 100 ms (or every tick, if longer).
+const THREADS_EVERY: Duration = Duration::from_millis(100);
 /// Dead processes are forgotten every 5 s.
-const SWEEP_TICKS: u64 = 250;
+const SWEEP_EVERY: Duration = Duration::from_secs(5);
 /// New processes watched at most (a fork storm waits for the periodic scan). A process that is
 /// not Python costs only its few looks (`Pending::due`), so this can cover a host that starts
 /// hundreds of programs a second.
@@ -201,6 +213,8 @@ pub struct Session<T: Targets> {
     not_python: std::collections::HashMap<u32, u64>,
     scans: u64,
     ticks: u64,
+    /// How long a tick is (`tick_for`).
+    tick: Duration,
     /// `--async-aware all`: when the next pass over the suspended tasks is due, and the state
     /// of the generator that spaces them.
     task_pass_at: Instant,
@@ -275,6 +289,7 @@ impl<T: Targets> Session<T> {
             not_python: std::collections::HashMap::new(),
             scans: 0,
             ticks: 0,
+            tick: TICK,
             task_pass_at: Instant::now(),
             task_rng: 0x9e37_79b9_7f4a_7c15,
             emptied: None,
@@ -284,6 +299,21 @@ impl<T: Targets> Session<T> {
         };
         s.discover(true, true);
         s
+    }
+
+    /// Ticks every `tick` from now on (`tick_for` the run's rate).
+    pub fn set_tick(&mut self, tick: Duration) {
+        self.tick = tick.max(Duration::from_millis(1));
+    }
+
+    /// How long a tick is.
+    pub fn tick_length(&self) -> Duration {
+        self.tick
+    }
+
+    /// How many ticks make `every` (at least one).
+    pub fn ticks_in(&self, every: Duration) -> u64 {
+        (every.as_nanos() / self.tick.as_nanos()).max(1) as u64
     }
 
     pub fn scope(&self) -> &Scope {
@@ -297,20 +327,20 @@ impl<T: Targets> Session<T> {
         !s.all && !s.all_pythons && !s.explicit.is_empty() && s.explicit.iter().all(|&p| exited(p))
     }
 
-    /// One tick of the session's clock (every `TICK`): records, new processes, thread maps,
+    /// One tick of the session's clock (every `tick_length`): records, new processes, thread maps,
     /// and now and then the sweep of dead processes.
     pub fn tick(&mut self, source: &mut impl RecordSource) {
         self.ticks += 1;
         // Records do not wake the reader until the buffer fills up a good part: poll.
         self.drain(source);
         self.discover(
-            self.ticks.is_multiple_of(SCAN_TICKS),
-            self.ticks.is_multiple_of(THREAD_TICKS),
+            self.ticks.is_multiple_of(self.ticks_in(SCAN_EVERY)),
+            self.ticks.is_multiple_of(self.ticks_in(THREADS_EVERY)),
         );
         if self.collector.python.options().async_all && Instant::now() >= self.task_pass_at {
             self.pass_over_tasks();
         }
-        if self.ticks.is_multiple_of(SWEEP_TICKS) {
+        if self.ticks.is_multiple_of(self.ticks_in(SWEEP_EVERY)) {
             let (mut dead, emptied) = (std::mem::take(&mut self.dead), self.emptied);
             self.collector
                 .sweep(&mut |pid| gone(&mut dead, emptied, pid));

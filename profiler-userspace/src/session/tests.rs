@@ -174,7 +174,7 @@ fn a_process_that_is_not_python_is_left_alone() {
         explicit: vec![sleeper.id()],
         ..Scope::default()
     });
-    for _ in 0..(THREAD_TICKS * 2) {
+    for _ in 0..(s.ticks_in(THREADS_EVERY) * 2) {
         s.tick(&mut VecDeque::new());
     }
     assert!(s.targets.procs.is_empty() && s.targets.threads.is_empty());
