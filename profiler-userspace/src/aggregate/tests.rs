@@ -123,6 +123,63 @@ fn a_moment_before_an_exec_is_the_new_programs_start_and_a_program_is_not() {
     assert_eq!(p.processes[&5].name, "sh");
 }
 
+/// A frame of its own named `n`.
+fn named_frame(p: &mut Profile, n: &str) -> FrameId {
+    let func = p.func(Func {
+        name: Arc::from(n),
+        file: None,
+        line: None,
+        lib: None,
+        category: Category::User,
+        is_python: false,
+    });
+    p.frame(Frame {
+        func,
+        line: None,
+        address: None,
+        symbol_address: None,
+        category: Category::User,
+        opcode: None,
+    })
+}
+
+/// `stack_near` gives `stack`'s ids whatever its memo holds: the same thread's stacks growing,
+/// shrinking and changing in the middle, and two threads sharing a memo slot.
+#[test]
+fn stacks_near_the_last_of_a_thread_are_the_same_stacks() {
+    let mut near = Profile::new(Mode::Wall, 1.0);
+    let mut plain = Profile::new(Mode::Wall, 1.0);
+    let names = ["a", "b", "c", "d", "e"];
+    let fs: Vec<FrameId> = names.iter().map(|n| named_frame(&mut near, n)).collect();
+    for n in names {
+        named_frame(&mut plain, n);
+    }
+    let (a, b, c, d, e) = (fs[0], fs[1], fs[2], fs[3], fs[4]);
+    let stacks: [&[FrameId]; 9] = [
+        &[a, b, c],
+        &[a, b, c, d],
+        &[a, b],
+        &[a, d, c],
+        &[],
+        &[e],
+        &[a, b, c, d, e],
+        &[a, b, d, d, e],
+        &[a, b, c],
+    ];
+    // Tids 7 and 7 + the table's size share a slot; 8 has one of its own.
+    for tid in [7u32, 7 + RECENT_STACKS as u32, 8] {
+        for (i, st) in stacks.iter().enumerate() {
+            let hint = if i % 2 == 0 { tid } else { 7 };
+            let got = near.stack_near(st, hint);
+            assert_eq!(got, plain.stack(st), "stack {i} of tid {tid}");
+            let mut leaf_first = st.to_vec();
+            leaf_first.reverse();
+            assert_eq!(near.stack_frames(got), leaf_first);
+        }
+    }
+    assert_eq!(near.stacks, plain.stacks);
+}
+
 #[test]
 fn stacks_share_prefixes() {
     let mut p = Profile::new(Mode::Wall, 1.0);

@@ -341,7 +341,7 @@ impl Collector {
         if root_first.is_empty() {
             self.profile.counters.kernel_only += 1;
         }
-        let stack = self.profile.stack(root_first);
+        let stack = self.profile.stack_near(root_first, s.tid);
         let comm = self.procs.get(&pid).map_or("", |p| p.comm.as_str());
         ensure_process(
             &mut self.profile,
