@@ -203,9 +203,14 @@ pub struct SamplingArgs {
     /// (nested imports under Python 3.12 go past 32 KiB).
     #[arg(hide_short_help = true, long, default_value_t = 65536, value_parser = clap::value_parser!(u64).range(4096..=65536), env = "TACHYON_BPF_STACK_SIZE")]
     pub stack_size: u64,
-    /// Ring buffer size in MiB.
-    #[arg(hide_short_help = true, long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=1024), env = "TACHYON_BPF_RING_MB")]
-    pub ring_mb: u32,
+    /// Ring buffer size in MiB [default: 8 to 32, by rate and CPUs].
+    ///
+    /// By default, room for a second of samples with 32 KiB of stack each on every CPU, at least
+    /// 8 MiB (off-CPU captures come in bursts) and at most 32: 8 MiB at 49 Hz on a small host,
+    /// 32 at 1 kHz. The ring is kernel memory, locked, and counted twice in the profiler's RSS
+    /// (it is mapped twice).
+    #[arg(hide_short_help = true, long, value_parser = clap::value_parser!(u32).range(1..=1024), env = "TACHYON_BPF_RING_MB")]
+    pub ring_mb: Option<u32>,
     /// Log failures inside the BPF programs.
     ///
     /// A user stack or registers unreadable, a Python thread state not found, a frame chain

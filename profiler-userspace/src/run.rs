@@ -138,7 +138,11 @@ fn load(cli: &RunArgs, rate: u64, cpu_use: bool) -> Result<Capture, AppError> {
     let capture = Capture::load(&CaptureOptions {
         all: cli.target.all,
         stack_size: cli.sampling.stack_size as usize,
-        ring_bytes: cli.sampling.ring_mb << 20,
+        ring_bytes: cli
+            .sampling
+            .ring_mb
+            .unwrap_or_else(|| capture::default_ring_mb(rate, capture::online_cpu_count()))
+            << 20,
         offcpu: if cli.sampling.mode.needs_offcpu_stacks() {
             profiler_common::OFFCPU_STACKS
         } else if cpu_use || cli.formats.open {

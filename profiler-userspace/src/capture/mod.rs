@@ -82,6 +82,24 @@ pub enum CaptureError {
     Btf(#[from] btf::BtfError),
 }
 
+/// The ring buffer's size when `--ring-mb` does not set it, in MiB: a second of samples with a
+/// 32 KiB stack copy each on every CPU (a reader that stalls for a moment, on a large process's
+/// first symbols, loses nothing), a power of two between 8 MiB (off-CPU captures come in
+/// bursts, whatever the rate) and 32 MiB. At the always-on 49 Hz a small host gets 8 MiB: the
+/// ring is locked kernel memory, and mapped twice, it was two thirds of the profiler's RSS.
+pub fn default_ring_mb(rate_hz: u64, cpus: usize) -> u32 {
+    let bytes = (cpus.max(1) as u64)
+        .saturating_mul(rate_hz)
+        .saturating_mul(32 << 10);
+    (bytes.div_ceil(1 << 20).clamp(8, 32) as u32).next_power_of_two()
+}
+
+/// The CPUs online now (1 if that cannot be read: the error comes again, with its reason, when
+/// the programs attach to them).
+pub fn online_cpu_count() -> usize {
+    aya::util::online_cpus().map_or(1, |c| c.len())
+}
+
 pub struct CaptureOptions {
     pub all: bool,
     pub stack_size: usize,
