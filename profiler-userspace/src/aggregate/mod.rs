@@ -63,9 +63,10 @@ pub type FuncId = usize;
 pub type FrameId = usize;
 pub type StackId = usize;
 
-/// Memos of `Profile::stack_near`: a direct-mapped table by thread, large enough that the
-/// threads of a busy host rarely share a slot.
+/// Memos of `Profile::stack_near`: groups of `RECENT_WAYS` stacks, one group per thread (by its
+/// tid: the threads of a busy host rarely share a group).
 const RECENT_STACKS: usize = 256;
+const RECENT_WAYS: usize = 8;
 
 /// The last stack interned for one hint: its frames root first, and the stack id of each prefix.
 #[derive(Default)]
@@ -387,6 +388,9 @@ pub struct Profile {
     /// The last stacks interned by `stack_near`, by hint (see there).
     #[serde(skip)]
     recent_stacks: Vec<RecentStack>,
+    /// The way of each group of `recent_stacks` the next stack takes.
+    #[serde(skip)]
+    recent_next: Vec<u8>,
     /// Live processes by pid.
     pub processes: BTreeMap<u32, ProcessData>,
     /// Processes that ended by exec or whose pid was reused during the run.
@@ -414,6 +418,7 @@ impl Profile {
             stacks: Vec::new(),
             stack_ids: FxHashMap::default(),
             recent_stacks: Vec::new(),
+            recent_next: Vec::new(),
             processes: BTreeMap::new(),
             retired: Vec::new(),
             births: FxHashMap::default(),
@@ -564,35 +569,54 @@ impl Profile {
     /// The stack of `frame` called from `prefix`.
     fn intern_stack(&mut self, frame: FrameId, prefix: Option<StackId>) -> StackId {
         let key = (frame, prefix);
-        if let Some(&id) = self.stack_ids.get(&key) {
-            return id;
+        let next = self.stacks.len();
+        let id = *self.stack_ids.entry(key).or_insert(next);
+        if id == next {
+            self.stacks.push(key);
         }
-        let id = self.stacks.len();
-        self.stacks.push(key);
-        self.stack_ids.insert(key, id);
         id
     }
 
-    /// `stack`, for the samples of one thread (`hint`, its tid): a thread's consecutive samples
-    /// share most of their frames (a server's 60-100 Python frames over the native ones, with
-    /// a few changed at the leaf), so the ids of the frames the last stack of that hint shares
-    /// from the root are taken from it, with a comparison each instead of a hash lookup (the
-    /// lookups were a tenth of the profiler's own CPU on a threaded service). The same ids as
-    /// `stack`'s: the memo is checked frame by frame, so a hint shared by two threads costs only
-    /// its lookups.
+    /// `stack`, for the samples of one thread (`hint`, its tid): a thread's samples share
+    /// most of their frames with one of its recent ones (the same request handler, the same
+    /// wait), so the ids of the frames a recent stack of that hint shares from the root are
+    /// taken from it, with a comparison each instead of a hash lookup (the lookups were a tenth
+    /// of the profiler's own CPU on a threaded service: each is a cache miss or two in a table
+    /// of every stack prefix of the run). The `RECENT_WAYS` latest stacks of the hint are
+    /// compared, and the one sharing the most is used. The same ids as `stack`'s: the memos
+    /// are checked frame by frame, so a hint shared by two threads costs only lookups.
     pub fn stack_near(&mut self, root_first: &[FrameId], hint: u32) -> Option<StackId> {
         if self.recent_stacks.is_empty() {
             self.recent_stacks
-                .resize_with(RECENT_STACKS, RecentStack::default);
+                .resize_with(RECENT_STACKS * RECENT_WAYS, RecentStack::default);
+            self.recent_next = vec![0; RECENT_STACKS];
         }
-        let slot = hint as usize % RECENT_STACKS;
-        let mut memo = std::mem::take(&mut self.recent_stacks[slot]);
-        let shared = memo
-            .frames
+        let group = hint as usize % RECENT_STACKS;
+        let ways = &self.recent_stacks[group * RECENT_WAYS..(group + 1) * RECENT_WAYS];
+        let (best, shared) = ways
             .iter()
-            .zip(root_first)
-            .take_while(|(a, b)| a == b)
-            .count();
+            .map(|m| {
+                m.frames
+                    .iter()
+                    .zip(root_first)
+                    .take_while(|(a, b)| a == b)
+                    .count()
+            })
+            .enumerate()
+            .max_by_key(|&(_, n)| n)
+            .unwrap_or((0, 0));
+        // The new stack takes the oldest way, with the shared part of the best one's ids.
+        let way = self.recent_next[group] as usize % RECENT_WAYS;
+        self.recent_next[group] = ((way + 1) % RECENT_WAYS) as u8;
+        let (slot, from) = (group * RECENT_WAYS + way, group * RECENT_WAYS + best);
+        let mut memo = std::mem::take(&mut self.recent_stacks[slot]);
+        if slot != from {
+            let src = &self.recent_stacks[from];
+            memo.frames.clear();
+            memo.frames.extend_from_slice(&src.frames[..shared]);
+            memo.ids.clear();
+            memo.ids.extend_from_slice(&src.ids[..shared]);
+        }
         memo.frames.truncate(shared);
         memo.ids.truncate(shared);
         let mut prefix = memo.ids.last().copied();

@@ -79,35 +79,38 @@ impl Collector {
         f
     }
 
-    /// Symbolizes one user frame of `pid`. Returns the frame and the symbol name.
-    pub(super) fn native_frame(
+    /// Symbolizes user frames of `pid`, in the order given. Returns each frame with its symbol
+    /// name. The process's frame cache is looked up once for all of them (a sample has dozens
+    /// of native frames; two map lookups for each were a tenth of the profiler's own CPU).
+    pub(super) fn native_frames<'a>(
         &mut self,
         pid: u32,
-        uf: UserFrame,
+        frames: impl Iterator<Item = &'a UserFrame>,
         cat: Category,
-    ) -> (FrameId, Arc<str>) {
-        let addr = uf.lookup_addr();
+    ) -> Vec<(FrameId, Arc<str>)> {
         let gen = self.procs.get(&pid).map_or(0, |p| p.modules_gen);
-        let cached = self.proc_frames.get(&pid).and_then(|c| {
-            (c.modules_gen == gen)
-                .then(|| c.frames.get(&(addr, cat)).copied())
-                .flatten()
-        });
-        if let Some(f) = cached {
-            let name = self.profile.funcs[self.profile.frames[f].func].name.clone();
-            return (f, name);
+        let mut cache = self.proc_frames.remove(&pid).unwrap_or_default();
+        if cache.modules_gen != gen {
+            cache.modules_gen = gen;
+            cache.frames.clear();
         }
-        let (f, name) = self.native_frame_uncached(pid, addr, cat);
-        let c = self.proc_frames.entry(pid).or_default();
-        if c.modules_gen != gen {
-            c.modules_gen = gen;
-            c.frames.clear();
-        }
-        c.frames.insert((addr, cat), f);
-        (f, name)
+        let out = frames
+            .map(|uf| {
+                let addr = uf.lookup_addr();
+                if let Some(&f) = cache.frames.get(&(addr, cat)) {
+                    let name = self.profile.funcs[self.profile.frames[f].func].name.clone();
+                    return (f, name);
+                }
+                let (f, name) = self.native_frame_uncached(pid, addr, cat);
+                cache.frames.insert((addr, cat), f);
+                (f, name)
+            })
+            .collect();
+        self.proc_frames.insert(pid, cache);
+        out
     }
 
-    /// `native_frame` for an address of `pid` not looked up since its mappings were read.
+    /// `native_frames` for an address of `pid` not looked up since its mappings were read.
     pub(super) fn native_frame_uncached(
         &mut self,
         pid: u32,

@@ -182,10 +182,7 @@ impl Collector {
         cat: Category,
     ) -> (Unwound, NativeStack) {
         let pid = s.pid;
-        let mut native: Vec<(FrameId, Arc<str>)> = Vec::with_capacity(unwound.frames.len());
-        for uf in unwound.frames.iter().rev() {
-            native.push(self.native_frame(pid, *uf, cat));
-        }
+        let mut native = self.native_frames(pid, unwound.frames.iter().rev(), cat);
         let activations = match py {
             Some(p) if !p.activations.is_empty() => p.activations.len(),
             _ => 0,
@@ -367,12 +364,7 @@ impl Collector {
 
     /// The native frames of an unwind, root first, their classes and its eval-loop frames.
     pub(super) fn unwound_frames(&mut self, pid: u32, u: &Unwound, cat: Category) -> NativeStack {
-        let native: Vec<(FrameId, Arc<str>)> = u
-            .frames
-            .iter()
-            .rev()
-            .map(|uf| self.native_frame(pid, *uf, cat))
-            .collect();
+        let native = self.native_frames(pid, u.frames.iter().rev(), cat);
         let classes = self.classes_of(&native);
         let evals = classes.iter().filter(|c| c.is_eval()).count();
         NativeStack {
