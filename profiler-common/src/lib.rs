@@ -105,10 +105,11 @@ pub mod names {
     pub const MAP_EXEC_VM: &str = "EXEC_VM";
     pub const MAP_KNOWN_CODES: &str = "KNOWN_CODES";
     pub const MAP_LOG_BUDGET: &str = "LOG_BUDGET";
+    pub const MAP_BLOCK_DEADLINES: &str = "BLOCK_DEADLINES";
     /// aya-log's ring of log records (`--debug-bpf`), and the global that sets its level.
     pub const MAP_AYA_LOGS: &str = "AYA_LOGS";
     pub const GLOBAL_AYA_LOG_LEVEL: &str = "AYA_LOG_LEVEL";
-    pub const MAPS: [&str; 17] = [
+    pub const MAPS: [&str; 18] = [
         MAP_CONFIG,
         MAP_TARGETS,
         MAP_PY_PROCS,
@@ -126,6 +127,7 @@ pub mod names {
         MAP_KNOWN_CODES,
         MAP_LOG_BUDGET,
         MAP_AYA_LOGS,
+        MAP_BLOCK_DEADLINES,
     ];
 
     /// The sampler: modern kernels (bpf_loop, bpf_task_pt_regs), and compat (5.10 on).
@@ -572,6 +574,30 @@ pub const PY_NAME_SNAP: usize = 128;
 pub const PY_FILE_SNAP: usize = 192;
 /// Entries `SCHED` is declared with: user space makes it smaller on a host with fewer threads.
 pub const MAX_SCHED_ENTRIES: u32 = 65536;
+/// Slots of `BLOCK_DEADLINES` (a power of two): a thread's slot is its tid's low bits.
+pub const BLOCK_DEADLINE_SLOTS: u32 = 1 << 14;
+/// A `BLOCK_DEADLINES` word: the tid in its top 22 bits (tids stay below 2^22), the deadline in
+/// its low 42, in units of 2^10 ns (52 days before they wrap; they are compared modulo that).
+pub const DEADLINE_TID_SHIFT: u32 = 42;
+pub const DEADLINE_UNIT_SHIFT: u32 = 10;
+pub const DEADLINE_MASK: u64 = (1 << DEADLINE_TID_SHIFT) - 1;
+
+/// The `BLOCK_DEADLINES` word of thread `tid` that blocked with `deadline_ns`.
+pub const fn deadline_word(tid: u32, deadline_ns: u64) -> u64 {
+    ((tid as u64) << DEADLINE_TID_SHIFT) | ((deadline_ns >> DEADLINE_UNIT_SHIFT) & DEADLINE_MASK)
+}
+
+/// Whether `word` is thread `tid`'s and its deadline is still ahead at `now_ns` (a whole unit
+/// ahead: never a deadline that has passed).
+pub const fn before_deadline(word: u64, tid: u32, now_ns: u64) -> bool {
+    if word >> DEADLINE_TID_SHIFT != tid as u64 {
+        return false;
+    }
+    let now = (now_ns >> DEADLINE_UNIT_SHIFT) & DEADLINE_MASK;
+    let ahead = (word & DEADLINE_MASK).wrapping_sub(now) & DEADLINE_MASK;
+    ahead != 0 && ahead < (1 << (DEADLINE_TID_SHIFT - 1))
+}
+
 /// Entries `STACK_TOPS` (an LRU map) is declared with.
 pub const MAX_STACK_TOP_ENTRIES: u32 = 16384;
 

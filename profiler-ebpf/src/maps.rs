@@ -52,6 +52,14 @@ pub(crate) static KNOWN_CODES: Array<u64> =
 #[map]
 pub(crate) static SCHED: HashMap<u64, ThreadSched> =
     HashMap::with_max_entries(profiler_common::MAX_SCHED_ENTRIES, 0);
+/// Each thread that blocked, at its `deadline_word`'s slot (`tid & (BLOCK_DEADLINE_SLOTS - 1)`):
+/// when its interval would be long enough to be kept (see `sched::block_attr`). Its switch-in
+/// reads this word, not its `SCHED` entry (a hash look-up, most of the program's cost): before
+/// the deadline, the interval is left to the sampling (`ATTR_NONE`) by its next switch-out.
+/// Another thread's word in the slot, or a torn pair, only sends the switch-in the long way.
+#[map]
+pub(crate) static BLOCK_DEADLINES: Array<u64> =
+    Array::with_max_entries(profiler_common::BLOCK_DEADLINE_SLOTS, 0);
 /// Where a new `SCHED` entry is built, one per CPU (it does not fit on the BPF stack beside the
 /// rest of the switch program).
 #[map]

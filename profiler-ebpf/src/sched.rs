@@ -122,10 +122,17 @@ pub(crate) fn switch<const MODERN: bool>(ctx: &BtfTracePointContext) -> Option<(
         ATTR_NONE
     } else if prev_state == 0 {
         // Preempted while runnable: it stopped where it ran.
+        if MODERN {
+            note_deadline(tid, 0);
+        }
         ATTR_LATEST
     } else {
-        // Decided when it comes back (`switch_in`), once the interval's length is known.
+        // Decided when it comes back (`switch_in`), once the interval's length is known: left
+        // to the sampling before this deadline (see `block_attr`).
         st.blocked_state = prev_state as u32;
+        if MODERN {
+            note_deadline(tid, now + cfg.sched_span_ns.saturating_sub(st.short_ns));
+        }
         ATTR_PENDING
     };
     st.since_ns = now;
@@ -133,21 +140,49 @@ pub(crate) fn switch<const MODERN: bool>(ctx: &BtfTracePointContext) -> Option<(
     Some(())
 }
 
+/// Notes when a thread that blocks now is back late enough for its interval to be kept
+/// (`deadline_ns`; 0 for a thread that did not block), in its `BLOCK_DEADLINES` slot. A thread
+/// that did not block clears only its own word there.
+#[inline(always)]
+pub(crate) fn note_deadline(tid: u32, deadline_ns: u64) {
+    let Some(slot) = BLOCK_DEADLINES.get_ptr_mut(tid & (BLOCK_DEADLINE_SLOTS - 1)) else {
+        return;
+    };
+    // SAFETY: an array slot; a word written or read whole.
+    unsafe {
+        if deadline_ns != 0 {
+            *slot = deadline_word(tid, deadline_ns);
+        } else if *slot >> DEADLINE_TID_SHIFT == tid as u64 {
+            *slot = 0;
+        }
+    }
+}
+
 /// The thread, last seen leaving at `st.since_ns`, is leaving again at `now` with CPU time
 /// `sum`: it was off CPU, then on CPU for the CPU time it used meanwhile.
 #[inline(always)]
 pub(crate) fn close_intervals(st: &mut ThreadSched, key: u64, now: u64, sum: u64) {
-    if st.attr == ATTR_PENDING {
-        // Its switch-in was not seen (a kprobe can miss): time without a stack.
-        count(STAT_OFF_UNCAPTURED);
-        st.attr = ATTR_UNCAPTURED;
-    }
     let since = st.since_ns;
     let mut on = sum.saturating_sub(st.last_sum);
     if on > now.saturating_sub(since) {
         on = now.saturating_sub(since);
     }
     let back = now - on;
+    if st.attr == ATTR_PENDING {
+        let period = CONFIG.get(0).map_or(0, |c| c.sched_span_ns);
+        if back.saturating_sub(since) < period {
+            // A short interval: back before its deadline (`note_deadline`), its switch-in left
+            // it to the sampling, as `block_attr` would have (or missed it: the same then).
+            // Against the period, not the deadline: the accounting's measure can be longer
+            // than the switch-in's by the interrupts the thread ran meanwhile (not its CPU
+            // time). Left-out time past the deadline makes the next interval a kept one.
+            st.attr = ATTR_NONE;
+        } else {
+            // Its switch-in was not seen (a kprobe can miss): time without a stack.
+            count(STAT_OFF_UNCAPTURED);
+            st.attr = ATTR_UNCAPTURED;
+        }
+    }
     if st.attr != ATTR_UNKNOWN && back > since {
         if st.attr == ATTR_NONE {
             // Left out by the sampling (or times only): the next kept interval is charged with
@@ -303,7 +338,24 @@ pub(crate) fn switch_in<const MODERN: bool>(ctx: *mut c_void) -> Option<()> {
     let pid_tgid = bpf_get_current_pid_tgid();
     let pid = (pid_tgid >> 32) as u32;
     let tid = pid_tgid as u32;
-    if tid == 0 || !targeted(cfg, pid) {
+    if tid == 0 {
+        return None;
+    }
+    if MODERN {
+        // Back before its deadline: a short interval the sampling leaves out, which its next
+        // switch-out accounts (`close_intervals`). One array word instead of the `SCHED`
+        // and `TARGETS` look-ups, for most of a busy thread's switch-ins (a word is
+        // only ever written for a profiled thread).
+        // SAFETY: helper without preconditions.
+        let now = unsafe { bpf_ktime_get_ns() };
+        if let Some(&w) = BLOCK_DEADLINES.get(tid & (BLOCK_DEADLINE_SLOTS - 1)) {
+            if before_deadline(w, tid, now) {
+                count(STAT_OFF_SAMPLED_OUT);
+                return None;
+            }
+        }
+    }
+    if !targeted(cfg, pid) {
         return None;
     }
     let key = thread_key(pid, tid);

@@ -71,3 +71,31 @@ fn every_counter_is_named_at_its_index() {
         assert!(!name.is_empty() && !meaning.is_empty());
     }
 }
+
+/// A blocked thread's deadline word holds for its own tid only, before the deadline by a whole
+/// unit, and across the wrap of its 42-bit time.
+#[test]
+fn a_deadline_word_is_its_threads_until_the_deadline() {
+    use profiler_common::{
+        before_deadline, deadline_word, DEADLINE_TID_SHIFT, DEADLINE_UNIT_SHIFT,
+    };
+    let tid = (1 << 22) - 1;
+    let unit = 1u64 << DEADLINE_UNIT_SHIFT;
+    for base in [
+        0,
+        5 << 40,
+        (1u64 << (DEADLINE_TID_SHIFT + DEADLINE_UNIT_SHIFT)) - 3 * unit,
+    ] {
+        let deadline = base + 10 * unit;
+        let w = deadline_word(tid, deadline);
+        assert!(before_deadline(w, tid, base), "{base}");
+        assert!(before_deadline(w, tid, deadline - 2 * unit), "{base}");
+        // Within the deadline's own unit, or past it: the long way.
+        assert!(!before_deadline(w, tid, deadline), "{base}");
+        assert!(!before_deadline(w, tid, deadline + 5 * unit), "{base}");
+        assert!(!before_deadline(w, tid, deadline + (1 << 40)), "{base}");
+        // Another thread's word, or none.
+        assert!(!before_deadline(w, tid - 1, base), "{base}");
+        assert!(!before_deadline(0, tid, base), "{base}");
+    }
+}

@@ -68,7 +68,13 @@ impl Collector {
             };
             let mut st = st;
             if st.attr == ATTR_PENDING {
-                self.settle_blocked(pid, tid, &mut st, now_ns);
+                if self.short_so_far(&st, now_ns, used) {
+                    // Back since, before its deadline: its switch-in left the interval to
+                    // the sampling, which its next switch-out would have accounted.
+                    st.attr = ATTR_NONE;
+                } else {
+                    self.settle_blocked(pid, tid, &mut st, now_ns);
+                }
             }
             self.close_sched(pid, tid, &st, now_ns, used);
             if let Some(t) = self
@@ -116,7 +122,27 @@ impl Collector {
     /// time (its `RECORD_EXIT` follows).
     pub fn handle_exit_sched(&mut self, r: &ExitSchedRecord) {
         let used = r.sum_ns.saturating_sub(r.sched.last_sum);
-        self.close_sched(r.pid, r.tid, &r.sched, r.time_ns, used);
+        let mut st = r.sched;
+        if st.attr == ATTR_PENDING {
+            // It ran since it blocked (to exit): a short interval its switch-in left to the
+            // sampling, or one whose switch-in was not seen (time without a stack).
+            st.attr = if self.short_so_far(&st, r.time_ns, used) {
+                ATTR_NONE
+            } else {
+                ATTR_UNCAPTURED
+            };
+        }
+        self.close_sched(r.pid, r.tid, &st, r.time_ns, used);
+    }
+
+    /// Whether a thread that blocked (`ATTR_PENDING`) has been off CPU for less than a sampling
+    /// period, as the BPF side's `close_intervals` tells: from its switch-out until `now_ns`,
+    /// less the CPU time it `used` since (a short interval its switch-in left to the sampling,
+    /// or one still under way).
+    fn short_so_far(&self, st: &ThreadSched, now_ns: u64, used: u64) -> bool {
+        let period_ns = (self.profile.interval_ms * 1e6) as u64;
+        let back = now_ns.saturating_sub(used.min(now_ns.saturating_sub(st.since_ns)));
+        back.saturating_sub(st.since_ns) < period_ns
     }
 
     /// Charges a thread's open span in `st`, then its intervals since its last switch-out up to

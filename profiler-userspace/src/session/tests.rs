@@ -512,3 +512,47 @@ fn an_exiting_threads_held_intervals_are_closed_at_its_exit() {
     assert!(close(totals(tid + 1), (3.0, 0.0)), "{:?}", totals(tid + 1));
     assert!(close(totals(tid + 2), (0.5, 1.5)), "{:?}", totals(tid + 2));
 }
+
+/// A thread that exits while its last interval is still `ATTR_PENDING` ran since it blocked: a
+/// switch-in that was back before its deadline left that interval to the sampling (shorter
+/// than a period: not charged), and one that was not seen leaves a longer interval without a
+/// stack (charged, as off-CPU time without a capture).
+#[test]
+fn an_exit_after_a_short_block_leaves_it_to_the_sampling() {
+    use profiler_common::{ExitSchedRecord, ThreadSched, ATTR_PENDING, RECORD_EXIT_SCHED};
+    let bytes = |r: &ExitSchedRecord| {
+        // SAFETY: viewing a repr(C) value as bytes.
+        unsafe {
+            std::slice::from_raw_parts(r as *const _ as *const u8, ExitSchedRecord::SIZE).to_vec()
+        }
+    };
+    // A period of 1 ms (the session's rate is 1 kHz).
+    let mut s = session(Scope::default());
+    let t0 = crate::collect::monotonic_ns() + 10_000_000;
+    let us = 1_000;
+    let (pid, tid) = (4_000_011, 4_000_012);
+    let exit = |tid, off_ns: u64| ExitSchedRecord {
+        kind: RECORD_EXIT_SCHED,
+        pid,
+        tid,
+        // Blocked at t0 for `off_ns`, then ran 300 µs to its exit.
+        time_ns: t0 + off_ns + 300 * us,
+        sum_ns: 10_000 * us + 300 * us,
+        sched: ThreadSched {
+            since_ns: t0,
+            last_sum: 10_000 * us,
+            attr: ATTR_PENDING,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let mut q = VecDeque::from([
+        bytes(&exit(tid, 600 * us)),
+        bytes(&exit(tid + 1, 1_500 * us)),
+    ]);
+    assert_eq!(s.drain(&mut q), 2);
+    let p = &s.collector.profile.processes[&pid];
+    let off = |tid: u32| -> f64 { p.threads[&tid].samples.iter().map(|s| s.weight_ms).sum() };
+    assert_eq!(off(tid), 0.0);
+    assert!((off(tid + 1) - 1.5).abs() < 1e-6, "{}", off(tid + 1));
+}
