@@ -183,24 +183,7 @@ fn stacks_near_the_last_of_a_thread_are_the_same_stacks() {
 #[test]
 fn stacks_share_prefixes() {
     let mut p = Profile::new(Mode::Wall, 1.0);
-    let f = |p: &mut Profile, n: &str| {
-        let func = p.func(Func {
-            name: Arc::from(n),
-            file: None,
-            line: None,
-            lib: None,
-            category: Category::User,
-            is_python: false,
-        });
-        p.frame(Frame {
-            func,
-            line: None,
-            address: None,
-            symbol_address: None,
-            category: Category::User,
-            opcode: None,
-        })
-    };
+    let f = named_frame;
     let (a, b, c) = (f(&mut p, "a"), f(&mut p, "b"), f(&mut p, "c"));
     let s1 = p.stack(&[a, b]).unwrap();
     let s2 = p.stack(&[a, c]).unwrap();

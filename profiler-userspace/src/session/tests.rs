@@ -428,6 +428,18 @@ fn records_that_do_not_decode_are_counted_and_skipped() {
     assert_eq!(s.collector.profile.counters.bad_records, 3);
 }
 
+/// An exit record as the ring holds it.
+fn exit_bytes(r: &profiler_common::ExitSchedRecord) -> Vec<u8> {
+    // SAFETY: viewing a repr(C) value as bytes.
+    unsafe {
+        std::slice::from_raw_parts(
+            r as *const _ as *const u8,
+            profiler_common::ExitSchedRecord::SIZE,
+        )
+        .to_vec()
+    }
+}
+
 /// A thread's exit closes what the BPF side held of it as the switch program would have: its
 /// open span, then off CPU from its last switch-out and on CPU for the CPU time it used since,
 /// up to the exit; the CPU time is clamped to the time that passed.
@@ -435,12 +447,6 @@ fn records_that_do_not_decode_are_counted_and_skipped() {
 fn an_exiting_threads_held_intervals_are_closed_at_its_exit() {
     use profiler_common::{
         ExitSchedRecord, ThreadSched, ATTR_UNCAPTURED, ATTR_UNKNOWN, RECORD_EXIT_SCHED,
-    };
-    let bytes = |r: &ExitSchedRecord| {
-        // SAFETY: viewing a repr(C) value as bytes.
-        unsafe {
-            std::slice::from_raw_parts(r as *const _ as *const u8, ExitSchedRecord::SIZE).to_vec()
-        }
     };
     let mut s = session(Scope::default());
     // Off-CPU time without a capture: a sample of its own.
@@ -469,10 +475,10 @@ fn an_exiting_threads_held_intervals_are_closed_at_its_exit() {
     };
     // Exits at t0 + 5 ms, having used 1 ms of CPU since t0 + 2 ms.
     let mut q = VecDeque::from([
-        bytes(&exit(sched, tid, t0 + 5 * ms, 6 * ms)),
+        exit_bytes(&exit(sched, tid, t0 + 5 * ms, 6 * ms)),
         // Its CPU time says more than the time that passed: all of it on CPU. Its interval
         // since an unknown switch-out (`ATTR_UNKNOWN`) is not charged off CPU.
-        bytes(&exit(
+        exit_bytes(&exit(
             ThreadSched {
                 attr: ATTR_UNKNOWN,
                 span_start: 0,
@@ -483,7 +489,7 @@ fn an_exiting_threads_held_intervals_are_closed_at_its_exit() {
             50 * ms,
         )),
         // Its CPU time could not be read: the span only.
-        bytes(&exit(
+        exit_bytes(&exit(
             ThreadSched {
                 since_ns: 0,
                 ..sched
@@ -520,12 +526,6 @@ fn an_exiting_threads_held_intervals_are_closed_at_its_exit() {
 #[test]
 fn an_exit_after_a_short_block_leaves_it_to_the_sampling() {
     use profiler_common::{ExitSchedRecord, ThreadSched, ATTR_PENDING, RECORD_EXIT_SCHED};
-    let bytes = |r: &ExitSchedRecord| {
-        // SAFETY: viewing a repr(C) value as bytes.
-        unsafe {
-            std::slice::from_raw_parts(r as *const _ as *const u8, ExitSchedRecord::SIZE).to_vec()
-        }
-    };
     // A period of 1 ms (the session's rate is 1 kHz).
     let mut s = session(Scope::default());
     let t0 = crate::collect::monotonic_ns() + 10_000_000;
@@ -547,8 +547,8 @@ fn an_exit_after_a_short_block_leaves_it_to_the_sampling() {
         ..Default::default()
     };
     let mut q = VecDeque::from([
-        bytes(&exit(tid, 600 * us)),
-        bytes(&exit(tid + 1, 1_500 * us)),
+        exit_bytes(&exit(tid, 600 * us)),
+        exit_bytes(&exit(tid + 1, 1_500 * us)),
     ]);
     assert_eq!(s.drain(&mut q), 2);
     let p = &s.collector.profile.processes[&pid];
