@@ -608,6 +608,22 @@ impl CallPaths {
             .map(|p| p.self_samples)
             .sum()
     }
+
+    /// The `n` heaviest stacks that satisfy `f`, one a line with its samples, leaf first and
+    /// cut to 12 frames: for a failure's message.
+    pub fn commonest(&self, f: impl Fn(&[String]) -> bool, n: usize) -> String {
+        let mut found: Vec<&CallPath> = self.paths.iter().filter(|p| f(&p.names)).collect();
+        found.sort_by_key(|p| std::cmp::Reverse(p.self_samples));
+        found
+            .iter()
+            .take(n)
+            .map(|p| {
+                let tail: Vec<&str> = p.names.iter().rev().take(12).map(|s| s.as_str()).collect();
+                format!("  {}: {}", p.self_samples, tail.join(" <- "))
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
 }
 
 /// How many BPF programs the kernel holds now (all users), by walking program ids.

@@ -793,28 +793,17 @@ fn check_guest(g: &Guest, dir: &Path, expected_set: &str) -> Vec<String> {
                         Some(s) if (asleep - s).abs() <= 0.05 * s => {}
                         _ => {
                             // Where the rest of the sleep went: the heaviest sleeps not under
-                            // nap(), leaf first.
-                            let mut elsewhere: Vec<_> = c
-                                .paths
-                                .iter()
-                                .filter(|p| {
-                                    p.names.iter().any(|f| SLEEPS_IN.contains(&f.as_str()))
-                                        && !p.names.iter().any(|f| f == "nap")
-                                })
-                                .collect();
-                            elsewhere.sort_by_key(|p| std::cmp::Reverse(p.self_samples));
-                            let shown: Vec<String> = elsewhere
-                                .iter()
-                                .take(3)
-                                .map(|p| {
-                                    let tail: Vec<&str> =
-                                        p.names.iter().rev().take(12).map(|s| s.as_str()).collect();
-                                    format!("{} ms: {}", p.self_samples, tail.join(" <- "))
-                                })
-                                .collect();
+                            // nap().
+                            let shown = c.commonest(
+                                |n| {
+                                    n.iter().any(|f| SLEEPS_IN.contains(&f.as_str()))
+                                        && !n.iter().any(|f| f == "nap")
+                                },
+                                3,
+                            );
                             fail(format!(
                                 "-- COMMAND: {asleep:.0} ms in nap() -> {SLEEPS_IN:?}, the script \
-                                 says it slept {out:?} s; asleep elsewhere: {shown:#?}"
+                                 says it slept {out:?} s; asleep elsewhere (ms):\n{shown}"
                             ))
                         }
                     }
