@@ -281,6 +281,7 @@ impl<'a> Running<'a> {
         );
         collector.add_kernel_code(capture.program_code());
         collector.env_labels = cli.file.env_labels.clone();
+        collector.profile.timeline = sink.shows_cpu_use();
         if cli.general.verbose {
             eprintln!("tachyon-bpf: kernel symbols {}", collector.kernel_source);
         }

@@ -404,6 +404,16 @@ pub struct Profile {
     pub interval_ms: f64,
     /// Milliseconds from the profile start to its end, set by `finish`.
     pub end_ms: f64,
+    /// Whether threads keep their exact on-CPU intervals and spans (`SchedState::oncpu` and
+    /// `spans`): only the Firefox Profiler's CPU graph and CPU markers show them, and in wall
+    /// mode they grow by a scheduler record's worth on every switch. A profile read back from a
+    /// recording keeps them (a recording holds what any format needs).
+    #[serde(skip, default = "keeps_timeline")]
+    pub timeline: bool,
+}
+
+fn keeps_timeline() -> bool {
+    true
 }
 
 impl Profile {
@@ -426,6 +436,7 @@ impl Profile {
             mode,
             interval_ms,
             end_ms: 0.0,
+            timeline: true,
         }
     }
 
@@ -848,6 +859,7 @@ impl Profile {
     /// stack it left with). Call before `finish`.
     pub fn successor(&self, end_ms: f64) -> Profile {
         let mut next = Profile::new(self.mode, self.interval_ms);
+        next.timeline = self.timeline;
         for p in self.processes.values().filter(|p| p.end_ms.is_none()) {
             let mut threads = BTreeMap::new();
             for t in p.threads.values().filter(|t| t.end_ms.is_none()) {

@@ -33,7 +33,8 @@ fn a_wait_across_a_rotation_continues_in_the_next_profile() {
         on_ms: 1.0,
         ..Default::default()
     };
-    t.sched.account(&mut t.samples, &on, 0.0, Mode::Wall, None);
+    t.sched
+        .account(&mut t.samples, &on, 0.0, Mode::Wall, true, None);
     t.sched.note_capture(2_000_000, stack, st);
     let mut off = Window {
         t0: Some(2.0),
@@ -43,7 +44,8 @@ fn a_wait_across_a_rotation_continues_in_the_next_profile() {
     };
     off.slot_cap[0] = 2_000_000;
     off.off_ms[0] = 8.0;
-    t.sched.account(&mut t.samples, &off, 0.0, Mode::Wall, None);
+    t.sched
+        .account(&mut t.samples, &off, 0.0, Mode::Wall, true, None);
     t.sched.settle(10.0);
     let mut next = p.successor(10.0);
     p.finish(10.0);
@@ -63,7 +65,7 @@ fn a_wait_across_a_rotation_continues_in_the_next_profile() {
     off.t1 = 5.0;
     off.off_ms[0] = 13.0;
     nt.sched
-        .account(&mut nt.samples, &off, 0.0, Mode::Wall, None);
+        .account(&mut nt.samples, &off, 0.0, Mode::Wall, true, None);
     let first = nt.samples[0];
     assert_eq!((first.time_ms, first.weight_ms), (0.0, 5.0));
     let frames = next.stack_frames(first.stack);

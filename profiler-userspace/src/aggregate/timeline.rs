@@ -63,13 +63,15 @@ impl SchedState {
     }
 
     /// Accounts one record. `start` is when the thread was first known to run (the profile
-    /// start or its creation); `uncaptured` the stack of off-CPU time without its own.
+    /// start or its creation); `timeline`: whether the exact on-CPU intervals and spans are kept
+    /// (`Profile::timeline`); `uncaptured` the stack of off-CPU time without its own.
     pub fn account(
         &mut self,
         samples: &mut Vec<Sample>,
         w: &Window,
         start: f64,
         mode: Mode,
+        timeline: bool,
         uncaptured: Option<StackId>,
     ) {
         self.seen = true;
@@ -90,14 +92,18 @@ impl SchedState {
         }
         if w.switches == 0 {
             if w.on_ms > 0.0 {
-                self.oncpu.push((a, b));
+                if timeline {
+                    self.oncpu.push((a, b));
+                }
             } else {
                 self.off_sample(samples, a, b - a, w.attr, w, mode, uncaptured);
             }
             return;
         }
-        self.spans
-            .push((a, b, (w.on_ms * scale / (b - a)).clamp(0.0, 1.0)));
+        if timeline {
+            self.spans
+                .push((a, b, (w.on_ms * scale / (b - a)).clamp(0.0, 1.0)));
+        }
         let mut t = a;
         for (k, &ms) in w.off_ms.iter().enumerate() {
             let ms = ms * scale;
@@ -297,29 +303,32 @@ mod tests {
             &interval(None, 2.5, true, 0),
             0.0,
             Mode::Wall,
+            true,
             Some(99),
         );
         st.note_capture(2_500_000, Some(7), state::PYTHON);
         let mut w = interval(Some(2.5), 10.0, false, 1);
         w.slot_cap[1] = 2_500_000;
-        st.account(&mut samples, &w, 0.0, Mode::Wall, Some(99));
+        st.account(&mut samples, &w, 0.0, Mode::Wall, true, Some(99));
         // Preempted 12..15: the latest stack (the capture) applies.
         st.account(
             &mut samples,
             &interval(Some(12.0), 15.0, false, ATTR_LATEST),
             0.0,
             Mode::Wall,
+            true,
             Some(99),
         );
         // A capture that never arrived: time without a stack.
         let mut w = interval(Some(16.0), 18.0, false, 2);
         w.slot_cap[2] = 16_000_000;
-        st.account(&mut samples, &w, 0.0, Mode::Wall, Some(99));
+        st.account(&mut samples, &w, 0.0, Mode::Wall, true, Some(99));
         st.account(
             &mut samples,
             &interval(Some(18.0), 19.0, false, ATTR_UNCAPTURED),
             0.0,
             Mode::Wall,
+            true,
             Some(99),
         );
         st.finish(&samples, 0.0, 20.0);
@@ -345,9 +354,50 @@ mod tests {
             &interval(Some(19.0), 20.0, false, ATTR_NONE),
             0.0,
             Mode::Cpu,
+            true,
             None,
         );
         assert!(none.is_empty());
+    }
+
+    #[test]
+    fn without_a_timeline_off_cpu_time_is_charged_and_intervals_are_not_kept() {
+        let (mut kept, mut not) = (SchedState::default(), SchedState::default());
+        let (mut with, mut without) = (Vec::new(), Vec::new());
+        let mut span = Window {
+            t0: Some(3.0),
+            t1: 5.0,
+            on_ms: 0.5,
+            switches: 9,
+            ..Default::default()
+        };
+        span.off_ms[ATTR_LATEST as usize] = 1.5;
+        for (st, samples, timeline) in [
+            (&mut kept, &mut with, true),
+            (&mut not, &mut without, false),
+        ] {
+            st.note_sample(Some(4), state::PYTHON | state::ON_CPU);
+            st.account(
+                samples,
+                &interval(Some(0.0), 2.0, true, 0),
+                0.0,
+                Mode::Wall,
+                timeline,
+                None,
+            );
+            st.account(samples, &span, 0.0, Mode::Wall, timeline, None);
+            st.finish(samples, 0.0, 5.0);
+        }
+        assert_eq!(kept.oncpu, vec![(0.0, 2.0)]);
+        assert_eq!(kept.spans, vec![(3.0, 5.0, 0.25)]);
+        assert!(not.oncpu.is_empty() && not.spans.is_empty());
+        let charged = |v: &[Sample]| -> Vec<(f64, f64, Option<StackId>)> {
+            v.iter()
+                .map(|s| (s.time_ms, s.weight_ms, s.stack))
+                .collect()
+        };
+        assert_eq!(charged(&without), charged(&with));
+        assert_eq!(charged(&with), vec![(3.0, 1.5, Some(4))]);
     }
 
     #[test]
@@ -365,7 +415,7 @@ mod tests {
         w.slot_cap[0] = 1_000_000;
         w.off_ms[0] = 1.2;
         w.off_ms[ATTR_LATEST as usize] = 0.3;
-        st.account(&mut samples, &w, 0.0, Mode::Wall, Some(99));
+        st.account(&mut samples, &w, 0.0, Mode::Wall, true, Some(99));
         assert_eq!(st.spans, vec![(1.0, 3.0, 0.25)]);
         let got: Vec<(f64, f64, Option<StackId>)> = samples
             .iter()
@@ -376,7 +426,7 @@ mod tests {
         // Settled at 2.0: a span 1..3 sent later counts half.
         st.settle(2.0);
         let before = samples.len();
-        st.account(&mut samples, &w, 0.0, Mode::Wall, Some(99));
+        st.account(&mut samples, &w, 0.0, Mode::Wall, true, Some(99));
         assert_eq!(st.spans[1], (2.0, 3.0, 0.25));
         assert!((samples[before].weight_ms - 0.6).abs() < 1e-9);
         // Entirely before: nothing.
@@ -386,6 +436,7 @@ mod tests {
             &interval(Some(0.5), 1.5, false, 0),
             0.0,
             Mode::Wall,
+            true,
             None,
         );
         assert_eq!(samples.len(), n);
@@ -401,6 +452,7 @@ mod tests {
             &interval(Some(1.0), 3.0, true, 0),
             0.0,
             Mode::Wall,
+            true,
             None,
         );
         st.exit(3.0);
@@ -409,6 +461,7 @@ mod tests {
             &interval(Some(3.0), 4.0, false, ATTR_UNCAPTURED),
             0.0,
             Mode::Wall,
+            true,
             None,
         );
         st.finish(&samples, 0.0, 3.0);
@@ -427,6 +480,7 @@ mod tests {
                 &interval(Some(a), b, true, 0),
                 0.0,
                 Mode::Cpu,
+                true,
                 None,
             );
         }
@@ -442,7 +496,7 @@ mod tests {
             switches: 9,
             ..Default::default()
         };
-        st.account(&mut none, &w, 0.0, Mode::Cpu, None);
+        st.account(&mut none, &w, 0.0, Mode::Cpu, true, None);
         st.account(
             &mut none,
             &Window {
@@ -452,6 +506,7 @@ mod tests {
             },
             0.0,
             Mode::Cpu,
+            true,
             None,
         );
         st.account(
@@ -459,6 +514,7 @@ mod tests {
             &interval(Some(3.5), 4.0, true, 0),
             0.0,
             Mode::Cpu,
+            true,
             None,
         );
         st.finish(&none, 0.0, 5.0);

@@ -34,12 +34,13 @@ impl Collector {
             "",
             w.t1,
         );
-        let mode = self.profile.mode;
+        let (mode, timeline) = (self.profile.mode, self.profile.timeline);
         let t = self
             .profile
             .thread_mut(pid, "", tid, "", w.t0.unwrap_or(w.t1));
         let start = t.start_ms.unwrap_or(0.0);
-        t.sched.account(&mut t.samples, w, start, mode, uncaptured);
+        t.sched
+            .account(&mut t.samples, w, start, mode, timeline, uncaptured);
     }
 
     /// Charges what the BPF side held and had not sent at `now_ns` (see
