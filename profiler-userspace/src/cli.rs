@@ -205,10 +205,11 @@ pub struct SamplingArgs {
     pub stack_size: u64,
     /// Ring buffer size in MiB [default: 8 to 32, by rate and CPUs].
     ///
-    /// By default, room for a second of samples with 32 KiB of stack each on every CPU, at least
-    /// 8 MiB (off-CPU captures come in bursts) and at most 32: 8 MiB at 49 Hz on a small host,
-    /// 32 at 1 kHz. The ring is kernel memory, locked, and counted twice in the profiler's RSS
-    /// (it is mapped twice).
+    /// By default, room for a second of samples of 8 KiB each (the average record on a web
+    /// service's stacks) on every CPU, at least 8 MiB (off-CPU captures come in bursts) and at
+    /// most 32: 8 MiB at 49 Hz on a small host, 16 at 1 kHz on 2 CPUs, 32 on 4 or more. The
+    /// ring is kernel memory, locked, and counted twice in the profiler's RSS (it is mapped
+    /// twice).
     #[arg(hide_short_help = true, long, value_parser = clap::value_parser!(u32).range(1..=1024), env = "TACHYON_BPF_RING_MB")]
     pub ring_mb: Option<u32>,
     /// Log failures inside the BPF programs.

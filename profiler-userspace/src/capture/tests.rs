@@ -7,14 +7,14 @@ use std::collections::BTreeSet;
 
 #[test]
 fn the_default_ring_holds_a_second_of_samples_between_8_and_32_mib() {
-    // The always-on rate on a small host: 3.1 MiB a second, 8 at least.
+    // The always-on rate on a small host: 0.8 MiB a second, 8 at least.
     assert_eq!(default_ring_mb(49, 2), 8);
-    assert_eq!(default_ring_mb(99, 2), 8);
+    assert_eq!(default_ring_mb(99, 8), 8);
     // 15.6 MiB a second, to the next power of two.
-    assert_eq!(default_ring_mb(250, 2), 16);
-    assert_eq!(default_ring_mb(1000, 2), 32);
+    assert_eq!(default_ring_mb(1000, 2), 16);
+    assert_eq!(default_ring_mb(1000, 4), 32);
     // A large host at the always-on rate, and absurd inputs: 32 at most.
-    assert_eq!(default_ring_mb(49, 64), 32);
+    assert_eq!(default_ring_mb(49, 128), 32);
     assert_eq!(default_ring_mb(u64::MAX, usize::MAX), 32);
     assert_eq!(default_ring_mb(0, 0), 8);
 }
