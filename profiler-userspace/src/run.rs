@@ -449,6 +449,8 @@ impl<'a> Running<'a> {
                     let finished = self.session.collector.rotate(now);
                     let info = self.info(self.started.elapsed());
                     self.sink.take_interval(&finished, &info, self.started.elapsed());
+                    drop(finished);
+                    release_free_memory();
                 }
                 Some(key) = async {
                     match keys.as_mut() {
@@ -887,4 +889,16 @@ pub async fn convert(args: ConvertArgs) -> Result<i32, AppError> {
         open_in_browser(&profile, &run).await?;
     }
     Ok(0)
+}
+
+/// Gives the heap's free memory back to the system once an interval's tables are dropped: glibc
+/// keeps what was freed in its arenas, so a continuous run's RSS would stay at its largest
+/// interval's for good (the next interval reuses it, but a host's memory accounting does not
+/// know that).
+fn release_free_memory() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: walks and trims the allocator's own free lists; no pointer is passed.
+    unsafe {
+        libc::malloc_trim(0);
+    }
 }
