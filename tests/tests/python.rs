@@ -188,11 +188,11 @@ fn python_frames_names_lines_and_order_every_version() {
             }
             // Counted among the samples of the script's evaluation only (below), as the
             // share's denominator is.
-            let in_run = |n: &[String]| {
+            let in_script = |n: &[String]| {
                 n.iter().any(|f| f == "Py_RunMain") && n.iter().any(|f| f == "PyEval_EvalCode")
             };
             let has_chain = |n: &[String]| n.windows(5).any(|w| w[0] == "main" && w[1..] == chain);
-            let good = paths.count(|n| in_run(n) && has_chain(n));
+            let good = paths.count(|n| in_script(n) && has_chain(n));
             // The share is of the samples of the script's evaluation: `PyEval_EvalCode` under
             // `Py_RunMain`, the native frames that run the module's code, whatever the Python
             // frames above them are (a sample whose Python chain was lost stays in). The rest of
@@ -203,7 +203,7 @@ fn python_frames_names_lines_and_order_every_version() {
             // 60-110 ms of a 2 s run, once 700 ms; and once, inside `Py_RunMain`, 189 ms (the
             // chain had 1,993 samples, the 2 s of `main`'s loop), which tipped a share of the
             // whole `Py_RunMain` below 95%.
-            let run = paths.count(in_run);
+            let run = paths.count(in_script);
             assert!(
                 run > 1000,
                 "{label}: {run} of {} samples in the script's evaluation (PyEval_EvalCode)",
@@ -215,7 +215,7 @@ fn python_frames_names_lines_and_order_every_version() {
                 "{label} deep={deep}: only {good}/{run} samples of the script's evaluation (of \
                  {} in all) have the full Python chain; the commonest others:\n{}",
                 paths.total,
-                paths.commonest(|n| in_run(n) && !has_chain(n), 8)
+                paths.commonest(|n| in_script(n) && !has_chain(n), 8)
             );
             // The loop's body is most of the method's time: 59-73% of its samples on 3.13
             // (measured; the split moves between runs with how the interpreter specializes the
@@ -230,7 +230,7 @@ fn python_frames_names_lines_and_order_every_version() {
             // frames were lost is not in the run's count above, and must fail here.
             let py_main = |n: &[String]| n.windows(2).any(|w| w[0] == "main" && w[1] == "outer_fn");
             let in_main = paths.count(py_main);
-            let native_root = paths.count(|n| in_run(n) && py_main(n));
+            let native_root = paths.count(|n| in_script(n) && py_main(n));
             assert!(
                 native_root as f64 >= 0.9 * in_main as f64 || deep,
                 "{label}: Python frames not under the interpreter's native frames \

@@ -129,6 +129,13 @@ pub fn soak(bin: &Path, secs: u64) -> Result<()> {
     if peak > BOUND_MIB {
         bail!("peak RSS {peak:.1} MiB is over the {BOUND_MIB} MiB bound");
     }
+    if let Some(k) = floors.iter().position(|f| !f.is_finite()) {
+        bail!(
+            "no RSS was read within 10 s of the end of interval {}: the growth check has nothing \
+             to compare",
+            k + 1
+        );
+    }
     if let (Some(first), Some(last)) = (floors.first(), floors.last()) {
         if floors.len() >= 2 && last - first > GROWTH_MIB {
             bail!(
