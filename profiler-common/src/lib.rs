@@ -578,13 +578,22 @@ pub const MAX_SCHED_ENTRIES: u32 = 65536;
 pub const BLOCK_DEADLINE_SLOTS: u32 = 1 << 14;
 /// A `BLOCK_DEADLINES` word: the tid in its top 22 bits (tids stay below 2^22), the deadline in
 /// its low 42, in units of 2^10 ns (52 days before they wrap; they are compared modulo that).
+/// A deadline of 0 is the thread's `idle_word`.
 pub const DEADLINE_TID_SHIFT: u32 = 42;
 pub const DEADLINE_UNIT_SHIFT: u32 = 10;
 pub const DEADLINE_MASK: u64 = (1 << DEADLINE_TID_SHIFT) - 1;
 
-/// The `BLOCK_DEADLINES` word of thread `tid` that blocked with `deadline_ns`.
+/// The `BLOCK_DEADLINES` word of thread `tid` that blocked with `deadline_ns` (a deadline whose
+/// units wrap to 0 is moved a unit on: it would read as the `idle_word`).
 pub const fn deadline_word(tid: u32, deadline_ns: u64) -> u64 {
-    ((tid as u64) << DEADLINE_TID_SHIFT) | ((deadline_ns >> DEADLINE_UNIT_SHIFT) & DEADLINE_MASK)
+    let units = (deadline_ns >> DEADLINE_UNIT_SHIFT) & DEADLINE_MASK;
+    ((tid as u64) << DEADLINE_TID_SHIFT) | if units == 0 { 1 } else { units }
+}
+
+/// The `BLOCK_DEADLINES` word of thread `tid` whose switch-in has nothing to decide: it left the
+/// CPU without blocking, or is not profiled. Its switch-in stops at this word.
+pub const fn idle_word(tid: u32) -> u64 {
+    (tid as u64) << DEADLINE_TID_SHIFT
 }
 
 /// Whether `word` is thread `tid`'s and its deadline is still ahead at `now_ns` (a whole unit
@@ -694,6 +703,12 @@ pub struct ThreadSched {
     pub attr: u32,
     /// The task state it blocked in (`ATTR_PENDING`), for the capture at its switch-in.
     pub blocked_state: u32,
+    /// Off-CPU time of short intervals the sampling left out since the last one it kept, as
+    /// the accounting closed them (see `ATTR_NONE`), which that next kept one is charged with;
+    /// starts at a random share of a sampling period. Beside the fields every switch-out
+    /// writes (this struct spans four cache lines of a `SCHED` entry; the capture slots, at
+    /// its end, are read only when a thread comes back from a kept interval).
+    pub short_ns: u64,
     /// The open span: its first interval's start (0: none) and last interval's end.
     pub span_start: u64,
     pub span_end: u64,
@@ -706,10 +721,6 @@ pub struct ThreadSched {
     /// Block signature and capture time of each slot (capture time 0: empty).
     pub slot_sig: [u64; SCHED_SLOTS],
     pub slot_cap: [u64; SCHED_SLOTS],
-    /// Off-CPU time of short intervals the sampling left out since the last one it kept, as
-    /// the accounting closed them (see `ATTR_NONE`), which that next kept one is charged with;
-    /// starts at a random share of a sampling period.
-    pub short_ns: u64,
 }
 
 /// A thread's [`ThreadSched`] as it exited at `time_ns` with CPU time `sum_ns`

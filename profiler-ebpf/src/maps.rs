@@ -52,11 +52,14 @@ pub(crate) static KNOWN_CODES: Array<u64> =
 #[map]
 pub(crate) static SCHED: HashMap<u64, ThreadSched> =
     HashMap::with_max_entries(profiler_common::MAX_SCHED_ENTRIES, 0);
-/// Each thread that blocked, at its `deadline_word`'s slot (`tid & (BLOCK_DEADLINE_SLOTS - 1)`):
-/// when its interval would be long enough to be kept (see `sched::block_attr`). Its switch-in
-/// reads this word, not its `SCHED` entry (a hash look-up, most of the program's cost): before
-/// the deadline, the interval is left to the sampling (`ATTR_NONE`) by its next switch-out.
-/// Another thread's word in the slot, or a torn pair, only sends the switch-in the long way.
+/// What each thread's switch-in has to decide, as of its last switch-out, at its slot
+/// (`tid & (BLOCK_DEADLINE_SLOTS - 1)`): nothing (`idle_word`: it did not block, or is not
+/// profiled), or, for a profiled thread that blocked, when its interval would be long enough to
+/// be kept (`deadline_word`; see `sched::block_attr`). Its switch-in reads this word, not
+/// `TARGETS` and its `SCHED` entry (hash look-ups, most of the program's cost): with nothing to
+/// decide, or before the deadline (the interval is left to the sampling, `ATTR_NONE`, by its
+/// next switch-out), it stops there. Another thread's word in the slot only sends the switch-in
+/// the long way.
 #[map]
 pub(crate) static BLOCK_DEADLINES: Array<u64> =
     Array::with_max_entries(profiler_common::BLOCK_DEADLINE_SLOTS, 0);

@@ -61,12 +61,17 @@ pub(crate) fn switch<const MODERN: bool>(ctx: &BtfTracePointContext) -> Option<(
     let pid_tgid = bpf_get_current_pid_tgid();
     let pid = (pid_tgid >> 32) as u32;
     let tid = pid_tgid as u32;
-    if tid == 0 || !targeted(cfg, pid) {
+    if tid == 0 {
+        return None;
+    }
+    if !targeted(cfg, pid) {
+        note_idle::<MODERN>(cfg, tid);
         return None;
     }
     let prev = ctx.arg::<u64>(1);
     // Only `--all` can target a kernel thread (a process's tgid is never a kernel thread's).
     if cfg.all != 0 && is_kthread(cfg, prev) {
+        note_idle::<MODERN>(cfg, tid);
         return None;
     }
     // SAFETY: helper without preconditions.
@@ -122,9 +127,7 @@ pub(crate) fn switch<const MODERN: bool>(ctx: &BtfTracePointContext) -> Option<(
         ATTR_NONE
     } else if prev_state == 0 {
         // Preempted while runnable: it stopped where it ran.
-        if MODERN {
-            note_deadline(tid, 0);
-        }
+        note_idle::<MODERN>(cfg, tid);
         ATTR_LATEST
     } else {
         // Decided when it comes back (`switch_in`), once the interval's length is known: left
@@ -140,20 +143,38 @@ pub(crate) fn switch<const MODERN: bool>(ctx: &BtfTracePointContext) -> Option<(
     Some(())
 }
 
-/// Notes when a thread that blocks now is back late enough for its interval to be kept
-/// (`deadline_ns`; 0 for a thread that did not block), in its `BLOCK_DEADLINES` slot. A thread
-/// that did not block clears only its own word there.
+/// Notes when a thread that blocks now is back late enough for its interval to be kept, in its
+/// `BLOCK_DEADLINES` slot.
 #[inline(always)]
 pub(crate) fn note_deadline(tid: u32, deadline_ns: u64) {
     let Some(slot) = BLOCK_DEADLINES.get_ptr_mut(tid & (BLOCK_DEADLINE_SLOTS - 1)) else {
         return;
     };
     // SAFETY: an array slot; a word written or read whole.
+    unsafe { *slot = deadline_word(tid, deadline_ns) };
+}
+
+/// Notes that the thread leaving the CPU has nothing for its switch-in to decide (it is not
+/// profiled, or did not block): its `idle_word`, which stops its switch-in at one array word
+/// instead of the `TARGETS` and `SCHED` look-ups (most of that program's cost, and the
+/// switch-ins of every thread on the host run it). Written only where it changes the slot: a
+/// thread that keeps switching leaves the line shared. Another thread's word in the slot is
+/// overwritten: its switch-in only takes the long way. A word of a thread that became
+/// profiled since is harmless: its switch-in has nothing to decide before its first
+/// switch-out as a profiled thread, which writes its word again.
+#[inline(always)]
+pub(crate) fn note_idle<const MODERN: bool>(cfg: &Config, tid: u32) {
+    if !MODERN || cfg.offcpu != OFFCPU_STACKS {
+        return;
+    }
+    let Some(slot) = BLOCK_DEADLINES.get_ptr_mut(tid & (BLOCK_DEADLINE_SLOTS - 1)) else {
+        return;
+    };
+    let w = idle_word(tid);
+    // SAFETY: an array slot; a word written or read whole.
     unsafe {
-        if deadline_ns != 0 {
-            *slot = deadline_word(tid, deadline_ns);
-        } else if *slot >> DEADLINE_TID_SHIFT == tid as u64 {
-            *slot = 0;
+        if *slot != w {
+            *slot = w;
         }
     }
 }
@@ -342,13 +363,16 @@ pub(crate) fn switch_in<const MODERN: bool>(ctx: *mut c_void) -> Option<()> {
         return None;
     }
     if MODERN {
-        // Back before its deadline: a short interval the sampling leaves out, which its next
-        // switch-out accounts (`close_intervals`). One array word instead of the `SCHED`
-        // and `TARGETS` look-ups, for most of a busy thread's switch-ins (a word is
-        // only ever written for a profiled thread).
-        // SAFETY: helper without preconditions.
-        let now = unsafe { bpf_ktime_get_ns() };
+        // Its own word (see `note_idle`, `note_deadline`) decides most switch-ins with one
+        // array word instead of the `TARGETS` and `SCHED` look-ups: nothing to decide, or back
+        // before its deadline (a short interval the sampling leaves out, which its next
+        // switch-out accounts: `close_intervals`). Another thread's word: the long way.
         if let Some(&w) = BLOCK_DEADLINES.get(tid & (BLOCK_DEADLINE_SLOTS - 1)) {
+            if w == idle_word(tid) {
+                return None;
+            }
+            // SAFETY: helper without preconditions.
+            let now = unsafe { bpf_ktime_get_ns() };
             if before_deadline(w, tid, now) {
                 count(STAT_OFF_SAMPLED_OUT);
                 return None;

@@ -77,7 +77,7 @@ fn every_counter_is_named_at_its_index() {
 #[test]
 fn a_deadline_word_is_its_threads_until_the_deadline() {
     use profiler_common::{
-        before_deadline, deadline_word, DEADLINE_TID_SHIFT, DEADLINE_UNIT_SHIFT,
+        before_deadline, deadline_word, idle_word, DEADLINE_TID_SHIFT, DEADLINE_UNIT_SHIFT,
     };
     let tid = (1 << 22) - 1;
     let unit = 1u64 << DEADLINE_UNIT_SHIFT;
@@ -97,5 +97,11 @@ fn a_deadline_word_is_its_threads_until_the_deadline() {
         // Another thread's word, or none.
         assert!(!before_deadline(w, tid - 1, base), "{base}");
         assert!(!before_deadline(0, tid, base), "{base}");
+        // A blocked thread's word is never its idle word, even where the deadline's units wrap.
+        assert_ne!(w, idle_word(tid), "{base}");
     }
+    let wrapped = 1u64 << (DEADLINE_TID_SHIFT + DEADLINE_UNIT_SHIFT);
+    assert_ne!(deadline_word(tid, wrapped), idle_word(tid));
+    assert_ne!(deadline_word(tid, 0), idle_word(tid));
+    assert_ne!(idle_word(tid), idle_word(tid - 1));
 }
