@@ -24,9 +24,9 @@ const INTERVAL_S: u64 = 60;
 const GROWTH_MIB: f64 = 2.0;
 
 /// A long run's warm-up, seconds: the target for long runs counts growth after the first 10
-/// minutes (caches of what the host runs fill meanwhile: one hour at 1 kHz on 2 CPUs grew
-/// 7 MiB in its second minute, then 0.3 MiB over the 50 minutes after the tenth). A run no
-/// longer than that is checked from its first interval.
+/// minutes (one hour at 1 kHz on 2 CPUs grew 7 MiB in its second minute, for a reason not
+/// yet found, then 0.3 MiB over the 50 minutes after the tenth). A run no longer than that is
+/// checked from its first interval.
 const WARM_UP_S: u64 = 600;
 
 /// The interval (an index of the low points) the growth check starts from, of `intervals`.
