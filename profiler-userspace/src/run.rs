@@ -265,7 +265,8 @@ impl<'a> Running<'a> {
     ) -> Result<Running<'a>, AppError> {
         let start_ns = monotonic_ns();
         let start_epoch_ms = epoch_ms();
-        let interval_ms = 1000.0 / rate as f64;
+        // The period the samples are taken at, which is not always `1/rate`.
+        let interval_ms = capture::sampling_period_ns(rate) as f64 / 1e6;
         let registry = python::PythonRegistry::new(python::PythonOptions {
             show_internal: cli.python.show_internal,
             opcodes: cli.python.opcodes,

@@ -1,6 +1,9 @@
 //! Unit tests of the capture: the ring's and scheduler map's sizes, the BPF object's contract.
 
-use super::{default_ring_mb, parse_loadavg_threads, sched_entries};
+use super::{
+    default_ring_mb, parse_loadavg_threads, sampling_period_ns, sched_entries, MIN_PHASE_STEP_NS,
+    TIMER_GRID_NS,
+};
 use object::{Object, ObjectSection, ObjectSymbol, SymbolKind, SymbolSection};
 use profiler_common::MAX_SCHED_ENTRIES;
 use std::collections::BTreeSet;
@@ -104,4 +107,42 @@ fn a_deadline_word_is_its_threads_until_the_deadline() {
     assert_ne!(deadline_word(tid, wrapped), idle_word(tid));
     assert_ne!(deadline_word(tid, 0), idle_word(tid));
     assert_ne!(idle_word(tid), idle_word(tid - 1));
+}
+
+/// Round rates are moved off the millisecond grid; rates whose period already moves along it
+/// keep `1/rate`; no period moves by more than a grid step and 1/64 of itself.
+#[test]
+fn sampling_periods_do_not_keep_step_with_the_millisecond_grid() {
+    assert_eq!(sampling_period_ns(1000), 1_015_625);
+    assert_eq!(sampling_period_ns(100), 10_015_625);
+    assert_eq!(sampling_period_ns(2000), 507_812);
+    assert_eq!(sampling_period_ns(10_000), 101_562);
+    assert_eq!(sampling_period_ns(100_000), 10_025);
+    // 997 Hz: 1.003 ms moves 3 µs a period, 333 periods round the grid.
+    assert_eq!(sampling_period_ns(997), 1_015_625);
+    // 1/49 s and 1/99 s move along the grid already.
+    assert_eq!(sampling_period_ns(49), 1_000_000_000 / 49);
+    assert_eq!(sampling_period_ns(99), 1_000_000_000 / 99);
+    for rate in 1..=100_000u64 {
+        let nominal = 1_000_000_000 / rate;
+        let p = sampling_period_ns(rate);
+        assert!(
+            p.abs_diff(nominal) <= nominal / 64 + 2 * MIN_PHASE_STEP_NS,
+            "{rate} Hz: {p} ns for {nominal}"
+        );
+        // How far the samples' phase against the grid moves: each period, or each `n` periods
+        // for `n` samples a millisecond (less what integer division rounds off).
+        let (moved, wanted, slack) = if p >= TIMER_GRID_NS {
+            let r = p % TIMER_GRID_NS;
+            (r.min(TIMER_GRID_NS - r), MIN_PHASE_STEP_NS, 1)
+        } else {
+            let r = TIMER_GRID_NS % p;
+            let n = TIMER_GRID_NS / p + 1;
+            (r.min(p - r), MIN_PHASE_STEP_NS.min(nominal / 4), n)
+        };
+        assert!(
+            moved + slack >= wanted,
+            "{rate} Hz: {p} ns moves {moved} ns against the grid"
+        );
+    }
 }
