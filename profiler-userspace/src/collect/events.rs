@@ -20,7 +20,7 @@ impl Collector {
                 if child_pid == child_tid && child_pid != e.pid {
                     // A new process: nothing known about the pid before is valid.
                     self.forget_process(child_pid);
-                    self.children.push(child_pid);
+                    self.children.push((child_pid, e.pid));
                 }
             }
             EventKind::Exec => {

@@ -39,6 +39,9 @@ pub const TRUNCATED: &str = "[truncated]";
 /// The stack of off-CPU time whose stack could not be captured (see `ATTR_UNCAPTURED`).
 pub const UNCAPTURED: &str = "[off-CPU, stack not captured]";
 
+/// A new process: (its pid, its parent's).
+pub type Child = (u32, u32);
+
 pub struct Collector {
     pub profile: Profile,
     pub procs: FxHashMap<u32, Process>,
@@ -69,7 +72,7 @@ pub struct Collector {
     /// With each, whether the new program is named like a Python interpreter.
     execs: Vec<(u32, bool)>,
     /// New child processes of targets since the caller last looked.
-    children: Vec<u32>,
+    children: Vec<Child>,
     /// (pid, tid, end of the stack mapping) of threads whose stack copy stopped at a page never
     /// touched, below frames it should have reached (`take_stack_tops`).
     stack_tops: Vec<(u32, u32, u64)>,
@@ -372,8 +375,9 @@ impl Collector {
         self.python.sweep(gone);
     }
 
-    /// Processes that exec'd, and new children of targets, since the last call.
-    pub fn take_lifetimes(&mut self) -> (Vec<(u32, bool)>, Vec<u32>) {
+    /// Processes that exec'd, and new children of targets (with their parents), since the last
+    /// call.
+    pub fn take_lifetimes(&mut self) -> (Vec<(u32, bool)>, Vec<Child>) {
         (
             std::mem::take(&mut self.execs),
             std::mem::take(&mut self.children),
@@ -401,6 +405,25 @@ impl Collector {
             .or_insert_with(|| Process::new(pid, ""));
         proc.reload_maps(elves);
         self.python.try_add(proc, young)
+    }
+
+    /// A child of Python process `parent` found gone at its first sample with Python frames
+    /// (`try_python` could not read its mappings): named from its parent's mappings and runtime
+    /// (`Process::forked_from`, `PythonRegistry::add_gone_fork`). Returns whether it was.
+    pub fn add_gone_fork(&mut self, parent: u32, child: u32) -> bool {
+        if self.procs.get(&child).is_some_and(|c| !c.unreadable) {
+            return false;
+        }
+        let Some(p) = self.procs.get(&parent).filter(|p| !p.modules.is_empty()) else {
+            return false;
+        };
+        let copy = Process::forked_from(p, child);
+        if !self.python.add_gone_fork(parent, child) {
+            return false;
+        }
+        self.procs.insert(child, copy);
+        self.proc_frames.remove(&child);
+        true
     }
 
     /// Whether `pid` was looked at (its mappings read) after `ns`.

@@ -168,6 +168,31 @@ impl Process {
         }
     }
 
+    /// A child `pid` of `parent` that is gone (its mappings no longer read): its address space
+    /// was its parent's at the fork, so its samples are unwound and named with the parent's
+    /// mappings. It is not read again (`unreadable`).
+    pub fn forked_from(parent: &Process, pid: u32) -> Process {
+        let mut p = Process::new(pid, &parent.comm);
+        p.comm = parent.comm.clone();
+        p.cmdline = parent.cmdline.clone();
+        for m in &parent.modules {
+            if let Some(elf) = &m.elf {
+                p.unwinder.add_module(framehop::Module::new(
+                    m.path.to_string(),
+                    m.start..m.end,
+                    m.bias,
+                    elf.unwind_info(),
+                ));
+            }
+        }
+        p.modules = parent.modules.clone();
+        p.mappings = parent.mappings.clone();
+        p.maps_read_at = Some(Instant::now());
+        p.maps_read_ns = parent.maps_read_ns;
+        p.unreadable = true;
+        p
+    }
+
     /// Re-reads the mappings if they were never read, or if `addr` is in no known module and
     /// they may not show it yet: read before the sample (`sample_ns`) was taken when `addr` is in
     /// no mapping at all or in one that was not executable (something was mapped since),

@@ -12,6 +12,7 @@ use profiler_common::PyProcConfig;
 
 /// The target's CPython runtime as user space reads it: the reader of its memory, its layout,
 /// and the addresses of the objects what is read is checked against.
+#[derive(Clone)]
 pub struct Runtime {
     pub remote: Remote,
     pub layout: Layout,
@@ -45,6 +46,9 @@ pub struct PyProcess {
     pub cache: CodeCache,
     pub threads: ThreadMap,
     pub aio: AsyncState,
+    /// A forked child that was gone before it was read, named from its parent (its pid here):
+    /// see `PythonRegistry::add_gone_fork`. Nothing is read of its threads or tasks.
+    pub gone_fork_of: Option<u32>,
 }
 
 fn parse_minor_from_path(path: &str) -> Option<u32> {
@@ -191,6 +195,7 @@ impl PyProcess {
                 cache: CodeCache::default(),
                 threads: ThreadMap::default(),
                 aio: AsyncState::default(),
+                gone_fork_of: None,
             });
         }
         Err(NotPython::NoRuntime)

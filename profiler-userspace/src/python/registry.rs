@@ -200,6 +200,37 @@ impl PythonRegistry {
         }
     }
 
+    /// A child of Python process `parent` forked moments ago, already gone when its first
+    /// sample with Python frames was read (a pool's worker that ran a short task): its memory
+    /// was its parent's at the fork, and the frame walk copied the head of each code object it
+    /// ran (none is known in the child), so its frames are named from those copies, checked
+    /// against the parent's memory (`sampled_code`). Code the child made after the fork is
+    /// named only from what was copied of it. Returns whether it was added.
+    pub fn add_gone_fork(&mut self, parent: u32, child: u32) -> bool {
+        if self.procs.contains_key(&child) {
+            return false;
+        }
+        let Some(p) = self.procs.get(&parent).filter(|p| p.gone_fork_of.is_none()) else {
+            return false;
+        };
+        let copy = PyProcess {
+            pid: child,
+            label: p.label.clone(),
+            program: p.program.clone(),
+            version: p.version.clone(),
+            rt: p.rt.clone(),
+            config: p.config,
+            ready: p.ready,
+            cache: Default::default(),
+            threads: Default::default(),
+            aio: Default::default(),
+            gone_fork_of: Some(parent),
+        };
+        log::debug!("pid {child}: gone before it was read, named from its parent {parent}");
+        self.procs.insert(child, copy);
+        true
+    }
+
     /// Forgets the not-Python verdicts of processes that are gone.
     pub fn sweep(&mut self, gone: &mut impl FnMut(u32) -> bool) {
         self.not_python.retain(|&pid, _| !gone(pid));

@@ -351,9 +351,20 @@ impl PyProcess {
         let snap = (f.flags >> PY_FRAME_SNAP_SHIFT) as usize & 0xff;
         match snap.checked_sub(1) {
             Some(k) if k < s.code_snaps.len() => {
-                let info = self
-                    .cache
-                    .sampled_code(&self.rt, f.code, &s.code_snaps[k], now);
+                // A gone fork's memory is read from its parent: code that is not the parent's
+                // too (made after the fork) is named only from what was copied with it.
+                let own;
+                let rt = match self.gone_fork_of {
+                    Some(_) => {
+                        own = super::discover::Runtime {
+                            remote: crate::process::remote::Remote { pid: self.pid },
+                            ..self.rt.clone()
+                        };
+                        &own
+                    }
+                    None => &self.rt,
+                };
+                let info = self.cache.sampled_code(rt, f.code, &s.code_snaps[k], now);
                 if info
                     .as_ref()
                     .is_some_and(|c| self.cache.settled(f.code, c, s.time_ns, walk.epoch))

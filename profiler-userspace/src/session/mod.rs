@@ -148,6 +148,8 @@ struct Pending {
     gap: Duration,
     /// Looked at on its first sample with Python frames (see `Session::adopt`).
     adopted: bool,
+    /// The process that forked it, for a fork.
+    parent: Option<u32>,
 }
 
 impl Pending {
@@ -160,6 +162,7 @@ impl Pending {
             next: now,
             gap: FIRST_GAP,
             adopted: false,
+            parent: None,
         }
     }
 
@@ -524,7 +527,7 @@ impl<T: Targets> Session<T> {
                 self.watch(Pending::new(pid, python_name), false);
             }
         }
-        for pid in children {
+        for (pid, parent) in children {
             let follow = self.scope.subprocesses && !self.scope.explicit.contains(&pid);
             if follow {
                 self.scope.explicit.push(pid);
@@ -532,7 +535,13 @@ impl<T: Targets> Session<T> {
             // A followed child is looked at on every tick as an explicit target; watched too,
             // to be named at its first sample with Python frames (`adopt`).
             if follow || everything {
-                self.watch(Pending::new(pid, false), false);
+                self.watch(
+                    Pending {
+                        parent: Some(parent),
+                        ..Pending::new(pid, false)
+                    },
+                    false,
+                );
             }
         }
     }
@@ -541,14 +550,23 @@ impl<T: Targets> Session<T> {
     /// by a Python process, which the BPF side walks as its parent from its start (see
     /// `Config::follow_python_forks`). It is looked at now, once, so that this sample and the
     /// next are named (a pool's worker may be gone before the next tick). Only on such a sample:
-    /// a fork that execs at once (a subprocess) costs nothing.
+    /// a fork that execs at once (a subprocess) costs nothing. One that is gone already is
+    /// named from its parent (`Collector::add_gone_fork`).
     fn adopt(&mut self, pid: u32) {
         let Some(p) = self.pending.iter_mut().find(|p| p.pid == pid && !p.adopted) else {
             return;
         };
         p.adopted = true;
+        let parent = p.parent;
         self.looks += 1;
-        if let Some(cfg) = self.collector.try_python(pid, true) {
+        let found = self.collector.try_python(pid, true);
+        if found.is_none() {
+            // Its mappings read empty or not at all: it has exited.
+            if let Some(parent) = parent {
+                self.collector.add_gone_fork(parent, pid);
+            }
+        }
+        if let Some(cfg) = found {
             if let Err(e) = self.targets.set_py_proc(pid, &cfg) {
                 log::warn!("pid {pid}: {e}");
             }

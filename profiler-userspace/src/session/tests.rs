@@ -290,6 +290,58 @@ fn a_fork_of_python_is_looked_at_on_its_first_python_sample() {
     assert_eq!(s.looks, 1);
 }
 
+/// `--all-pythons`: a child of a Python process that is gone when its first sample with
+/// Python frames is read (a pool's worker that ran a short task) is named from its parent: its
+/// mappings and runtime are the parent's; nothing of its threads is read (from the parent's
+/// memory) or installed, and the BPF side is not configured for it. Once its records are read,
+/// it is forgotten as other gone processes are.
+#[test]
+fn a_fork_of_python_gone_before_it_is_read_is_named_from_its_parent() {
+    let py = Py::start();
+    let parent = py.pid();
+    let mut s = session(Scope {
+        all_pythons: true,
+        ..Scope::default()
+    });
+    assert!(s.collector.python.contains(parent));
+    // A pid that was a process and has exited.
+    let mut gone = Command::new("true").spawn().unwrap();
+    let child = gone.id();
+    gone.wait().unwrap();
+    let fork = event(RECORD_FORK, parent, child as u64, child as u64);
+    s.drain(&mut VecDeque::from([fork, bare_sample(child, true)]));
+    assert_eq!(s.looks, 1);
+    assert!(s.collector.python.contains(child));
+    assert_eq!(
+        s.collector.python.labels(child),
+        s.collector.python.labels(parent)
+    );
+    let (mine, theirs) = (&s.collector.procs[&child], &s.collector.procs[&parent]);
+    assert!(!theirs.modules.is_empty());
+    assert_eq!(mine.modules.len(), theirs.modules.len());
+    assert_eq!(mine.comm, theirs.comm);
+    assert!(!s.targets.procs.contains(&child));
+    assert!(s.collector.python.sync_threads(child).is_none());
+    assert!(!s.collector.python.asyncio_due(child));
+    // A fork of a process that is not Python, gone too, is not named so.
+    let mut other = Command::new("true").spawn().unwrap();
+    let orphan = other.id();
+    other.wait().unwrap();
+    s.drain(&mut VecDeque::from([
+        event(RECORD_FORK, orphan, orphan as u64 + 1, orphan as u64 + 1),
+        bare_sample(orphan + 1, true),
+    ]));
+    assert!(!s.collector.python.contains(orphan + 1));
+    // Forgotten once its records are read and it is found gone.
+    let t0 = Instant::now();
+    while s.collector.python.contains(child) && t0.elapsed() < Duration::from_secs(5) {
+        s.tick(&mut VecDeque::new());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(!s.collector.python.contains(child));
+    assert!(s.collector.python.contains(parent));
+}
+
 #[test]
 fn exec_forgets_the_old_program_and_all_pythons_finds_it_again() {
     let py = Py::start();
@@ -399,7 +451,7 @@ impl RecordSource for Endless {
 fn a_drain_of_a_ring_that_never_empties_ends() {
     let mut s = session(Scope::default());
     let mut source = Endless(0);
-    let t0 = std::time::Instant::now();
+    let t0 = Instant::now();
     let n = s.drain(&mut source);
     assert!(n > 0 && n == source.0, "{n} records read of {}", source.0);
     assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
