@@ -181,6 +181,10 @@ pub struct TargetArgs {
 #[command(next_help_heading = "Sampling")]
 pub struct SamplingArgs {
     /// Samples per second on each CPU [default: 1000, or 49 with --continuous].
+    ///
+    /// A rate whose period is a whole number of milliseconds, or divides one, would sample in
+    /// step with the kernel's tick: its period is made 1/64 ms longer (1000 Hz samples every
+    /// 1.015625 ms). The profile's interval is the period used.
     #[arg(short, long, value_parser = clap::value_parser!(u64).range(1..=100_000), env = "TACHYON_BPF_RATE")]
     pub rate: Option<u64>,
     /// Stop after this long: 30, 30s, 5m.
