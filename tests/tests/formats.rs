@@ -391,7 +391,15 @@ fn every_format_agrees_and_converts_without_root() {
     let base = record_and_convert(&dir);
     let with = |ext: &str| PathBuf::from(format!("{}.{ext}", base.display()));
 
-    let gecko = gecko_tally(&with("json"));
+    // The viewer's totals are ms; the other formats count samples of the profile's interval.
+    let meta: Value =
+        serde_json::from_str(&std::fs::read_to_string(with("json")).unwrap()).unwrap();
+    let interval_ms = meta["meta"]["interval"].as_f64().unwrap();
+    let mut gecko = gecko_tally(&with("json"));
+    gecko.total /= interval_ms;
+    for n in gecko.by_func.values_mut() {
+        *n /= interval_ms;
+    }
     let tallies = [
         ("collapsed", collapsed_tally(&with("folded"))),
         ("jsonl", jsonl_tally(&with("jsonl"))),
@@ -932,9 +940,13 @@ fn heatmap_shows_sources_by_their_samples() {
     let py = python("3.12.1");
     profile_command(
         &base,
-        &["-m", "cpu", "-f", "heatmap,collapsed", "-q"],
+        &["-m", "cpu", "-f", "heatmap,collapsed,gecko", "-q"],
         &[py.to_str().unwrap(), main.to_str().unwrap()],
     );
+    // A folded sample stands for the profile's interval (1000 Hz: 1.015625 ms).
+    let gecko: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("run.json")).unwrap()).unwrap();
+    let interval_ms = gecko["meta"]["interval"].as_f64().unwrap();
     let page = dir.join("run.heatmap");
     let mut html = String::new();
     for e in std::fs::read_dir(&page).unwrap() {
@@ -998,9 +1010,10 @@ fn heatmap_shows_sources_by_their_samples() {
         }
     }
     let self_ms: f64 = rows.iter().map(|r| r[1].as_f64().unwrap()).sum();
+    let in_main_ms = in_main * interval_ms;
     assert!(
-        (self_ms - in_main).abs() <= (in_main * 0.01).max(3.0),
-        "heatmap {self_ms} ms vs folded {in_main} samples of 1 ms"
+        (self_ms - in_main_ms).abs() <= (in_main_ms * 0.01).max(3.0),
+        "heatmap {self_ms} ms vs folded {in_main} samples of {interval_ms} ms"
     );
     // The private module: sampled, its lines listed, its text not shown.
     let secret = index
