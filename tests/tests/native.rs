@@ -558,7 +558,8 @@ fn callers_beyond_a_frame_larger_than_the_copy_are_unwound() {
     profile_command(
         &out,
         &["-m", "cpu", "-f", "collapsed", "-q"],
-        &[prog.to_str().unwrap(), "2"],
+        // Whole seconds of `time()`: 2 to 3 s of spinning (with 2, 1 to 2 s: 967 samples once).
+        &[prog.to_str().unwrap(), "3"],
     );
     let text = std::fs::read_to_string(&out).unwrap();
     let (mut in_leaf, mut whole, mut truncated) = (0u64, 0u64, 0u64);
