@@ -175,16 +175,7 @@ impl Process {
         let mut p = Process::new(pid, &parent.comm);
         p.comm = parent.comm.clone();
         p.cmdline = parent.cmdline.clone();
-        for m in &parent.modules {
-            if let Some(elf) = &m.elf {
-                p.unwinder.add_module(framehop::Module::new(
-                    m.path.to_string(),
-                    m.start..m.end,
-                    m.bias,
-                    elf.unwind_info(),
-                ));
-            }
-        }
+        add_unwind_modules(&mut p.unwinder, &parent.modules);
         p.modules = parent.modules.clone();
         p.mappings = parent.mappings.clone();
         p.maps_read_at = Some(Instant::now());
@@ -314,16 +305,7 @@ impl Process {
         for m in &self.modules {
             self.unwinder.remove_module(m.start);
         }
-        for m in &modules {
-            if let Some(elf) = &m.elf {
-                self.unwinder.add_module(framehop::Module::new(
-                    m.path.to_string(),
-                    m.start..m.end,
-                    m.bias,
-                    elf.unwind_info(),
-                ));
-            }
-        }
+        add_unwind_modules(&mut self.unwinder, &modules);
         self.modules = modules;
         self.modules_gen = next_modules_gen();
         self.roots.clear();
@@ -342,6 +324,20 @@ impl Process {
 
     pub fn module_for(&self, addr: u64) -> Option<&Module> {
         module_at(&self.modules, addr)
+    }
+}
+
+/// Gives `unwinder` the unwind tables of `modules` that have an ELF file.
+fn add_unwind_modules(unwinder: &mut unwind::NativeUnwinder, modules: &[Module]) {
+    for m in modules {
+        if let Some(elf) = &m.elf {
+            unwinder.add_module(framehop::Module::new(
+                m.path.to_string(),
+                m.start..m.end,
+                m.bias,
+                elf.unwind_info(),
+            ));
+        }
     }
 }
 
