@@ -46,9 +46,10 @@ pub struct PyProcess {
     pub cache: CodeCache,
     pub threads: ThreadMap,
     pub aio: AsyncState,
-    /// A forked child that was gone before it was read, named from its parent (its pid here):
-    /// see `PythonRegistry::add_gone_fork`. Nothing is read of its threads or tasks.
-    pub gone_fork_of: Option<u32>,
+    /// A forked child that was gone before it was read, named from its parent (`rt` reads the
+    /// parent): its own runtime, whose reads fail, for code that is not the parent's too. See
+    /// `PythonRegistry::add_gone_fork`. Nothing is read of its threads or tasks.
+    pub gone_fork: Option<Box<Runtime>>,
 }
 
 fn parse_minor_from_path(path: &str) -> Option<u32> {
@@ -195,7 +196,7 @@ impl PyProcess {
                 cache: CodeCache::default(),
                 threads: ThreadMap::default(),
                 aio: AsyncState::default(),
-                gone_fork_of: None,
+                gone_fork: None,
             });
         }
         Err(NotPython::NoRuntime)

@@ -5,8 +5,9 @@ use std::collections::{HashMap, HashSet};
 
 use profiler_common::PyProcConfig;
 
-use super::discover::PyProcess;
+use super::discover::{PyProcess, Runtime};
 use super::{plausible_object, NotPython};
+use crate::process::remote::Remote;
 use crate::process::{procfs, Process};
 
 /// What the registry shows of Python, from the command line.
@@ -210,7 +211,7 @@ impl PythonRegistry {
         if self.procs.contains_key(&child) {
             return false;
         }
-        let Some(p) = self.procs.get(&parent).filter(|p| p.gone_fork_of.is_none()) else {
+        let Some(p) = self.procs.get(&parent).filter(|p| p.gone_fork.is_none()) else {
             return false;
         };
         let copy = PyProcess {
@@ -224,7 +225,10 @@ impl PythonRegistry {
             cache: Default::default(),
             threads: Default::default(),
             aio: Default::default(),
-            gone_fork_of: Some(parent),
+            gone_fork: Some(Box::new(Runtime {
+                remote: Remote { pid: child },
+                ..p.rt.clone()
+            })),
         };
         log::debug!("pid {child}: gone before it was read, named from its parent {parent}");
         self.procs.insert(child, copy);

@@ -353,17 +353,7 @@ impl PyProcess {
             Some(k) if k < s.code_snaps.len() => {
                 // A gone fork's memory is read from its parent: code that is not the parent's
                 // too (made after the fork) is named only from what was copied with it.
-                let own;
-                let rt = match self.gone_fork_of {
-                    Some(_) => {
-                        own = super::discover::Runtime {
-                            remote: crate::process::remote::Remote { pid: self.pid },
-                            ..self.rt.clone()
-                        };
-                        &own
-                    }
-                    None => &self.rt,
-                };
+                let rt = self.gone_fork.as_deref().unwrap_or(&self.rt);
                 let info = self.cache.sampled_code(rt, f.code, &s.code_snaps[k], now);
                 if info
                     .as_ref()

@@ -245,10 +245,7 @@ impl PythonRegistry {
     /// Reads `pid`'s threads again: the threads whose thread state is new or changed, and the
     /// threads that are gone, since the last call. `None` for an unknown process.
     pub fn sync_threads(&mut self, pid: u32) -> Option<ThreadChanges> {
-        let p = self
-            .procs
-            .get_mut(&pid)
-            .filter(|p| p.gone_fork_of.is_none())?;
+        let p = self.procs.get_mut(&pid).filter(|p| p.gone_fork.is_none())?;
         let now = p.threads.current_threads(p.pid, &p.rt);
         p.threads.read_at = Some(std::time::Instant::now());
         p.threads.changed = false;

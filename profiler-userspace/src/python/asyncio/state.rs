@@ -309,7 +309,7 @@ impl PythonRegistry {
     pub fn asyncio_due(&self, pid: u32) -> bool {
         self.opts.async_aware
             && self.procs.get(&pid).is_some_and(|p| {
-                if p.gone_fork_of.is_some() {
+                if p.gone_fork.is_some() {
                     return false;
                 }
                 let every = if p.aio.looks < ASYNCIO_EARLY_LOOKS {
@@ -343,11 +343,7 @@ impl PythonRegistry {
         out: &mut impl ProfileSink,
     ) -> Vec<(u32, Vec<Vec<FrameRef>>)> {
         let epoch = self.epoch;
-        let Some(p) = self
-            .procs
-            .get_mut(&pid)
-            .filter(|p| p.gone_fork_of.is_none())
-        else {
+        let Some(p) = self.procs.get_mut(&pid).filter(|p| p.gone_fork.is_none()) else {
             return Vec::new();
         };
         let Some(a) = p.aio.layout.clone() else {
