@@ -354,7 +354,9 @@ fn a_second_sigint_and_sigkill_never_leave_a_partial_file() {
     assert_eq!(left, baseline, "every BPF program released after kills");
 }
 
-/// Each churn child: its own script and function, alive `ms` milliseconds, half busy, half asleep.
+/// Each churn child: its own script and function, which runs `secs` seconds, half busy, half
+/// asleep, and prints how long it ran (the time the profile must cover; the process's life
+/// adds its start-up and exit).
 fn churn_script(i: usize) -> String {
     format!(
         "import sys, time\n\
@@ -363,8 +365,9 @@ fn churn_script(i: usize) -> String {
              while time.monotonic() - t0 < secs:\n        \
                  t1 = time.monotonic()\n        \
                  while time.monotonic() - t1 < 0.005: pass\n        \
-                 time.sleep(0.005)\n\
-         fn_{i}(float(sys.argv[1]))\n"
+                 time.sleep(0.005)\n    \
+             return time.monotonic() - t0\n\
+         print(fn_{i}(float(sys.argv[1])))\n"
     )
 }
 
@@ -378,42 +381,59 @@ fn churn_of_short_lived_interpreters() {
     }
     let out = dir.join("churn.json");
     let folded = dir.join("churn.folded");
+    let log_file = dir.join("churn.log");
     let mut prof = Command::new(profiler_bin())
         .args(["--all-pythons", "-d", "20", "-f", "gecko,collapsed", "-o"])
         .arg(dir.join("churn"))
+        // Kept for a failure's message: when each process was found.
+        .env(
+            "RUST_LOG",
+            "tachyon_bpf::python::registry=debug,tachyon_bpf::session=debug",
+        )
         .stdout(Stdio::null())
-        .stderr(Stdio::piped())
+        .stderr(std::fs::File::create(&log_file).unwrap())
         .spawn()
         .unwrap();
     std::thread::sleep(Duration::from_millis(1500));
     let py = python("3.12.1");
     // 300 interpreters over about 16 s, each 50-200 ms, at most a few at a time.
-    let mut running: Vec<(usize, Child, Instant, Duration)> = Vec::new();
-    let mut lived: HashMap<u32, (usize, Duration)> = HashMap::new();
+    let mut running: Vec<(usize, Child)> = Vec::new();
+    // Per pid: its script, and how long its function ran.
+    let mut ran: HashMap<u32, (usize, Duration)> = HashMap::new();
+    let mut finish = |i: usize, c: Child| {
+        let pid = c.id();
+        let o = c.wait_with_output().unwrap();
+        assert!(o.status.success(), "churn_{i}.py: {}", stderr_of(&o));
+        let secs: f64 = String::from_utf8_lossy(&o.stdout).trim().parse().unwrap();
+        ran.insert(pid, (i, Duration::from_secs_f64(secs)));
+    };
     for i in 0..N {
         let secs = 0.05 + 0.15 * ((i * 37) % 100) as f64 / 100.0;
         let c = Command::new(&py)
             .arg(dir.join(format!("churn_{i}.py")))
             .arg(format!("{secs}"))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        running.push((i, c, Instant::now(), Duration::ZERO));
+        running.push((i, c));
         std::thread::sleep(Duration::from_millis(52));
-        running.retain_mut(|(i, c, t0, _)| match c.try_wait().unwrap() {
-            Some(_) => {
-                lived.insert(c.id(), (*i, t0.elapsed()));
-                false
+        let mut still = Vec::new();
+        for (i, mut c) in running.drain(..) {
+            match c.try_wait().unwrap() {
+                Some(_) => finish(i, c),
+                None => still.push((i, c)),
             }
-            None => true,
-        });
+        }
+        running = still;
     }
-    for (i, mut c, t0, _) in running {
-        c.wait().unwrap();
-        lived.insert(c.id(), (i, t0.elapsed()));
+    for (i, c) in running {
+        finish(i, c);
     }
     wait_timeout(&mut prof, Duration::from_secs(60));
     let o = prof.wait_with_output().unwrap();
-    assert!(o.status.success(), "{}", stderr_of(&o));
+    let log = std::fs::read_to_string(&log_file).unwrap_or_default();
+    assert!(o.status.success(), "{log}");
     assert!(out.exists());
     let text = std::fs::read_to_string(&folded).unwrap();
     // Per pid: the churn functions seen in its stacks.
@@ -435,8 +455,10 @@ fn churn_of_short_lived_interpreters() {
             }
         }
     }
+    // A function that ran 100 ms or more (100 samples and more at 1 kHz) is in the profile:
+    // the process is found at its exec, before its start-up imports are done.
     let mut missing = Vec::new();
-    for (pid, (i, life)) in &lived {
+    for (pid, (i, took)) in &ran {
         let funcs = seen.get(pid);
         if let Some(f) = funcs {
             let others: Vec<&usize> = f.keys().filter(|j| *j != i).collect();
@@ -445,13 +467,35 @@ fn churn_of_short_lived_interpreters() {
                 "pid {pid} ran churn_{i}.py but shows fn_{others:?}"
             );
         }
-        if *life >= Duration::from_millis(100) && !funcs.is_some_and(|f| f.contains_key(i)) {
-            missing.push((*pid, *i, *life));
+        if *took >= Duration::from_millis(100) && !funcs.is_some_and(|f| f.contains_key(i)) {
+            missing.push((*pid, *i, *took));
         }
     }
+    let shown: Vec<&str> = text
+        .lines()
+        .filter(|l| {
+            missing
+                .iter()
+                .any(|(pid, _, _)| l.contains(&format!("[pid {pid}]")))
+        })
+        .take(20)
+        .collect();
+    let about_missing: Vec<&str> = log
+        .lines()
+        .filter(|l| {
+            l.starts_with("tachyon-bpf: ")
+                || missing
+                    .iter()
+                    .any(|(pid, _, _)| l.contains(&format!("pid {pid}:")))
+        })
+        .take(40)
+        .collect();
     assert!(
         missing.is_empty(),
-        "interpreters that lived 100 ms or more without their function: {missing:?}"
+        "functions that ran 100 ms or more and are not in the profile: {missing:?}; their \
+         processes' stacks:\n{}\nthe profiler's log of them:\n{}",
+        shown.join("\n"),
+        about_missing.join("\n")
     );
     assert!(
         seen.len() >= N / 2,
