@@ -447,6 +447,8 @@ impl<'a> Running<'a> {
                     self.session.drain(self.ring.get_mut());
                     let now = monotonic_ns();
                     self.session.settle_sched(now);
+                    // `--async-aware all`: the tasks' time up to the interval's end.
+                    self.session.collector.sample_tasks(now);
                     let finished = self.session.collector.rotate(now);
                     let info = self.info(self.started.elapsed());
                     self.sink.take_interval(&finished, &info, self.started.elapsed());
@@ -547,6 +549,8 @@ impl<'a> Running<'a> {
         log::debug!("run: ring drained at {:?}", self.started.elapsed());
         let now = monotonic_ns();
         self.session.settle_sched(now);
+        // `--async-aware all`: the tasks' time up to the end, where processes still run.
+        self.session.collector.sample_tasks(now);
         if let Command::Dump { .. } = self.command {
             for &pid in &cli.target.pid {
                 let read = self.session.collector.sample_blocked_threads(pid);

@@ -5,6 +5,8 @@
 //! tables and the loop's `Handle._run`. Earlier versions say so and are shown as they run.
 
 use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
 
 use tachyon_bpf_tests::*;
 
@@ -507,4 +509,107 @@ fn all_tasks_suspended_time_matches_what_tasks_measured() {
             "{minor}: {suspended} samples of suspended tasks"
         );
     }
+}
+
+/// `--async-aware all` on a running program for `-d 3`: the passes over its tasks cover the
+/// whole run. 10,000 tasks space the passes out (each some tens of ms, at least 20 times that
+/// apart), so the time after the last spaced pass is a large part of the run, and must be
+/// charged by the pass that ends it; the first pass stands for the time since the process
+/// was found. The truth is the span of the event loop thread's own samples in the same run.
+#[test]
+fn all_tasks_are_charged_from_the_start_to_the_end_of_a_run() {
+    require_root();
+    let dir = scratch("async_all_span");
+    let script = dir.join("many_app.py");
+    std::fs::write(&script, MANY).unwrap();
+    let truth_file = dir.join("truth.json");
+    let mut app = KillOnDrop(
+        // 3.14+: each thread's tasks are listed by the interpreter, so every pass reads them
+        // (3.11-3.13 must first see the loop run, and a pass before that charges nothing).
+        Command::new(python("debian-3.14"))
+            .arg(&script)
+            .args(["10000", "30", truth_file.to_str().unwrap()])
+            .spawn()
+            .unwrap(),
+    );
+    let pid = app.0.id();
+    // Its tasks are made and waiting.
+    std::thread::sleep(Duration::from_secs(2));
+    let out = dir.join("span.json");
+    let o = run_profiler(
+        &[
+            "-p",
+            &pid.to_string(),
+            "-d",
+            "3",
+            "--async-aware",
+            "all",
+            "-o",
+            out.to_str().unwrap(),
+        ],
+        Duration::from_secs(60),
+    );
+    let _ = app.0.kill();
+    assert!(o.status.success(), "{}", stderr_of(&o));
+    // Read by the viewer as a user would, then in its raw tables for the weights.
+    let v = Viewer::load(&out).unwrap();
+    let procs = v.processes().unwrap();
+    assert!(
+        procs.iter().any(|p| p.pid == pid.to_string()),
+        "{}",
+        stderr_of(&o)
+    );
+    let profile: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    let threads = profile["threads"].as_array().unwrap();
+    let loop_name = format!("asyncio tasks (loop in thread {pid})");
+    let tasks = threads
+        .iter()
+        .find(|th| th["name"] == loop_name.as_str())
+        .unwrap_or_else(|| panic!("no thread {loop_name}\n{}", stderr_of(&o)));
+    let mut passes = std::collections::BTreeMap::new();
+    for (time, weight) in tasks["samples"]["time"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(tasks["samples"]["weight"].as_array().unwrap())
+    {
+        passes.insert(time.as_f64().unwrap().to_bits(), weight.as_f64().unwrap());
+    }
+    let covered: f64 = passes.values().sum();
+    // The loop's thread is sampled (on CPU) or charged (off CPU) all along the run.
+    let main = threads
+        .iter()
+        .find(|th| th["tid"].as_u64() == Some(pid as u64) && th["name"] != loop_name.as_str())
+        .unwrap();
+    let times: Vec<f64> = main["samples"]["time"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_f64().unwrap())
+        .collect();
+    let span = times.iter().cloned().fold(f64::MIN, f64::max)
+        - times.iter().cloned().fold(f64::MAX, f64::min);
+    eprintln!(
+        "{} passes cover {covered:.0} ms; the loop thread's samples span {span:.0} ms",
+        passes.len()
+    );
+    assert!(
+        (0.99 * span - 10.0..=1.05 * span + 50.0).contains(&covered),
+        "{} passes over the tasks cover {covered:.0} ms; the loop thread's samples span \
+         {span:.0} ms",
+        passes.len()
+    );
+    assert!(passes.len() >= 2, "{} passes", passes.len());
+    // The last pass is at the end: the run's last samples are not after it.
+    let last_pass = passes
+        .keys()
+        .map(|&b| f64::from_bits(b))
+        .fold(f64::MIN, f64::max);
+    let last_sample = times.iter().cloned().fold(f64::MIN, f64::max);
+    assert!(
+        last_pass >= last_sample - 5.0,
+        "the last pass over the tasks is at {last_pass:.0} ms, the last sample at \
+         {last_sample:.0} ms"
+    );
 }

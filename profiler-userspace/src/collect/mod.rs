@@ -78,15 +78,13 @@ pub struct Collector {
     stack_tops: Vec<(u32, u32, u64)>,
     /// `uncaptured_stack` of the current profile, once interned.
     uncaptured: Option<Option<StackId>>,
-    /// `--async-aware all`: when each process's tasks were last looked at.
+    /// `--async-aware all`: when each process's tasks were last looked at, or before its
+    /// first pass, when it was found (the first pass stands for the time since).
     task_passes: FxHashMap<u32, u64>,
     /// `--env-label`: the environment variables copied into each process's labels.
     pub env_labels: Vec<String>,
 }
 
-/// The time the first pass over a process's tasks stands for (later ones: the time since the
-/// previous pass; `Session::pass_over_tasks` spaces them).
-const TASK_PASS_MS: f64 = 100.0;
 /// Unwinds one sample may take again while the interpreter's frames refute each chain found
 /// (`Collector::reunwind`).
 const REUNWINDS: usize = 16;
@@ -404,7 +402,12 @@ impl Collector {
             .entry(pid)
             .or_insert_with(|| Process::new(pid, ""));
         proc.reload_maps(elves);
-        self.python.try_add(proc, young)
+        let found = self.python.try_add(proc, young);
+        if found.is_some() && self.python.options().async_all {
+            // Its tasks' first pass stands for the time since.
+            self.task_passes.insert(pid, crate::process::monotonic_ns());
+        }
+        found
     }
 
     /// A child of Python process `parent` found gone at its first sample with Python frames
@@ -433,8 +436,10 @@ impl Collector {
 
     /// `--async-aware all`: a pass over every suspended asyncio task, at `now_ns`. Each one is a
     /// sample of its await chain on a pseudo-thread of its event loop, weighted with the time
-    /// since the previous pass: the profile reads as the time tasks spent suspended where they
-    /// are.
+    /// since the previous pass (the first: since the process was found, or the profile
+    /// started): the profile reads as the time tasks spent suspended where they are. The
+    /// session passes at random spacings, and once more when a profile ends (`-d`, Ctrl-C, a
+    /// continuous interval), so that the time after the last spaced pass is charged too.
     pub fn sample_tasks(&mut self, now_ns: u64) {
         if !self.python.options().async_all {
             return;
@@ -444,11 +449,17 @@ impl Collector {
         // Processes gone since: forgotten (a host's processes come and go for weeks).
         self.task_passes.retain(|p, _| pids.contains(p));
         for pid in pids {
-            let last = self.task_passes.insert(pid, now_ns);
-            let weight_ms = match last {
-                Some(l) => now_ns.saturating_sub(l) as f64 / 1e6,
-                None => TASK_PASS_MS,
-            };
+            // A process found before this profile started (a continuous run's earlier
+            // interval) is charged from the profile's start.
+            let since = self
+                .task_passes
+                .insert(pid, now_ns)
+                .unwrap_or(self.start_ns)
+                .max(self.start_ns);
+            let weight_ms = now_ns.saturating_sub(since) as f64 / 1e6;
+            if weight_ms <= 0.0 {
+                continue;
+            }
             let loops = self.python.suspended_tasks(
                 pid,
                 self.procs.get(&pid),
