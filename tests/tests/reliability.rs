@@ -490,10 +490,15 @@ fn churn_of_short_lived_interpreters() {
         })
         .take(40)
         .collect();
+    let lag = std::fs::read_to_string(&out)
+        .ok()
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+        .map(|p| p["meta"]["tachyon"]["maxReaderLagMs"].clone());
     assert!(
         missing.is_empty(),
-        "functions that ran 100 ms or more and are not in the profile: {missing:?}; their \
-         processes' stacks:\n{}\nthe profiler's log of them:\n{}",
+        "functions that ran 100 ms or more and are not in the profile: {missing:?}; the \
+         reader was behind by up to {lag:?} ms; their processes' stacks:\n{}\nthe \
+         profiler's log of them:\n{}",
         shown.join("\n"),
         about_missing.join("\n")
     );
