@@ -469,16 +469,7 @@ fn all_tasks_suspended_time_matches_what_tasks_measured() {
             .iter()
             .find(|th| th["name"] == loop_name.as_str())
             .unwrap();
-        let samples = &thread["samples"];
-        let mut passes = std::collections::BTreeMap::new();
-        for (time, weight) in samples["time"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .zip(samples["weight"].as_array().unwrap())
-        {
-            passes.insert(time.as_f64().unwrap().to_bits(), weight.as_f64().unwrap());
-        }
+        let passes = pass_weights(thread);
         let covered: f64 = passes.values().sum();
         // Each task is in one of them but while it starts and ends: most of 1000 tasks x the
         // covered time.
@@ -509,6 +500,20 @@ fn all_tasks_suspended_time_matches_what_tasks_measured() {
             "{minor}: {suspended} samples of suspended tasks"
         );
     }
+}
+
+/// The passes over the tasks on a loop's pseudo-thread of a Gecko profile: each pass's time
+/// (as f64 bits, in order) and its weight (a pass's samples share its time and weigh the time
+/// since the previous pass).
+fn pass_weights(thread: &serde_json::Value) -> std::collections::BTreeMap<u64, f64> {
+    let samples = &thread["samples"];
+    samples["time"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(samples["weight"].as_array().unwrap())
+        .map(|(t, w)| (t.as_f64().unwrap().to_bits(), w.as_f64().unwrap()))
+        .collect()
 }
 
 /// `--async-aware all` on a running program for `-d 3`: the passes over its tasks cover the
@@ -567,15 +572,7 @@ fn all_tasks_are_charged_from_the_start_to_the_end_of_a_run() {
         .iter()
         .find(|th| th["name"] == loop_name.as_str())
         .unwrap_or_else(|| panic!("no thread {loop_name}\n{}", stderr_of(&o)));
-    let mut passes = std::collections::BTreeMap::new();
-    for (time, weight) in tasks["samples"]["time"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .zip(tasks["samples"]["weight"].as_array().unwrap())
-    {
-        passes.insert(time.as_f64().unwrap().to_bits(), weight.as_f64().unwrap());
-    }
+    let passes = pass_weights(tasks);
     let covered: f64 = passes.values().sum();
     // The loop's thread is sampled (on CPU) or charged (off CPU) all along the run.
     let main = threads
@@ -588,8 +585,8 @@ fn all_tasks_are_charged_from_the_start_to_the_end_of_a_run() {
         .iter()
         .map(|t| t.as_f64().unwrap())
         .collect();
-    let span = times.iter().cloned().fold(f64::MIN, f64::max)
-        - times.iter().cloned().fold(f64::MAX, f64::min);
+    let last_sample = times.iter().cloned().fold(f64::MIN, f64::max);
+    let span = last_sample - times.iter().cloned().fold(f64::MAX, f64::min);
     eprintln!(
         "{} passes cover {covered:.0} ms; the loop thread's samples span {span:.0} ms",
         passes.len()
@@ -606,7 +603,6 @@ fn all_tasks_are_charged_from_the_start_to_the_end_of_a_run() {
         .keys()
         .map(|&b| f64::from_bits(b))
         .fold(f64::MIN, f64::max);
-    let last_sample = times.iter().cloned().fold(f64::MIN, f64::max);
     assert!(
         last_pass >= last_sample - 5.0,
         "the last pass over the tasks is at {last_pass:.0} ms, the last sample at \
