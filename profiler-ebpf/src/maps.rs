@@ -137,10 +137,6 @@ pub(crate) struct Walk {
     pub(crate) walks: u32,
     /// The first copy `copy_unknown_head_step` takes (those `choose_unknown_code` chose).
     pub(crate) snap_from: u32,
-    /// Frames the walk found running code that `KNOWN_CODES` does not name (shims aside): with
-    /// none, the pass of `choose_unknown_code` over the frames has nothing to choose and is not
-    /// run.
-    pub(crate) unknown: u32,
     /// `copy_stack`'s state: the thread, its stack pointer, the top of its stack once looked
     /// up (0: not yet), where the copy goes, how much it wants and has, and its flags.
     pub(crate) copy_tid: u32,

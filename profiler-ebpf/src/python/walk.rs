@@ -93,7 +93,6 @@ macro_rules! walk_frames {
                         $w.snaps = 0;
                         $w.callee = 0;
                         $w.handle = 0;
-                        $w.unknown = 0;
                         bpf_loop(
                             MAX_PY_FRAMES as u32,
                             walk_step as *mut c_void,
@@ -135,10 +134,7 @@ macro_rules! copy_code_heads {
                 let behind = CONFIG
                     .get(0)
                     .is_none_or(|c| SAMPLES.query(BPF_RB_AVAIL_DATA as u64) >= c.wakeup_bytes as u64);
-                // Once user space has settled the code a thread runs (its steady state), no
-                // frame is unknown: the pass over them (a step per frame, most of the cost of
-                // copying heads on deep stacks) is skipped.
-                if !behind && core::ptr::read_volatile(&$w.unknown) != 0 {
+                if !behind {
                     bpf_loop(
                         MAX_PY_FRAMES as u32,
                         choose_unknown_step as *mut c_void,
@@ -195,7 +191,6 @@ pub(crate) fn walk_python<const MODERN: bool>(cpu: u32, pc: &PyProcConfig, tstat
         zero(&mut w.snaps);
         zero(&mut w.callee);
         zero(&mut w.handle);
-        zero(&mut w.unknown);
         w.expect = expect;
     }
     walk_frames!(hdr, w, pc, cframe);
@@ -312,13 +307,6 @@ macro_rules! note_code_head {
                 } else {
                     $w.callee = code;
                     $w.callee_at = $i as u32;
-                }
-                // A code user space has not settled: `choose_unknown_code` will look at it.
-                if CALLEES {
-                    let word = known_code_word($w.pid, code);
-                    if crate::maps::KNOWN_CODES.get(known_code_slot(word)).copied() != Some(word) {
-                        $w.unknown += 1;
-                    }
                 }
             }
         }
