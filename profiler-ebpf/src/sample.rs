@@ -266,12 +266,19 @@ macro_rules! copy_user_stack {
         if $flags & SAMPLE_NO_USER == 0 && $hdr.sp != 0 {
             let sp = $hdr.sp;
             let mut want = $cfg.ustack_size as usize;
-            // The stack in use ends below the thread's outermost frame: copied up to the page
-            // boundary after that, not to the end of its mapping. (Whole pages: a last chunk of
-            // any length would have the verifier walk each step of this loop many times over.)
+            // The stack in use ends below the thread's outermost frame: copied up to there
+            // (the thread's control block, or the main thread's arguments), not to the end of
+            // its mapping. Without `bpf_loop`, up to the page boundary after it: a last chunk of
+            // any length would have the verifier walk each step of the unrolled loop many times
+            // over. (Exactly there, a thread's copy is 2.3 KiB shorter: glibc's thread
+            // descriptor above its thread pointer is not copied.)
             let end = stack_in_use_end($cfg, $pid, $tid, sp);
             if end > sp {
-                let upto = ((end + USTACK_CHUNK as u64 - 1) & !(USTACK_CHUNK as u64 - 1)) - sp;
+                let upto = if MODERN {
+                    end - sp
+                } else {
+                    ((end + USTACK_CHUNK as u64 - 1) & !(USTACK_CHUNK as u64 - 1)) - sp
+                };
                 if upto < want as u64 {
                     want = upto as usize;
                 }
@@ -289,7 +296,7 @@ macro_rules! copy_user_stack {
                     // variable whose bounds the verifier cannot follow.
                     // SAFETY: a local.
                     let copied = unsafe { core::ptr::read_volatile(&copied_total) };
-                    let Some(next) = copy_chunk(
+                    let Some(next) = copy_chunk::<false>(
                         $base, $area, sp, k as u64, copied, want, key, &mut top, &mut $flags,
                     ) else {
                         break;

@@ -103,7 +103,7 @@ pub(crate) extern "C" fn copy_step(index: u64, _ctx: *mut c_void) -> i64 {
     if area > COPY_AREA_MAX {
         return 1;
     }
-    match copy_chunk(
+    match copy_chunk::<true>(
         scratch as *mut u8,
         area,
         w.copy_sp,
@@ -126,10 +126,13 @@ pub(crate) extern "C" fn copy_step(index: u64, _ctx: *mut c_void) -> i64 {
 /// into `base + area + copied`; to the next page boundary first, then whole pages, `want` bytes
 /// at most. Returns the bytes copied once it is done, or `None` when the copy ends: it has what
 /// it wants, or met the top of the stack (`SAMPLE_USTACK_SHORT` in `flags`). `top` is the
-/// thread's (`key`) known stack top, looked up on first need (0: not yet).
+/// thread's (`key`) known stack top, looked up on first need (0: not yet). `PARTIAL`: the last
+/// chunk is what is left of `want` (a `bpf_loop` step, verified once whatever its length);
+/// without it the copy ends at the last whole chunk that fits (the unrolled loop, whose steps a
+/// chunk of any length would have the verifier walk many times over).
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-pub(crate) fn copy_chunk(
+pub(crate) fn copy_chunk<const PARTIAL: bool>(
     base: *mut u8,
     area: usize,
     sp: u64,
@@ -140,11 +143,14 @@ pub(crate) fn copy_chunk(
     top: &mut u64,
     flags: &mut u32,
 ) -> Option<usize> {
-    let chunk = if index == 0 {
+    let mut chunk = if index == 0 {
         USTACK_CHUNK - (sp as usize & (USTACK_CHUNK - 1))
     } else {
         USTACK_CHUNK
     };
+    if PARTIAL && copied < want && copied + chunk > want {
+        chunk = want - copied;
+    }
     if copied + chunk > want || copied > MAX_USTACK - USTACK_CHUNK || chunk > USTACK_CHUNK {
         return None;
     }
