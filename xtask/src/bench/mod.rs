@@ -34,7 +34,8 @@
 //! 12. **A web service, always on**: gunicorn `gthread` (2 x 8 threads, Flask) under `wrk`,
 //!     alone and under tachyon-bpf (wall and cpu, 49 Hz and 1 kHz) and py-spy, interleaved
 //!     rounds: throughput, the profiler's steady CPU (user + BPF), `tachyon_sample`'s run time,
-//!     off-CPU captures and scheduler records a second. `cargo xtask bench service` runs it alone.
+//!     off-CPU captures and scheduler records a second, context switches a second and the BPF
+//!     time a switch. `cargo xtask bench service` runs it alone.
 //!
 //! The targets from the issues are printed beside each number. Sections 1-5 are in `load.rs`,
 //! 6 in `pingpong.rs`, 7 and 8 in `host.rs`, 9 in `cpython.rs`, 10 in `asyncio.rs`, 11 in

@@ -321,14 +321,38 @@ pub fn service(
              writing of the profile over the whole run. Targets (issue 45): at 49 Hz at most 2% \
              (wall) and 1% (cpu); at 1 kHz at most 8% and 4%; throughput at least 0.99x; \
              `tachyon_sample` at most 5 µs a run; off-CPU records a second at most threads x \
-             rate; peak RSS under 100 MiB.\n",
+             rate; peak RSS under 100 MiB. *Switches/s*: the host's context switches, as the \
+             program at each switch counted them (wall mode: cpu mode attaches none); *BPF µs a \
+             switch*: the run time of both programs that run at a switch (switch-out \
+             accounting, switch-in decision and captures) over them.\n",
             WARM.as_secs()
         ),
-        "| profiler | requests/s | ratio | steady CPU % (user + BPF) | all included % | tachyon_sample µs | off-CPU captures/s | sched records/s | peak RSS MiB |\n|---|---|---|---|---|---|---|---|---|".to_string(),
+        "| profiler | requests/s | ratio | steady CPU % (user + BPF) | all included % | tachyon_sample µs | off-CPU captures/s | sched records/s | switches/s | BPF µs a switch | peak RSS MiB |\n|---|---|---|---|---|---|---|---|---|---|---|".to_string(),
     ];
     let names: Vec<&str> = configs.iter().map(|(n, _)| *n).collect();
     let raw = service_rows(&mut md, &names, &runs);
     Ok((md, Value::Array(raw)))
+}
+
+/// The context switches a run saw (the runs of the program at `sched_switch`) and the run time of
+/// every program that runs at a switch (ms): the switch-out accounting and the switch-in
+/// decision, of either program set.
+fn switch_cost(meta: &Value) -> (f64, f64) {
+    let Some(programs) = meta["bpfPrograms"].as_object() else {
+        return (0.0, 0.0);
+    };
+    let mut runs = 0.0;
+    let mut ms = 0.0;
+    for (name, p) in programs {
+        if !name.starts_with("tachyon_switch") {
+            continue;
+        }
+        ms += f(&p["ms"]);
+        if name == "tachyon_switch" || name == "tachyon_switch_compat" {
+            runs += f(&p["runs"]);
+        }
+    }
+    (runs, ms)
 }
 
 /// The section's rows: each configuration's throughput and, for the profilers, their cost.
@@ -353,6 +377,13 @@ fn service_rows(md: &mut Vec<String>, names: &[&str], runs: &[Vec<(f64, Cost)>])
             1000.0 * f(&p["ms"]) / f(&p["runs"]).max(1.0)
         });
         let rss = m(&|r| f(&r.1.meta["profilerCost"]["peakRssKiB"]) / 1024.0);
+        // What wall mode pays at every context switch of the host (cpu mode attaches nothing).
+        let switches_per_s =
+            m(&|r| switch_cost(&r.1.meta).0 / (f(&r.1.meta["durationMs"]) / 1e3).max(1e-3));
+        let switch_us = m(&|r| {
+            let (runs, ms) = switch_cost(&r.1.meta);
+            1000.0 * ms / runs.max(1.0)
+        });
         let cell = |v: f64, digits: usize| {
             if i == 0 || (v == 0.0 && name.starts_with("py-spy")) {
                 "".to_string()
@@ -368,7 +399,7 @@ fn service_rows(md: &mut Vec<String>, names: &[&str], runs: &[Vec<(f64, Cost)>])
             }
         };
         md.push(format!(
-            "| {name} | {rps:.0} | {:.3}x | {} | {} | {} | {} | {} | {} |",
+            "| {name} | {rps:.0} | {:.3}x | {} | {} | {} | {} | {} | {} | {} | {} |",
             rps / alone,
             if i == 0 {
                 String::new()
@@ -381,12 +412,24 @@ fn service_rows(md: &mut Vec<String>, names: &[&str], runs: &[Vec<(f64, Cost)>])
             tachyon_only(sample_us, 2),
             tachyon_only(per_s("switchCaptures"), 0),
             tachyon_only(per_s("schedRecords"), 0),
+            // cpu mode: no program ran at the switches, so none were counted.
+            if switches_per_s > 0.0 {
+                tachyon_only(switches_per_s, 0)
+            } else {
+                String::new()
+            },
+            if switches_per_s > 0.0 {
+                tachyon_only(switch_us, 2)
+            } else {
+                String::new()
+            },
             tachyon_only(rss, 1),
         ));
         raw.push(json!({
             "profiler": name, "requests_per_s": rps, "ratio": rps / alone,
             "steady_user_pct": user, "bpf_pct": bpf, "all_included_pct": all,
             "tachyon_sample_us": sample_us, "peak_rss_mib": rss,
+            "switches_per_s": switches_per_s, "bpf_us_per_switch": switch_us,
             "runs": rs.iter().map(|r| json!({"rps": r.0, "steady_pct": r.1.steady_pct, "bpf_pct": r.1.bpf_pct, "all_pct": r.1.all_pct, "meta": r.1.meta})).collect::<Vec<_>>(),
         }));
     }
@@ -414,5 +457,24 @@ mod tests {
         );
         assert_eq!(m["bpfCounters"]["switchCaptures"], json!(3.0));
         assert!(summary_meta("tachyon-bpf: error: no such process\n").is_err());
+    }
+
+    #[test]
+    fn the_cost_of_a_switch_is_both_programs_over_the_switches() {
+        let meta = json!({"bpfPrograms": {
+            "tachyon_sample": {"ms": 30.0, "runs": 2000.0},
+            "tachyon_switch": {"ms": 100.0, "runs": 200000.0},
+            "tachyon_switch_in": {"ms": 80.0, "runs": 200010.0},
+        }});
+        assert_eq!(switch_cost(&meta), (200000.0, 180.0));
+        let compat = json!({"bpfPrograms": {
+            "tachyon_switch_compat": {"ms": 10.0, "runs": 1000.0},
+            "tachyon_switch_in_compat": {"ms": 5.0, "runs": 1000.0},
+        }});
+        assert_eq!(switch_cost(&compat), (1000.0, 15.0));
+        assert_eq!(
+            switch_cost(&json!({"bpfPrograms": {"tachyon_sample": {"ms": 1.0, "runs": 1.0}}})),
+            (0.0, 0.0)
+        );
     }
 }
