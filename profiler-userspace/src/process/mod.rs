@@ -48,11 +48,11 @@ pub struct Process {
     pub modules: Vec<Module>,
     pub mappings: Vec<Mapping>,
     pub unwinder: unwind::NativeUnwinder,
-    pub cache: unwind::Cache,
+    pub cache: unwind::banks::RuleCaches,
     /// framehop's rules for interrupted instructions, apart from `cache`'s for return
     /// addresses: each sample's leaf is an instruction of its own (a hot loop has thousands),
     /// which in one cache took the slot of a return address every stack has.
-    pub leaf_cache: unwind::Cache,
+    pub leaf_cache: unwind::banks::RuleCaches,
     /// Addresses whose CFI marks them as a thread's outermost frame (`unwind::Walker::walk`
     /// checks each end of an unwind once); emptied when the modules change.
     pub roots: rustc_hash::FxHashSet<u64>,
@@ -154,8 +154,8 @@ impl Process {
             modules_gen: next_modules_gen(),
             mappings: Vec::new(),
             unwinder: unwind::NativeUnwinder::new(),
-            cache: unwind::Cache::new(),
-            leaf_cache: unwind::Cache::new(),
+            cache: unwind::banks::RuleCaches::new(),
+            leaf_cache: unwind::banks::RuleCaches::new(),
             roots: Default::default(),
             stack_tops: Default::default(),
             late_memos: Default::default(),

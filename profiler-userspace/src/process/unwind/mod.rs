@@ -2,6 +2,7 @@
 //! the file's own rule (`cfi`), then a checked scan of the stack for the next return
 //! address.
 
+pub mod banks;
 pub mod cfi;
 
 use framehop::FrameAddress;
@@ -342,9 +343,9 @@ struct Frame {
 
 struct Walker<'a, 'r> {
     unwinder: &'a NativeUnwinder,
-    cache: &'a mut Cache,
+    cache: &'a mut banks::RuleCaches,
     /// For the interrupted instruction (`Process::leaf_cache`).
-    leaf_cache: &'a mut Cache,
+    leaf_cache: &'a mut banks::RuleCaches,
     modules: &'a [Module],
     roots: &'a mut rustc_hash::FxHashSet<u64>,
     hints: &'a mut rustc_hash::FxHashMap<u64, u64>,
@@ -560,11 +561,12 @@ impl<'a> Walker<'a, '_> {
             let own = self.needs_own_rule(f);
             if !own {
                 let mut read = |a: u64| (self.read)(a).ok_or(());
-                let cache = if f.addr.is_return_address() {
+                let caches = if f.addr.is_return_address() {
                     &mut *self.cache
                 } else {
                     &mut *self.leaf_cache
                 };
+                let cache = caches.bank(f.addr.address());
                 match step(self.unwinder, cache, f.addr, f.regs, &mut read) {
                     Ok(Some((ra, regs))) => {
                         let Some(addr) = FrameAddress::from_return_address(ra) else {
