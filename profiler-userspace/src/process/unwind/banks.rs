@@ -18,7 +18,8 @@ use super::Cache;
 
 /// Banks one process may have, for one kind of address (a power of two).
 pub const MAX_BANKS: usize = 16;
-/// Banks all processes together may have beyond their first: about 12 KiB each.
+/// Banks all processes together may have beyond their first: 8-10 KiB each (509 entries of
+/// 16 bytes, and the CFI evaluator framehop keeps beside them).
 const BUDGET: usize = 512;
 /// Banks in use beyond each process's first, across processes.
 static EXTRA: AtomicUsize = AtomicUsize::new(0);
