@@ -356,7 +356,7 @@ fn bench_task(rest: &[String]) -> Result<()> {
         Some("asyncio") => bench::asyncio_tasks(&bin, &tools, &dir)?.0,
         Some("callgrind") => {
             let py = bench::workload_python(&tools)?;
-            bench::callgrind(&bin, &py, &dir)?.0
+            bench::callgrind(&bin, &tools, &py, &dir)?.0
         }
         Some("service") => bench::service(&bin, &tools, &bench::setup_py_spy(&tools)?, &dir)?.0,
         _ => return bench::bench(&bin, &tools),

@@ -30,7 +30,8 @@
 //!     alone and under tachyon-bpf and CPython's sampler with `--async-aware`, and tachyon-bpf's
 //!     CPU per sample. `cargo xtask bench asyncio` runs it alone.
 //! 11. **Instructions per sample**: user space's instructions per sample, counted by callgrind
-//!     (no load on the machine moves the count). `cargo xtask bench callgrind` runs it alone.
+//!     (no load on the machine moves the count), on the CPU loop with sleeping threads and on
+//!     section 12's web service. `cargo xtask bench callgrind` runs it alone.
 //! 12. **A web service, always on**: gunicorn `gthread` (2 x 8 threads, Flask) under `wrk`,
 //!     alone and under tachyon-bpf (wall and cpu, 49 Hz and 1 kHz) and py-spy, interleaved
 //!     rounds: throughput, the profiler's steady CPU (user + BPF), `tachyon_sample`'s run time,
@@ -481,7 +482,7 @@ pub fn bench(tachyon: &Path, tools: &Path) -> Result<()> {
     let (a_md, a_raw) = asyncio::asyncio_tasks(tachyon, tools, &dir)?;
     md.extend(a_md);
     raw.insert("asyncio".into(), a_raw);
-    let (c_md, c_raw) = callgrind::callgrind(tachyon, &py, &dir)?;
+    let (c_md, c_raw) = callgrind::callgrind(tachyon, tools, &py, &dir)?;
     md.extend(c_md);
     raw.insert("callgrind".into(), c_raw);
     let (s_md, s_raw) = service::service(tachyon, tools, &py_spy, &dir)?;

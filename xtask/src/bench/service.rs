@@ -166,6 +166,11 @@ fn summary_meta(stderr: &str) -> Result<Value> {
         .with_context(|| format!("no duration in the summary: {stderr}"))?
         .0;
     let duration_ms = num(secs)? * 1e3;
+    let samples = stderr
+        .lines()
+        .find_map(|l| l.split_once(" s, ")?.1.split_once(" samples on CPU "))
+        .context("no samples in the summary")?
+        .0;
     // "tachyon_sample 39.1 ms (2028 runs, 19.30 µs each), ..."
     let mut programs = serde_json::Map::new();
     let mut bpf_ms = 0.0;
@@ -190,6 +195,7 @@ fn summary_meta(stderr: &str) -> Result<Value> {
         .context("the summary's peak RSS")?;
     Ok(json!({
         "durationMs": duration_ms,
+        "samples": num(samples)?,
         "profilerCost": {"bpfMs": bpf_ms, "peakRssKiB": num(rss)? * 1024.0},
         "bpfPrograms": programs,
         "bpfCounters": counters,
@@ -230,6 +236,51 @@ fn profiled(mut cmd: Command, ours: bool) -> Result<(f64, Cost)> {
             meta,
         },
     ))
+}
+
+/// Section 11's second workload: this section's service under load, `--all-pythons` in cpu mode
+/// at the always-on rate (49 Hz) for 15 s and for 45 s under callgrind, each on a service
+/// started for it: (samples, instructions of the whole process, of the record handler) a run.
+pub fn callgrind_service(tachyon: &Path, tools: &Path, dir: &Path) -> Result<Vec<(f64, f64, f64)>> {
+    let gunicorn = setup(tools)?;
+    std::fs::write(dir.join("bench_service_app.py"), APP)?;
+    let mut runs = Vec::new();
+    for secs in [15u64, 45] {
+        eprintln!("bench: callgrind, the service, {secs} s");
+        let _svc = Service::start(&gunicorn, dir)?;
+        // Load for longer than the run: start-up under callgrind takes some seconds more.
+        let mut wrk = Command::new("wrk")
+            .args(["-t2", "-c32"])
+            .arg(format!("-d{}s", secs + 120))
+            .arg(format!("http://127.0.0.1:{PORT}/"))
+            .stdout(Stdio::null())
+            .spawn()
+            .context("running wrk")?;
+        let out = dir.join(format!("callgrind-service-{secs}.pb.gz"));
+        let counted = super::callgrind::under_callgrind(
+            tachyon,
+            &[
+                "--all-pythons",
+                "-m",
+                "cpu",
+                "-r",
+                "49",
+                "-d",
+                &secs.to_string(),
+                "-f",
+                "pprof",
+                "-o",
+                &out.to_string_lossy(),
+            ],
+            dir,
+            &format!("service-{secs}"),
+        );
+        let _ = wrk.kill();
+        let _ = wrk.wait();
+        let (instructions, handler, stderr) = counted?;
+        runs.push((f(&summary_meta(&stderr)?["samples"]), instructions, handler));
+    }
+    Ok(runs)
 }
 
 /// Section 12; the report's lines and raw numbers.
@@ -449,6 +500,7 @@ mod tests {
             tachyon-bpf: BPF counters: records 1667, lost 0, switchCaptures 3, schedRecords 0\n";
         let m = summary_meta(stderr).unwrap();
         assert_eq!(m["durationMs"], json!(24000.0));
+        assert_eq!(m["samples"], json!(1667.0));
         assert_eq!(m["profilerCost"]["bpfMs"], json!(39.6));
         assert_eq!(m["profilerCost"]["peakRssKiB"], json!(96.0 * 1024.0));
         assert_eq!(
