@@ -6,11 +6,11 @@
 //! libraries'), and its samples are interrupted at thousands of instructions: with one cache,
 //! 11% of return-address look-ups and 70% of interrupted-instruction look-ups found another
 //! address in their slot, and each of those misses parses the function's CFI again (about
-//! 6,000 instructions, a fifth of a sample's handling). framehop's cache size is fixed, so the
-//! process keeps several caches, one chosen by a hash of the address. A process starts with
-//! one (what a short-lived or rarely sampled process needs); a process whose look-ups keep
-//! evicting each other gets twice as many, up to `MAX_BANKS`, within a budget for all
-//! processes (`BUDGET`): a host of many busy processes still costs a bounded amount.
+//! 6,000 instructions; together a fifth of a sample's handling). framehop's cache size is
+//! fixed, so the process keeps several caches, one chosen by a hash of the address. A process
+//! starts with one (what a short-lived or rarely sampled process needs); a process whose
+//! look-ups keep evicting each other gets twice as many, up to `MAX_BANKS`, within a budget
+//! for all processes (`BUDGET`): a host of many busy processes still costs a bounded amount.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
