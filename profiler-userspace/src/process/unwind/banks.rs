@@ -64,7 +64,8 @@ impl RuleCaches {
         &mut self.banks[i]
     }
 
-    pub fn banks(&self) -> usize {
+    #[cfg(test)]
+    fn banks(&self) -> usize {
         self.banks.len()
     }
 
@@ -150,13 +151,45 @@ mod tests {
         assert!(thrashing(100_000, 1_100));
     }
 
-    #[test]
-    fn a_new_process_has_one_bank() {
-        let mut c = RuleCaches::new();
-        // Look-ups alone insert nothing, so nothing is evicted: no growth.
-        for a in 0..10_000u64 {
-            c.bank(a * 509);
+    /// Looks up the rule of each return address of `addrs`, `rounds` times over, through
+    /// framehop itself (an unwinder without modules gives each address its fallback rule, and
+    /// caches it as it would any rule).
+    fn look_up(c: &mut RuleCaches, addrs: &[u64], rounds: usize) {
+        let unwinder = super::super::NativeUnwinder::new();
+        let regs = super::super::cfi::Regs {
+            ip: 0,
+            sp: 0x7000,
+            bp: 0,
+            lr: 0,
+        };
+        for _ in 0..rounds {
+            for &a in addrs {
+                let addr = framehop::FrameAddress::from_return_address(a).unwrap();
+                let _ = super::super::step(&unwinder, c.bank(a), addr, regs, &mut |_| Err(()));
+            }
         }
+    }
+
+    #[test]
+    fn banks_grow_while_addresses_evict_each_other_and_only_then() {
+        // Addresses in slots of their own: each misses once, then is found.
+        let mut c = RuleCaches::new();
+        let apart: Vec<u64> = (1..=300).map(|k| 0x40_0000 + k * 8).collect();
+        look_up(&mut c, &apart, 40);
         assert_eq!(c.banks(), 1);
+        // 16 addresses of one slot (509 apart) evict each other at every look-up in one bank:
+        // the banks double up to their limit.
+        let mut c = RuleCaches::new();
+        let clashing: Vec<u64> = (1..=16).map(|k| 0x40_0001 + k * 509).collect();
+        look_up(&mut c, &clashing, 200);
+        assert_eq!(c.banks(), MAX_BANKS);
+        // Spread over the banks, the addresses alone in theirs find their rule (those that
+        // share one still clash).
+        let (h0, k0) = c.counts();
+        look_up(&mut c, &clashing, 10);
+        let (h1, k1) = c.counts();
+        let (hits, conflicts) = (h1 - h0, k1 - k0);
+        // In one bank, all 160 would have evicted another: none would have been found.
+        assert!(hits >= 40, "{hits} hits, {conflicts} conflicts");
     }
 }
