@@ -3,7 +3,7 @@
 //! of a code head still names its frame after the object is gone), and the function and frame
 //! ids they were given.
 
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use rustc_hash::FxHashMap;
 
@@ -71,13 +71,28 @@ pub struct CodeCache {
     pub(super) funcs: FxHashMap<(u64, [u64; 3]), MadeFunction>,
     /// Frames by function, line and (innermost frames with `--opcodes`) opcode byte.
     pub(super) frames: FxHashMap<(FrameRef, u32, Option<u8>), FrameRef>,
+    /// What `frame_for` answered, by code address and instruction, with the code object it
+    /// answered for and whether its line table was corrupt: most frames of a sample were named
+    /// before, and naming one again took three look-ups and a lock (the function, the line, the
+    /// frame). Weak: the entry names the object (its allocation outlives it), without keeping
+    /// a retired object's tables alive.
+    named: FxHashMap<(u64, i32), Named>,
 }
+
+/// A `CodeCache::named` entry.
+type Named = (Weak<CodeInfo>, FrameRef, bool);
+
+/// `CodeCache::named` entries kept before it is emptied (the instructions of a service's hot
+/// code are a few thousand; a weak entry holds at most its object's allocation, about 200
+/// bytes).
+const MAX_NAMED: usize = 8192;
 
 impl CodeCache {
     /// Forgets the function and frame ids (a new profile started: the old ones are void).
     pub fn new_profile(&mut self) {
         self.funcs.clear();
         self.frames.clear();
+        self.named.clear();
     }
 
     /// The code objects at `addrs`, validated against the target's memory once per `epoch`
@@ -420,7 +435,42 @@ impl CodeCache {
             .is_some_and(|id| id[0] != 0 && rt.code_type != 0 && id[0] != rt.code_type)
     }
 
+    /// The frame of code object `c` (at `addr`) at instruction `instr`, with the opcode byte
+    /// there when `with_opcode`.
     pub fn frame_for(
+        &mut self,
+        rt: &Runtime,
+        out: &mut impl ProfileSink,
+        addr: u64,
+        c: &Arc<CodeInfo>,
+        instr: i32,
+        with_opcode: bool,
+    ) -> FrameRef {
+        if with_opcode {
+            return self.make_frame(rt, out, addr, c, instr, true).0;
+        }
+        if let Some((named, f, corrupt)) = self.named.get(&(addr, instr)) {
+            // The same object: a weak entry keeps its allocation, so no other object can have
+            // its address.
+            if std::ptr::eq(named.as_ptr(), Arc::as_ptr(c)) {
+                if *corrupt {
+                    out.count(PyEvent::BadLineTable);
+                }
+                return *f;
+            }
+        }
+        let (f, corrupt) = self.make_frame(rt, out, addr, c, instr, false);
+        if self.named.len() >= MAX_NAMED {
+            self.named.clear();
+        }
+        self.named
+            .insert((addr, instr), (Arc::downgrade(c), f, corrupt));
+        f
+    }
+
+    /// `frame_for` from its tables: the function, the line and the frame; and whether the line
+    /// table was corrupt.
+    fn make_frame(
         &mut self,
         rt: &Runtime,
         out: &mut impl ProfileSink,
@@ -428,7 +478,7 @@ impl CodeCache {
         c: &CodeInfo,
         instr: i32,
         with_opcode: bool,
-    ) -> FrameRef {
+    ) -> (FrameRef, bool) {
         let func = match self.funcs.get(&(addr, c.ident)) {
             Some((f, name, file)) if *name == c.name && *file == c.file => *f,
             _ => {
@@ -446,9 +496,10 @@ impl CodeCache {
             .then(|| opcodes::read(&rt.remote, &rt.layout, addr, instr))
             .flatten();
         let minor = rt.layout.minor;
-        *self.frames.entry((func, line, byte)).or_insert_with(|| {
+        let f = *self.frames.entry((func, line, byte)).or_insert_with(|| {
             out.python_frame(func, line, byte.and_then(|b| opcodes::name(minor, b)))
-        })
+        });
+        (f, corrupt)
     }
 }
 
@@ -462,5 +513,145 @@ impl PyProcess {
                 aio.handle_run = a;
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::process::remote::Remote;
+    use crate::python::layout;
+
+    /// Functions and frames by content, as the profile keeps them; counts what it made and the
+    /// corrupt line tables.
+    #[derive(Default)]
+    struct Sink {
+        made: Vec<(String, Option<u32>)>,
+        calls: usize,
+        bad_tables: usize,
+    }
+
+    impl Sink {
+        fn intern(&mut self, e: (String, Option<u32>)) -> FrameRef {
+            self.calls += 1;
+            match self.made.iter().position(|m| *m == e) {
+                Some(i) => i,
+                None => {
+                    self.made.push(e);
+                    self.made.len() - 1
+                }
+            }
+        }
+    }
+
+    impl ProfileSink for Sink {
+        fn python_function(&mut self, name: &Arc<str>, _: &Arc<str>, _: u32) -> FrameRef {
+            self.intern((name.to_string(), None))
+        }
+        fn python_frame(
+            &mut self,
+            func: FrameRef,
+            line: u32,
+            _: Option<opcodes::Opcode>,
+        ) -> FrameRef {
+            let name = self.made[func].0.clone();
+            self.intern((name, Some(line)))
+        }
+        fn task_frame(&mut self, _: &str) -> FrameRef {
+            unreachable!()
+        }
+        fn unresolved_frame(&mut self) -> FrameRef {
+            unreachable!()
+        }
+        fn count(&mut self, event: PyEvent) {
+            if event == PyEvent::BadLineTable {
+                self.bad_tables += 1;
+            }
+        }
+    }
+
+    fn code(name: &str, first: u32, linetable: Vec<u8>) -> Arc<CodeInfo> {
+        Arc::new(CodeInfo {
+            name: Arc::from(name),
+            file: Arc::from("app.py"),
+            firstlineno: first,
+            linetable,
+            ident: [1, 2, 3],
+            name_ptr: 2,
+            lines: Default::default(),
+        })
+    }
+
+    fn runtime() -> Runtime {
+        Runtime {
+            remote: Remote { pid: 0 },
+            layout: layout::builtin(12).unwrap(),
+            addr: 0,
+            none_addr: 0,
+            code_type: 0,
+            str_type: 0,
+            long_type: 0,
+        }
+    }
+
+    #[test]
+    fn frames_named_again_are_those_named_first_and_only_for_the_same_object() {
+        let rt = runtime();
+        let mut cache = CodeCache::default();
+        let mut out = Sink::default();
+        // A 3.12 location table: 2 code units one line past the first (one-line form 11, with
+        // its two column bytes), then 2 more two lines past that (form 12).
+        let table = vec![0x80 | (11 << 3) | 1, 0, 0, 0x80 | (12 << 3) | 1, 0, 0];
+        let f = code("f", 10, table.clone());
+        let at = 0x7000_0000;
+        let first: Vec<FrameRef> = (0..4)
+            .map(|i| cache.frame_for(&rt, &mut out, at, &f, i, false))
+            .collect();
+        let calls = out.calls;
+        // Named again: the same frames, without asking the profile again.
+        for round in 0..3 {
+            for i in 0..4 {
+                let again = cache.frame_for(&rt, &mut out, at, &f, i, false);
+                assert_eq!(again, first[i as usize], "round {round} instruction {i}");
+            }
+        }
+        assert_eq!(out.calls, calls);
+        assert_eq!(out.made[first[0]], ("f".to_string(), Some(11)));
+        assert_eq!(out.made[first[3]], ("f".to_string(), Some(13)));
+        // Another object at the same address (its identity the same, its name not): its own
+        // function and frame, never the one named for the object before it.
+        let g = code("g", 20, table);
+        let other = cache.frame_for(&rt, &mut out, at, &g, 0, false);
+        assert_ne!(other, first[0]);
+        assert_eq!(out.made[other], ("g".to_string(), Some(21)));
+        // The first object again (it is still alive): its own frame.
+        assert_eq!(cache.frame_for(&rt, &mut out, at, &f, 0, false), first[0]);
+        // A new profile: the old ids are void, so frames are made again.
+        cache.new_profile();
+        let before = out.calls;
+        let renamed = cache.frame_for(&rt, &mut out, at, &f, 0, false);
+        assert_eq!(out.calls, before + 2);
+        assert_eq!(out.made[renamed], ("f".to_string(), Some(11)));
+    }
+
+    #[test]
+    fn a_corrupt_line_table_is_counted_at_every_frame_named_from_it() {
+        let rt = runtime();
+        let mut cache = CodeCache::default();
+        let mut out = Sink::default();
+        // Long-form entries whose line deltas add past any line (as `code.rs` tests).
+        let mut t = Vec::new();
+        for _ in 0..5 {
+            t.push(0x80 | (14 << 3));
+            t.extend([
+                0x7e, 0x7f, 0x7f, 0x7f, 0x7f, 0x7f, 0x7f, 0x7f, 0x7f, 0x7f, 0x03,
+            ]);
+            t.extend([0, 0, 0]);
+        }
+        let f = code("f", 1, t);
+        for _ in 0..3 {
+            cache.frame_for(&rt, &mut out, 0x7000_0000, &f, 4, false);
+        }
+        assert_eq!(out.bad_tables, 3);
     }
 }
