@@ -488,8 +488,8 @@ fn add_extra(st: &mut ThreadSched, slot: usize, extra: u64) {
 
 /// Where the current thread blocks, as one word: its user-mode instruction and stack pointers
 /// (the syscall site and C stack depth) and, for a Python thread, its innermost interpreter
-/// frame, that frame's code object and instruction. Equal words: the same blocking point, so
-/// the same stack. A few reads: no walk, no copy. A subprogram: it returns one word, so the
+/// frame, and the code object and instruction of it and of its callers up to `SIG_FRAMES`
+/// frames. Equal words: the same blocking point, so the same stack. A few reads: no copy. A subprogram: it returns one word, so the
 /// verifier walks what follows once, not once per way through it.
 #[inline(never)]
 pub(crate) fn block_signature<const MODERN: bool>(cfg: &Config, pid: u32, tid: u32) -> u64 {
@@ -541,7 +541,26 @@ pub(crate) fn block_signature<const MODERN: bool>(cfg: &Config, pid: u32, tid: u
     if !read_frame(fbuf, pc.frame_read_size, frame) {
         return sig ^ 3;
     }
-    let code = frame_u64(fbuf, pc.frame_code) & pc.code_mask;
-    let instr = frame_u64(fbuf, pc.frame_instr);
-    sig ^ frame.rotate_left(7) ^ code.rotate_left(29) ^ instr.rotate_left(43)
+    let mut sig = sig ^ frame.rotate_left(7);
+    // The innermost frame and its callers, each its code object and instruction (a caller's is
+    // its call site), mixed in by position.
+    for k in 0..SIG_FRAMES {
+        let code = frame_u64(fbuf, pc.frame_code) & pc.code_mask;
+        let instr = frame_u64(fbuf, pc.frame_instr);
+        sig = (sig ^ code ^ instr.rotate_left(32)).wrapping_mul(SIG_MIX);
+        let caller = frame_u64(fbuf, pc.frame_previous);
+        if k + 1 == SIG_FRAMES || caller == 0 || !read_frame(fbuf, pc.frame_read_size, caller) {
+            break;
+        }
+    }
+    sig
 }
+
+/// Python frames a blocking point's signature covers: the innermost and its callers. A function
+/// called from two places has its frame at the same address under both when they are at the
+/// same depth (and so, on 3.8-3.10, when they reuse the code object's frame), at the same C
+/// stack depth: its callers tell the two apart. Each is one read of a few words, at a kept
+/// interval only (a few hundred a second on a busy service).
+const SIG_FRAMES: usize = 4;
+/// An odd constant (2^64 over the golden ratio) that spreads each frame's words over the word.
+const SIG_MIX: u64 = 0x9e37_79b9_7f4a_7c15;

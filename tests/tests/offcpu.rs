@@ -259,6 +259,63 @@ fn a_block_right_after_another_gets_its_own_stack() {
     }
 }
 
+const TWO_CALLERS: &str = r#"
+import time
+
+def wait():
+    time.sleep(0.02)
+
+def step():
+    wait()
+
+def route_a():
+    step()
+
+def route_b():
+    step()
+
+a = b = 0.0
+for _ in range(50):
+    t0 = time.perf_counter()
+    route_a()
+    t1 = time.perf_counter()
+    route_b()
+    a += t1 - t0
+    b += time.perf_counter() - t1
+print(a, b)
+"#;
+
+/// One function blocking at one line, reached from two callers of the same shape through a
+/// function between: the frames it blocks in are at the same addresses under either caller
+/// (the same depth; on 3.8 each code object's reused frame), and the thread at the same C
+/// stack depth. Each caller's share is the time the script slept under it: a blocking point is
+/// known by its callers too, so the second caller's blocks are never charged to the capture
+/// taken under the first.
+#[test]
+fn a_function_blocking_under_two_callers_is_charged_to_each() {
+    require_root();
+    let dir = scratch("offcpu_two_callers");
+    for label in ["3.8.18", "3.12.1"] {
+        let py = python(label);
+        let (wall, out) = profile_script(&dir, "two_callers", &py, TWO_CALLERS, &["-m", "wall"]);
+        let measured: Vec<f64> = out
+            .split_whitespace()
+            .map(|x| x.parse::<f64>().expect("the script prints its sleep times") * 1000.0)
+            .collect();
+        let v = Viewer::load(&wall).unwrap();
+        let (_, c) = thread_with(&v, "wait");
+        for (caller, ms) in ["route_a", "route_b"].iter().zip(measured) {
+            let under =
+                c.count(|n| n.iter().any(|f| f == caller) && n.iter().any(|f| f == "wait")) as f64;
+            assert!(
+                (under - ms).abs() <= 0.05 * ms,
+                "{label}: {under:.0} ms under {caller} -> step -> wait, the script slept {ms:.0} \
+                 ms there"
+            );
+        }
+    }
+}
+
 const POOL: &str = r#"
 import multiprocessing as mp, time
 
