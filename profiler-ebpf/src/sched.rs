@@ -489,8 +489,9 @@ fn add_extra(st: &mut ThreadSched, slot: usize, extra: u64) {
 /// Where the current thread blocks, as one word: its user-mode instruction and stack pointers
 /// (the syscall site and C stack depth) and, for a Python thread, its innermost interpreter
 /// frame, and the code object and instruction of it and of its callers up to `SIG_FRAMES`
-/// frames. Equal words: the same blocking point, so the same stack. A few reads: no copy. A subprogram: it returns one word, so the
-/// verifier walks what follows once, not once per way through it.
+/// frames. Equal words: the same blocking point, so the same stack. A few reads: no copy. A
+/// subprogram: it returns one word, so the verifier walks what follows once, not once per way
+/// through it.
 #[inline(never)]
 pub(crate) fn block_signature<const MODERN: bool>(cfg: &Config, pid: u32, tid: u32) -> u64 {
     let mut sig = 0u64;

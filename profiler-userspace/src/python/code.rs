@@ -510,12 +510,12 @@ fn location_table_line(t: &[u8], first: i64, addrq: u64) -> Result<Option<i64>, 
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    #[test]
-    fn location_table_line_deltas_that_overflow_are_corrupt() {
-        // Two "long form" entries (code 14) whose line deltas add past i64::MAX.
+    /// A 3.11+ location table of five "long form" entries (code 14) whose line deltas add past
+    /// i64::MAX: corrupt.
+    pub(crate) fn overflowing_location_table() -> Vec<u8> {
         let mut t = Vec::new();
         for _ in 0..5 {
             t.push(0x80 | (14 << 3));
@@ -525,6 +525,12 @@ mod tests {
             ]);
             t.extend([0, 0, 0]);
         }
+        t
+    }
+
+    #[test]
+    fn location_table_line_deltas_that_overflow_are_corrupt() {
+        let t = overflowing_location_table();
         let c = code(1, t.clone());
         assert_eq!(line_lookup(12, &c, 4), (1, true));
         // One such delta: no overflow, but no real line either.

@@ -639,15 +639,7 @@ mod tests {
         let rt = runtime();
         let mut cache = CodeCache::default();
         let mut out = Sink::default();
-        // Long-form entries whose line deltas add past any line (as `code.rs` tests).
-        let mut t = Vec::new();
-        for _ in 0..5 {
-            t.push(0x80 | (14 << 3));
-            t.extend([
-                0x7e, 0x7f, 0x7f, 0x7f, 0x7f, 0x7f, 0x7f, 0x7f, 0x7f, 0x7f, 0x03,
-            ]);
-            t.extend([0, 0, 0]);
-        }
+        let t = crate::python::code::tests::overflowing_location_table();
         let f = code("f", 1, t);
         for _ in 0..3 {
             cache.frame_for(&rt, &mut out, 0x7000_0000, &f, 4, false);
