@@ -136,6 +136,17 @@ fn median(mut v: Vec<f64>) -> f64 {
     }
 }
 
+/// A process's user and system CPU so far (ms), from `/proc/PID/stat`.
+pub(super) fn cpu_ms(pid: u32) -> Result<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    let rest = stat.rsplit_once(')').context("stat")?.1;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = f[11].parse::<f64>()? + f[12].parse::<f64>()?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    Ok(ticks * 1000.0 / hz)
+}
+
 /// tachyon-bpf running in the background until `stop`: the way it runs on a host.
 struct Background {
     child: Child,
@@ -155,6 +166,11 @@ impl Background {
         // Loaded, attached and discovering well within this.
         std::thread::sleep(Duration::from_millis(1500));
         Ok(Background { child })
+    }
+
+    /// Its process CPU so far (ms, `cpu_ms`).
+    fn cpu_ms(&self) -> Result<f64> {
+        cpu_ms(self.child.id())
     }
 
     /// Stops the run (SIGINT, as Ctrl-C) and waits for its end: the CPU it used (ms).

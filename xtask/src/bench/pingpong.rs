@@ -3,7 +3,7 @@
 
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use serde_json::{json, Value};
@@ -46,9 +46,14 @@ pub fn pingpong(
                 &["--all-pythons", "-r", "1000", "-m", mode],
                 &pp_out(mode),
             )?;
+            // Its CPU while the ping-pong runs: what it costs once started.
+            let (c0, t0) = (bg.cpu_ms()?, Instant::now());
             let t = timed(&mut pp_cmd());
+            let (c1, t1) = (bg.cpu_ms()?, Instant::now());
             let cpu = bg.stop()?;
-            let m = with_process_cpu(meta(&pp_out(mode))?, cpu);
+            let mut m = with_process_cpu(meta(&pp_out(mode))?, cpu);
+            m["profilerCost"]["steadyCpuMs"] = json!(c1 - c0);
+            m["profilerCost"]["steadyMs"] = json!(t1.duration_since(t0).as_secs_f64() * 1e3);
             pp_cost_ref.borrow_mut()[usize::from(mode == "cpu")].push(m);
             t
         })
@@ -134,11 +139,14 @@ pub fn pingpong(
 fn cost_table(md: &mut Vec<String>, pp_cost: &[Vec<Value>; 2]) -> Vec<Value> {
     md.push(
         "\nThe profiler's own cost in those runs (the whole process from start to end, start-up \
-         included, over the run's duration; BPF from the kernel's statistics):\n"
+         included, over the run's duration; BPF from the kernel's statistics). *Steady*: what it \
+         costs once started, as when it is left on: its process CPU while the ping-pong ran (from \
+         `/proc`, in 10 ms ticks) plus the run's BPF time, over the ping-pong's duration (the \
+         programs have next to nothing to do before and after it).\n"
             .into(),
     );
     md.push(
-        "| mode | CPU % of one CPU | user % | BPF % | samples | µs per sample | peak RSS MiB |\n|---|---|---|---|---|---|---|"
+        "| mode | CPU % of one CPU | user % | BPF % | steady % (user + BPF) | samples | µs per sample | peak RSS MiB |\n|---|---|---|---|---|---|---|---|"
             .into(),
     );
     let mut pp_cost_raw = Vec::new();
@@ -151,6 +159,14 @@ fn cost_table(md: &mut Vec<String>, pp_cost: &[Vec<Value>; 2]) -> Vec<Value> {
             )
         };
         let (user, bpf) = (pct("processCpuMs"), pct("bpfMs"));
+        let steady_part = |k: &str| {
+            median(
+                runs.iter()
+                    .map(|m| 100.0 * f(&m["profilerCost"][k]) / f(&m["profilerCost"]["steadyMs"]))
+                    .collect(),
+            )
+        };
+        let (steady_user, steady_bpf) = (steady_part("steadyCpuMs"), steady_part("bpfMs"));
         let per = median(
             runs.iter()
                 .map(|m| {
@@ -167,10 +183,11 @@ fn cost_table(md: &mut Vec<String>, pp_cost: &[Vec<Value>; 2]) -> Vec<Value> {
                 .collect(),
         );
         md.push(format!(
-            "| {mode} | {:.1} | {user:.1} | {bpf:.1} | {samples:.0} | {per:.1} | {rss:.1} |",
-            user + bpf
+            "| {mode} | {:.1} | {user:.1} | {bpf:.1} | {:.1} ({steady_user:.1} + {steady_bpf:.1}) | {samples:.0} | {per:.1} | {rss:.1} |",
+            user + bpf,
+            steady_user + steady_bpf
         ));
-        pp_cost_raw.push(json!({"mode": mode, "user_pct": user, "bpf_pct": bpf, "us_per_sample": per, "peak_rss_mib": rss, "runs": runs}));
+        pp_cost_raw.push(json!({"mode": mode, "user_pct": user, "bpf_pct": bpf, "steady_user_pct": steady_user, "steady_bpf_pct": steady_bpf, "us_per_sample": per, "peak_rss_mib": rss, "runs": runs}));
     }
     pp_cost_raw
 }

@@ -120,17 +120,6 @@ fn load() -> Result<f64> {
         .with_context(|| format!("wrk printed no rate: {out}"))
 }
 
-/// A process's user and system CPU so far (ms), from `/proc/PID/stat`.
-fn cpu_ms(pid: u32) -> Result<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    let rest = stat.rsplit_once(')').context("stat")?.1;
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: f64 = f[11].parse::<f64>()? + f[12].parse::<f64>()?;
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    Ok(ticks * 1000.0 / hz)
-}
-
 /// One profiled run's numbers.
 #[derive(Default, Clone)]
 struct Cost {
