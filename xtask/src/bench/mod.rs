@@ -17,9 +17,10 @@
 //!    interpreter (rooted at `_start`, Python frames spliced in, no eval frame left over).
 //! 6. **Thread ping-pong**: two threads passing a token through two `queue.Queue`s (tens of
 //!    thousands of context switches a second), throughput alone and under each profiler at 1 kHz,
-//!    interleaved rounds; the profiler's own CPU use and peak RSS while it runs.
+//!    interleaved rounds; the profiler's own CPU use (with start-up, and steady: while the
+//!    ping-pong runs) and peak RSS.
 //! 7. **A mixed host**: busy processes beside processes whose threads sleep and wake thousands of
-//!    times a second, 20 s at 1 kHz: the profiler's CPU per sample, all included.
+//!    times a second, 20 s at 1 kHz: the profiler's CPU per sample, all included and steady.
 //! 8. **Idle processes**: the profiler's CPU with 500 idle processes on the host, against none.
 //! 9. **CPython's own sampler** (`python3.15 -m profiling.sampling`, the closest peer) on Debian's
 //!    3.15: the workload's slowdown under it (`--pstats`, `--native --gecko`) and under
