@@ -53,15 +53,12 @@ pub(super) fn mixed(b: &Bench) -> Result<Section> {
             .spawn()?;
         // Start-up is over well within 3 s, and the profile is written after 20.
         std::thread::sleep(Duration::from_secs(3));
-        let (c0, t0) = (cpu_ms(child.id())?, Instant::now());
+        let from = reading(child.id());
         std::thread::sleep(Duration::from_secs(15));
-        let (c1, t1) = (cpu_ms(child.id())?, Instant::now());
+        let to = reading(child.id());
         let cpu = finish_measured(child);
         reap(kids);
-        let mut m = with_process_cpu(meta(&out)?, cpu?);
-        m["profilerCost"]["steadyCpuMs"] = json!(c1 - c0);
-        m["profilerCost"]["steadyMs"] = json!(t1.duration_since(t0).as_secs_f64() * 1e3);
-        mixed.push(m);
+        mixed.push(with_steady(with_process_cpu(meta(&out)?, cpu?), from, to)?);
     }
     let per = |k: &str| {
         median(

@@ -59,7 +59,7 @@ pub use service::service;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
@@ -169,9 +169,9 @@ impl Background {
         Ok(Background { child })
     }
 
-    /// Its process CPU so far (ms, `cpu_ms`).
-    fn cpu_ms(&self) -> Result<f64> {
-        cpu_ms(self.child.id())
+    /// Its process CPU so far, and now (`reading`).
+    fn reading(&self) -> Result<Reading> {
+        reading(self.child.id())
     }
 
     /// Stops the run (SIGINT, as Ctrl-C) and waits for its end: the CPU it used (ms).
@@ -218,6 +218,24 @@ fn finish_measured_with_stderr(mut child: Child) -> Result<(f64, String)> {
 fn with_process_cpu(mut m: Value, cpu_ms: f64) -> Value {
     m["profilerCost"]["processCpuMs"] = json!(cpu_ms);
     m
+}
+
+/// The profiler's process CPU (`cpu_ms`) and the time at one end of a steady window.
+type Reading = (f64, Instant);
+
+/// A reading of `pid` now, kept as a result: a profiler that failed meanwhile is reported by
+/// `finish_measured`, with what it printed, before the reading's error.
+fn reading(pid: u32) -> Result<Reading> {
+    Ok((cpu_ms(pid)?, Instant::now()))
+}
+
+/// `meta` with `profilerCost.steadyCpuMs` and `steadyMs`: the profiler's process CPU between two
+/// readings, and the time between them.
+fn with_steady(mut m: Value, from: Result<Reading>, to: Result<Reading>) -> Result<Value> {
+    let ((c0, t0), (c1, t1)) = (from?, to?);
+    m["profilerCost"]["steadyCpuMs"] = json!(c1 - c0);
+    m["profilerCost"]["steadyMs"] = json!(t1.duration_since(t0).as_secs_f64() * 1e3);
+    Ok(m)
 }
 
 fn spawn_busy(py: &Path, script: &Path, n: usize, secs: u64) -> Result<Vec<Child>> {

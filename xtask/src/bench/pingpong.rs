@@ -3,7 +3,7 @@
 
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::Result;
 use serde_json::{json, Value};
@@ -47,13 +47,11 @@ pub fn pingpong(
                 &pp_out(mode),
             )?;
             // Its CPU while the ping-pong runs: what it costs once started.
-            let (c0, t0) = (bg.cpu_ms()?, Instant::now());
+            let from = bg.reading();
             let t = timed(&mut pp_cmd());
-            let (c1, t1) = (bg.cpu_ms()?, Instant::now());
+            let to = bg.reading();
             let cpu = bg.stop()?;
-            let mut m = with_process_cpu(meta(&pp_out(mode))?, cpu);
-            m["profilerCost"]["steadyCpuMs"] = json!(c1 - c0);
-            m["profilerCost"]["steadyMs"] = json!(t1.duration_since(t0).as_secs_f64() * 1e3);
+            let m = with_steady(with_process_cpu(meta(&pp_out(mode))?, cpu), from, to)?;
             pp_cost_ref.borrow_mut()[usize::from(mode == "cpu")].push(m);
             t
         })

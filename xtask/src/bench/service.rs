@@ -202,9 +202,9 @@ fn profiled(mut cmd: Command, ours: bool) -> Result<(f64, Cost)> {
         .context("starting the profiler")?;
     let pid = child.id();
     std::thread::sleep(WARM);
-    let (c0, t0) = (cpu_ms(pid)?, Instant::now());
+    let (c0, t0) = reading(pid)?;
     let rps = load()?;
-    let (c1, t1) = (cpu_ms(pid)?, Instant::now());
+    let (c1, t1) = reading(pid)?;
     crate::run(Command::new("kill").args(["-INT", &pid.to_string()]))?;
     let (all, stderr) = finish_measured_with_stderr(child)?;
     let run_ms = t_start.elapsed().as_secs_f64() * 1e3;
