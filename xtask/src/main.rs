@@ -343,7 +343,7 @@ fn bench_task(rest: &[String]) -> Result<()> {
     let bin = build_release()?;
     let dir = workspace().join("target/bench");
     std::fs::create_dir_all(&dir)?;
-    // One section alone (6, 9, 10, 11 or 12) is printed, not written to bench/results.md.
+    // One section alone (6, 9, 10, 11, 12 or 13) is printed, not written to bench/results.md.
     let md = match rest.first().map(String::as_str) {
         Some("pingpong") => {
             let py = bench::workload_python(&tools)?;
@@ -359,6 +359,7 @@ fn bench_task(rest: &[String]) -> Result<()> {
             bench::callgrind(&bin, &tools, &py, &dir)?.0
         }
         Some("service") => bench::service(&bin, &tools, &bench::setup_py_spy(&tools)?, &dir)?.0,
+        Some("always-on") => bench::always_on(&bin, &tools, &dir)?.0,
         _ => return bench::bench(&bin, &tools),
     };
     println!("{}", md.join("\n"));
@@ -422,7 +423,7 @@ fn main() -> Result<()> {
         "bench" => bench_task(rest)?,
         _ => {
             eprintln!(
-                "usage: cargo xtask <setup | build-ebpf [--arch aarch64] | build [--arch aarch64] | dist | run -- ARGS | test [FILTER] | kernels [--arch aarch64] | bench [pingpong | cpython | asyncio | callgrind | service] | fuzz [SECONDS] | soak [SECONDS]>"
+                "usage: cargo xtask <setup | build-ebpf [--arch aarch64] | build [--arch aarch64] | dist | run -- ARGS | test [FILTER] | kernels [--arch aarch64] | bench [pingpong | cpython | asyncio | callgrind | service | always-on] | fuzz [SECONDS] | soak [SECONDS]>"
             );
             std::process::exit(2);
         }

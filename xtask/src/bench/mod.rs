@@ -38,11 +38,17 @@
 //!     rounds: throughput, the profiler's steady CPU (user + BPF), `tachyon_sample`'s run time,
 //!     off-CPU captures and scheduler records a second, context switches a second and the BPF
 //!     time a switch. `cargo xtask bench service` runs it alone.
+//! 13. **Staying on for 10 minutes**: the same service, and tachyon-bpf with the systemd unit's
+//!     options (continuous, 49 Hz, a pprof profile a minute) in wall and cpu mode: its CPU over
+//!     the whole run, all included, minute by minute, and its memory every second. `cargo xtask
+//!     bench always-on` runs it alone.
 //!
 //! The targets from the issues are printed beside each number. Sections 1-5 are in `load.rs`,
 //! 6 in `pingpong.rs`, 7 and 8 in `host.rs`, 9 in `cpython.rs`, 10 in `asyncio.rs`, 11 in
-//! `callgrind.rs` and 12 in `service.rs`; the Python workloads are the files under `workloads/`.
+//! `callgrind.rs`, 12 in `service.rs` and 13 in `always_on.rs`; the Python workloads are the
+//! files under `workloads/`.
 
+mod always_on;
 mod asyncio;
 mod callgrind;
 mod cpython;
@@ -51,6 +57,7 @@ mod load;
 mod pingpong;
 mod service;
 
+pub use always_on::always_on;
 pub use asyncio::asyncio_tasks;
 pub use callgrind::callgrind;
 pub use cpython::cpython_sampler;
@@ -523,6 +530,9 @@ pub fn bench(tachyon: &Path, tools: &Path) -> Result<()> {
     let (s_md, s_raw) = service::service(tachyon, tools, &py_spy, &dir)?;
     md.extend(s_md);
     raw.insert("service".into(), s_raw);
+    let (l_md, l_raw) = always_on::always_on(tachyon, tools, &dir)?;
+    md.extend(l_md);
+    raw.insert("always_on".into(), l_raw);
 
     let text = md.join("\n") + "\n";
     print!("{text}");

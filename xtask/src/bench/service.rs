@@ -16,7 +16,7 @@ use super::*;
 const APP: &str = include_str!("workloads/service_app.py");
 /// What the service's virtual environment holds, pinned.
 const PACKAGES: [&str; 2] = ["flask==3.1.3", "gunicorn==27.0.1"];
-const PORT: &str = "18765";
+pub(super) const PORT: &str = "18765";
 /// Rounds (medians reported) and the load's length in each run, in seconds.
 const ROUNDS: usize = 5;
 const SECS: u64 = 20;
@@ -25,7 +25,7 @@ const SECS: u64 = 20;
 const WARM: Duration = Duration::from_secs(3);
 
 /// The service's venv under `.tools/service-venv` (idempotent) and `wrk` (Debian's package).
-fn setup(tools: &Path) -> Result<PathBuf> {
+pub(super) fn setup(tools: &Path) -> Result<PathBuf> {
     let venv = tools.join("service-venv");
     let gunicorn = venv.join("bin/gunicorn");
     let want = PACKAGES.join(" ");
@@ -61,13 +61,18 @@ fn setup(tools: &Path) -> Result<PathBuf> {
     Ok(gunicorn)
 }
 
+/// The service's application, where `Service::start` runs it from.
+pub(super) fn write_app(dir: &Path) -> Result<()> {
+    Ok(std::fs::write(dir.join("bench_service_app.py"), APP)?)
+}
+
 /// The service, up and answering.
-struct Service {
+pub(super) struct Service {
     child: Child,
 }
 
 impl Service {
-    fn start(gunicorn: &Path, dir: &Path) -> Result<Service> {
+    pub(super) fn start(gunicorn: &Path, dir: &Path) -> Result<Service> {
         let child = Command::new(gunicorn)
             .args(["-k", "gthread", "-w", "2", "--threads", "8", "-b"])
             .arg(format!("127.0.0.1:{PORT}"))
@@ -133,9 +138,10 @@ struct Cost {
 }
 
 /// The run's numbers as tachyon-bpf's summary prints them, under the names of the profile's
-/// `meta.tachyon` (a pprof profile carries none): its duration, BPF time by program, BPF
-/// counters and peak RSS.
-fn summary_meta(stderr: &str) -> Result<Value> {
+/// `meta.tachyon` (a pprof profile carries none): its duration, samples, BPF time by program,
+/// BPF counters and peak RSS. A run to a file and a continuous run (whose first line counts
+/// the intervals' samples) alike.
+pub(super) fn summary_meta(stderr: &str) -> Result<Value> {
     let line = |prefix: &str| {
         stderr
             .lines()
@@ -147,19 +153,18 @@ fn summary_meta(stderr: &str) -> Result<Value> {
             .parse::<f64>()
             .with_context(|| format!("{s:?} in the summary"))
     };
-    // "24.00 s, 1667 samples on CPU ..."
-    let secs = stderr
+    // "24.00 s, 1667 samples on CPU ..." or, continuous, "600.00 s, 48123 samples (80/s ...)
+    // in 11 intervals ..."
+    let (secs, samples) = stderr
         .lines()
-        .filter(|l| l.contains(" samples on CPU "))
-        .find_map(|l| l.strip_prefix("tachyon-bpf: ")?.split_once(" s, "))
-        .with_context(|| format!("no duration in the summary: {stderr}"))?
-        .0;
+        .filter_map(|l| l.strip_prefix("tachyon-bpf: "))
+        .filter(|l| l.contains(" samples on CPU ") || l.contains(" intervals, lost "))
+        .find_map(|l| {
+            let (secs, rest) = l.split_once(" s, ")?;
+            Some((secs, rest.split_once(" samples ")?.0))
+        })
+        .with_context(|| format!("no duration and samples in the summary: {stderr}"))?;
     let duration_ms = num(secs)? * 1e3;
-    let samples = stderr
-        .lines()
-        .find_map(|l| l.split_once(" s, ")?.1.split_once(" samples on CPU "))
-        .context("no samples in the summary")?
-        .0;
     // "tachyon_sample 39.1 ms (2028 runs, 19.30 µs each), ..."
     let mut programs = serde_json::Map::new();
     let mut bpf_ms = 0.0;
@@ -232,7 +237,7 @@ fn profiled(mut cmd: Command, ours: bool) -> Result<(f64, Cost)> {
 /// started for it: (samples, instructions of the whole process, of the record handler) a run.
 pub fn callgrind_service(tachyon: &Path, tools: &Path, dir: &Path) -> Result<Vec<(f64, f64, f64)>> {
     let gunicorn = setup(tools)?;
-    std::fs::write(dir.join("bench_service_app.py"), APP)?;
+    write_app(dir)?;
     let mut runs = Vec::new();
     for secs in [15u64, 45] {
         eprintln!("bench: callgrind, the service, {secs} s");
@@ -280,7 +285,7 @@ pub fn service(
     dir: &Path,
 ) -> Result<(Vec<String>, Value)> {
     let gunicorn = setup(tools)?;
-    std::fs::write(dir.join("bench_service_app.py"), APP)?;
+    write_app(dir)?;
     let out = |name: &str| dir.join(format!("service-{name}.pb.gz"));
     // Each run on a service started for it: one left running drifts between rounds (its
     // connections and threads settle differently, and its switch rate with them).
@@ -498,6 +503,15 @@ mod tests {
         );
         assert_eq!(m["bpfCounters"]["switchCaptures"], json!(3.0));
         assert!(summary_meta("tachyon-bpf: error: no such process\n").is_err());
+        let continuous = "tachyon-bpf: 25.00 s, 2021 samples (81/s at 49 Hz on 2 CPUs) in 3 intervals, lost 0 (cpu0 0, cpu1 0)\n\
+            tachyon-bpf: profiler cost: 342.4 µs CPU per sample (191.6 user space, 150.8 BPF), 692 ms CPU in all, peak RSS 53.2 MiB\n\
+            tachyon-bpf: BPF time by program: tachyon_switch 172.4 ms (374097 runs, 0.46 µs each), tachyon_sample 28.8 ms (2276 runs, 12.66 µs each)\n\
+            tachyon-bpf: BPF counters: records 2505, lost 0, switchCaptures 484\n\
+            tachyon-bpf: 3 interval profiles in /tmp/x (2021 samples)\n";
+        let m = summary_meta(continuous).unwrap();
+        assert_eq!(m["durationMs"], json!(25000.0));
+        assert_eq!(m["samples"], json!(2021.0));
+        assert_eq!(m["profilerCost"]["bpfMs"], json!(201.2));
     }
 
     #[test]
