@@ -616,7 +616,8 @@ impl<'a> Running<'a> {
 
 /// The end-of-run summary on stderr.
 fn summary(p: &Profile, run: &RunInfo, capture: &Capture, sink: &dyn Sink, elapsed: Duration) {
-    let c = &p.counters;
+    // A continuous run's profile holds only its last interval: the run's counts are the sink's.
+    let c = &sink.counters(p);
     let secs = elapsed.as_secs_f64().max(1e-9);
     let (_, lost_per_cpu) = capture.stats();
     let lost_str: Vec<String> = lost_per_cpu

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use tachyon_bpf::aggregate::{Mode, Profile};
+use tachyon_bpf::aggregate::{Counters, Mode, Profile};
 use tachyon_bpf::output::{self, Format, RunInfo};
 use tachyon_bpf::top;
 
@@ -51,6 +51,10 @@ pub trait Sink {
     /// The summary's first line is about these many samples (the run's, or every interval's).
     fn samples(&self, p: &Profile) -> u64 {
         p.counters.samples
+    }
+    /// The run's counters, for the summary: `p`'s, or every interval's together.
+    fn counters(&self, p: &Profile) -> Counters {
+        p.counters.clone()
     }
     /// Intervals written, for the summary (`None`: not an interval sink).
     fn intervals(&self) -> Option<u64> {
@@ -330,6 +334,9 @@ pub struct Continuous {
     write_failures: u64,
     /// Samples of every interval.
     samples: u64,
+    /// Every interval's counters together (each profile's start again from zero), written or
+    /// not: what the summary says of the run.
+    counters: Counters,
     mode: Mode,
 }
 
@@ -367,6 +374,7 @@ impl Continuous {
             intervals: 0,
             write_failures: 0,
             samples: 0,
+            counters: Counters::default(),
             mode: cli.sampling.mode,
         })
     }
@@ -374,6 +382,7 @@ impl Continuous {
     /// Writes a finished interval (and queues its push), then starts the next one. A failed
     /// write is reported and profiling goes on. `template` is the run so far.
     fn end_interval(&mut self, p: &Profile, template: &RunInfo) {
+        self.counters.add(&p.counters);
         let lost_total = template.lost;
         if p.counters.samples > 0 {
             let run = RunInfo {
@@ -437,6 +446,9 @@ impl Sink for Continuous {
     }
     fn samples(&self, _p: &Profile) -> u64 {
         self.samples
+    }
+    fn counters(&self, _p: &Profile) -> Counters {
+        self.counters.clone()
     }
     fn intervals(&self) -> Option<u64> {
         Some(self.intervals)

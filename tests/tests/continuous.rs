@@ -124,6 +124,23 @@ fn rotation_keeps_complete_files_and_no_more_than_keep() {
         (10..=11).contains(&written),
         "20 s in 2 s intervals: {written}"
     );
+    // The summary speaks of the whole run, not of its last interval: the busy thread's records
+    // of at least 8 whole intervals (330 or more each, as checked below), where one interval
+    // holds at most 440.
+    let python: u64 = err
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("tachyon-bpf: python: ")?
+                .split_once(' ')?
+                .0
+                .parse()
+                .ok()
+        })
+        .unwrap_or_else(|| panic!("the summary's python line: {err}"));
+    assert!(
+        python >= 8 * 330,
+        "the summary's Python records are the run's: {python}\n{err}"
+    );
     let left = intervals(&out);
     assert_eq!(left.len(), 4, "--keep 4: {left:?}");
     assert_eq!(most, 4);

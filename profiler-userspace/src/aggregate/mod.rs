@@ -367,6 +367,58 @@ pub struct Counters {
     pub last_lag_ms: f64,
 }
 
+impl Counters {
+    /// Adds `other`'s counts, a later part of the same run (a continuous run's next interval):
+    /// the longest wait is the longer one, the latest is `other`'s. Every field is named, so a
+    /// new counter cannot be left out.
+    pub fn add(&mut self, other: &Counters) {
+        let Counters {
+            samples,
+            offcpu_captures,
+            bad_records,
+            native_truncated,
+            kernel_only,
+            py_samples,
+            py_merged,
+            py_merge_mismatch,
+            py_unresolved_frames,
+            py_thread_miss,
+            py_read_failed,
+            py_truncated,
+            py_cycles,
+            py_bad_line_tables,
+            py_async_samples,
+            py_async_mismatch,
+            py_async_cut,
+            py_async_suspended,
+            maps_read_on_load,
+            max_lag_ms,
+            last_lag_ms,
+        } = other;
+        self.samples += samples;
+        self.offcpu_captures += offcpu_captures;
+        self.bad_records += bad_records;
+        self.native_truncated += native_truncated;
+        self.kernel_only += kernel_only;
+        self.py_samples += py_samples;
+        self.py_merged += py_merged;
+        self.py_merge_mismatch += py_merge_mismatch;
+        self.py_unresolved_frames += py_unresolved_frames;
+        self.py_thread_miss += py_thread_miss;
+        self.py_read_failed += py_read_failed;
+        self.py_truncated += py_truncated;
+        self.py_cycles += py_cycles;
+        self.py_bad_line_tables += py_bad_line_tables;
+        self.py_async_samples += py_async_samples;
+        self.py_async_mismatch += py_async_mismatch;
+        self.py_async_cut += py_async_cut;
+        self.py_async_suspended += py_async_suspended;
+        self.maps_read_on_load += maps_read_on_load;
+        self.max_lag_ms = self.max_lag_ms.max(*max_lag_ms);
+        self.last_lag_ms = *last_lag_ms;
+    }
+}
+
 /// Read back from version-1 recordings, which were this structure's serde dump (today's
 /// recordings have their own schema, `output::recording`); the index maps are rebuilt on load
 /// (`reindex`).

@@ -194,3 +194,36 @@ fn stacks_share_prefixes() {
     assert_eq!(p.stack_frames(Some(s2)), vec![c, a]);
     assert_eq!(f(&mut p, "a"), a);
 }
+
+#[test]
+fn counters_of_intervals_add_up_to_the_run() {
+    let mut run = Counters::default();
+    let first = Counters {
+        samples: 10,
+        py_samples: 7,
+        py_read_failed: 1,
+        max_lag_ms: 30.0,
+        last_lag_ms: 5.0,
+        ..Counters::default()
+    };
+    let second = Counters {
+        samples: 4,
+        py_samples: 3,
+        offcpu_captures: 2,
+        max_lag_ms: 12.0,
+        last_lag_ms: 2.0,
+        ..Counters::default()
+    };
+    run.add(&first);
+    run.add(&second);
+    assert_eq!(
+        (
+            run.samples,
+            run.py_samples,
+            run.py_read_failed,
+            run.offcpu_captures
+        ),
+        (14, 10, 1, 2)
+    );
+    assert_eq!((run.max_lag_ms, run.last_lag_ms), (30.0, 2.0));
+}
