@@ -78,18 +78,45 @@ struct Run {
     meta: Value,
 }
 
+/// `wrk` loading the service; stopped if the run fails before the load ends.
+struct Load(std::process::Child);
+
+impl Load {
+    /// Waits for the load's end: its requests a second.
+    fn rate(mut self) -> Result<f64> {
+        let mut out = String::new();
+        if let Some(mut o) = self.0.stdout.take() {
+            o.read_to_string(&mut out)?;
+        }
+        self.0.wait()?;
+        out.lines()
+            .find_map(|l| l.strip_prefix("Requests/sec:"))
+            .and_then(|v| v.trim().parse().ok())
+            .with_context(|| format!("wrk printed no rate: {out}"))
+    }
+}
+
+impl Drop for Load {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// One run of `secs` in `mode` on a service started for it.
 fn run(tachyon: &Path, gunicorn: &Path, dir: &Path, mode: &'static str, secs: u64) -> Result<Run> {
     let _svc = Service::start(gunicorn, dir)?;
     let out = dir.join(format!("always-on-{mode}"));
     let _ = std::fs::remove_dir_all(&out);
-    let mut wrk = Command::new("wrk")
-        .args(["-t2", "-c32"])
-        .arg(format!("-d{}s", secs + 2))
-        .arg(format!("http://127.0.0.1:{}/", service::PORT))
-        .stdout(Stdio::piped())
-        .spawn()
-        .context("running wrk")?;
+    let wrk = Load(
+        Command::new("wrk")
+            .args(["-t2", "-c32"])
+            .arg(format!("-d{}s", secs + 2))
+            .arg(format!("http://127.0.0.1:{}/", service::PORT))
+            .stdout(Stdio::piped())
+            .spawn()
+            .context("running wrk")?,
+    );
     let t_start = Instant::now();
     let child = Command::new(tachyon)
         .args(unit_options(&out)?)
@@ -123,18 +150,10 @@ fn run(tachyon: &Path, gunicorn: &Path, dir: &Path, mode: &'static str, secs: u6
     crate::run(Command::new("kill").args(["-INT", &pid.to_string()]))?;
     let ended = finish_measured_with_stderr(child);
     let run_ms = t_start.elapsed().as_secs_f64() * 1e3;
-    let mut wrk_out = String::new();
-    if let Some(mut o) = wrk.stdout.take() {
-        o.read_to_string(&mut wrk_out)?;
-    }
-    let _ = wrk.wait();
+    // A failed run ends here, its load stopped (`Load`'s drop), not waited for.
     let (all_cpu_ms, stderr) = ended?;
     let (rss, minutes) = watched?;
-    let rps = wrk_out
-        .lines()
-        .find_map(|l| l.strip_prefix("Requests/sec:"))
-        .and_then(|v| v.trim().parse().ok())
-        .with_context(|| format!("wrk printed no rate: {wrk_out}"))?;
+    let rps = wrk.rate()?;
     let meta = service::summary_meta(&stderr)?;
     let bpf_ms = f(&meta["profilerCost"]["bpfMs"]);
     let intervals = std::fs::read_dir(&out)
