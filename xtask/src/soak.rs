@@ -56,7 +56,8 @@ for p in steady:
 print(n)
 "#;
 
-fn rss_mib(pid: u32) -> Option<f64> {
+/// A process's resident memory now (MiB), from `/proc/PID/status`.
+pub(crate) fn rss_mib(pid: u32) -> Option<f64> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let kb: f64 = s
         .lines()

@@ -50,18 +50,6 @@ fn unit_options(out: &Path) -> Result<Vec<String>> {
     Ok(opts)
 }
 
-/// A process's resident memory now (MiB), from `/proc/PID/status`.
-fn rss_mib(pid: u32) -> Result<f64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let kib: f64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().strip_suffix("kB"))
-        .and_then(|v| v.trim().parse().ok())
-        .context("no VmRSS")?;
-    Ok(kib / 1024.0)
-}
-
 /// One run's numbers.
 struct Run {
     mode: &'static str,
@@ -89,10 +77,7 @@ impl Load {
             o.read_to_string(&mut out)?;
         }
         self.0.wait()?;
-        out.lines()
-            .find_map(|l| l.strip_prefix("Requests/sec:"))
-            .and_then(|v| v.trim().parse().ok())
-            .with_context(|| format!("wrk printed no rate: {out}"))
+        service::wrk_rate(&out)
     }
 }
 
@@ -109,10 +94,7 @@ fn run(tachyon: &Path, gunicorn: &Path, dir: &Path, mode: &'static str, secs: u6
     let out = dir.join(format!("always-on-{mode}"));
     let _ = std::fs::remove_dir_all(&out);
     let wrk = Load(
-        Command::new("wrk")
-            .args(["-t2", "-c32"])
-            .arg(format!("-d{}s", secs + 2))
-            .arg(format!("http://127.0.0.1:{}/", service::PORT))
+        service::wrk(secs + 2)
             .stdout(Stdio::piped())
             .spawn()
             .context("running wrk")?,
@@ -133,7 +115,7 @@ fn run(tachyon: &Path, gunicorn: &Path, dir: &Path, mode: &'static str, secs: u6
         for s in 1..=secs {
             let next = t_start + Duration::from_secs(s);
             std::thread::sleep(next.saturating_duration_since(Instant::now()));
-            rss.push(rss_mib(pid)?);
+            rss.push(crate::soak::rss_mib(pid).context("the profiler's RSS")?);
             if s % 60 == 0 {
                 let now = reading(pid)?;
                 minutes.push(

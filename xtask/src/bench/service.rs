@@ -16,7 +16,7 @@ use super::*;
 const APP: &str = include_str!("workloads/service_app.py");
 /// What the service's virtual environment holds, pinned.
 const PACKAGES: [&str; 2] = ["flask==3.1.3", "gunicorn==27.0.1"];
-pub(super) const PORT: &str = "18765";
+const PORT: &str = "18765";
 /// Rounds (medians reported) and the load's length in each run, in seconds.
 const ROUNDS: usize = 5;
 const SECS: u64 = 20;
@@ -110,19 +110,27 @@ impl Drop for Service {
     }
 }
 
-/// Requests per second under `wrk` for `SECS`.
-fn load() -> Result<f64> {
-    let o = Command::new("wrk")
-        .args(["-t2", "-c32"])
-        .arg(format!("-d{SECS}s"))
-        .arg(format!("http://127.0.0.1:{PORT}/"))
-        .output()
-        .context("running wrk")?;
-    let out = String::from_utf8_lossy(&o.stdout);
+/// The service's load: `wrk` on 2 threads with 32 connections for `secs`.
+pub(super) fn wrk(secs: u64) -> Command {
+    let mut c = Command::new("wrk");
+    c.args(["-t2", "-c32"])
+        .arg(format!("-d{secs}s"))
+        .arg(format!("http://127.0.0.1:{PORT}/"));
+    c
+}
+
+/// The requests a second `wrk` printed.
+pub(super) fn wrk_rate(out: &str) -> Result<f64> {
     out.lines()
         .find_map(|l| l.strip_prefix("Requests/sec:"))
         .and_then(|v| v.trim().parse().ok())
         .with_context(|| format!("wrk printed no rate: {out}"))
+}
+
+/// Requests per second under `wrk` for `SECS`.
+fn load() -> Result<f64> {
+    let o = wrk(SECS).output().context("running wrk")?;
+    wrk_rate(&String::from_utf8_lossy(&o.stdout))
 }
 
 /// One profiled run's numbers.
@@ -243,10 +251,7 @@ pub fn callgrind_service(tachyon: &Path, tools: &Path, dir: &Path) -> Result<Vec
         eprintln!("bench: callgrind, the service, {secs} s");
         let _svc = Service::start(&gunicorn, dir)?;
         // Load for longer than the run: start-up under callgrind takes some seconds more.
-        let mut wrk = Command::new("wrk")
-            .args(["-t2", "-c32"])
-            .arg(format!("-d{}s", secs + 120))
-            .arg(format!("http://127.0.0.1:{PORT}/"))
+        let mut wrk = wrk(secs + 120)
             .stdout(Stdio::null())
             .spawn()
             .context("running wrk")?;
