@@ -444,12 +444,7 @@ impl<'a> Running<'a> {
                     break;
                 }
                 _ = intervals.tick(), if every.is_some() => {
-                    self.session.drain(self.ring.get_mut());
-                    let now = monotonic_ns();
-                    self.session.settle_sched(now);
-                    // `--async-aware all`: the tasks' time up to the interval's end.
-                    self.session.collector.sample_tasks(now);
-                    let finished = self.session.collector.rotate(now);
+                    let finished = self.session.rotate(self.ring.get_mut(), monotonic_ns());
                     let info = self.info(self.started.elapsed());
                     self.sink.take_interval(&finished, &info, self.started.elapsed());
                     drop(finished);
@@ -477,15 +472,7 @@ impl<'a> Running<'a> {
                         break;
                     }
                     if status && ticks.is_multiple_of(status_ticks) {
-                        let lost = self.session.targets.stats().0[profiler_common::STAT_LOST as usize];
-                        let line = output::summary::status_line(
-                            &self.session.collector.profile,
-                            self.started.elapsed().as_secs_f64(),
-                            lost,
-                            self.session.targets.cpus.len(),
-                            self.rate,
-                        );
-                        eprint!("\r\x1b[2K{line}");
+                        eprint!("\r\x1b[2K{}", self.status_line());
                     }
                 }
                 _ = young_tick.tick(), if self.session.awaiting_young() => {
@@ -521,6 +508,18 @@ impl<'a> Running<'a> {
         Ok(child_status)
     }
 
+    /// The live status line: the profile so far, the time, the samples lost.
+    fn status_line(&self) -> String {
+        let lost = self.session.targets.stats().0[profiler_common::STAT_LOST as usize];
+        output::summary::status_line(
+            &self.session.collector.profile,
+            self.started.elapsed().as_secs_f64(),
+            lost,
+            self.session.targets.cpus.len(),
+            self.rate,
+        )
+    }
+
     /// Ends the run: detaches the programs, reads what the ring still holds, settles the
     /// scheduler's accounting, and hands the profile to the sink (with the summary).
     async fn finish(mut self, child_status: Option<i32>) -> Result<i32, AppError> {
@@ -545,19 +544,16 @@ impl<'a> Running<'a> {
             return Ok(0);
         }
         let elapsed = self.started.elapsed();
-        self.session.drain_all(self.ring.get_mut());
-        log::debug!("run: ring drained at {:?}", self.started.elapsed());
-        let now = monotonic_ns();
-        self.session.settle_sched(now);
-        // `--async-aware all`: the tasks' time up to the end, where processes still run.
-        self.session.collector.sample_tasks(now);
-        if let Command::Dump { .. } = self.command {
-            for &pid in &cli.target.pid {
-                let read = self.session.collector.sample_blocked_threads(pid);
-                self.sink.read_from_memory(read);
-            }
-        }
-        self.session.collector.finish(now);
+        let dump = matches!(self.command, Command::Dump { .. });
+        let sink = &mut self.sink;
+        self.session
+            .finish(self.ring.get_mut(), monotonic_ns(), |collector| {
+                if dump {
+                    for &pid in &cli.target.pid {
+                        sink.read_from_memory(collector.sample_blocked_threads(pid));
+                    }
+                }
+            });
         if let (true, Some(addr)) = (cli.general.verbose, self.session.collector.kernel_reread_at) {
             eprintln!(
                 "tachyon-bpf: kernel symbols read again mid-run: {addr:#x} is kernel code made since boot"

@@ -4,6 +4,8 @@
 //! Preconditions (root, the built binary, the profiler CLI) are checked loudly: a test that
 //! cannot run fails with the reason; it never passes by skipping.
 
+pub mod folded;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -793,3 +795,23 @@ srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
 print(srv.server_address[1], flush=True)
 srv.serve_forever()
 "#;
+
+/// The minor version of an interpreter's label (`3.12.1`, `debian-3.11`).
+pub fn minor_of(label: &str) -> u32 {
+    label
+        .trim_start_matches("debian-")
+        .split('.')
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+/// The main thread of the process running `script`.
+pub fn main_thread<'a>(procs: &'a [ProcessInfo], script: &str) -> &'a ThreadInfo {
+    let p = process_named(procs, script);
+    p.threads
+        .iter()
+        .find(|t| t.tid.to_string() == p.pid)
+        .expect("main thread")
+}

@@ -1,6 +1,9 @@
 //! `/proc/PID/maps` parsing.
 
 use std::path::PathBuf;
+use std::sync::Arc;
+
+use crate::stack::elf::ElfFile;
 
 /// One line of `/proc/PID/maps`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -54,6 +57,24 @@ pub fn read_maps(pid: u32) -> std::io::Result<Vec<Mapping>> {
     Ok(parse_maps(&std::fs::read_to_string(format!(
         "/proc/{pid}/maps"
     ))?))
+}
+
+/// The kernel's vDSO image, as mapped into this process: every 64-bit process on the host maps
+/// the same image, so it symbolizes and unwinds (`clock_gettime`, `gettimeofday`) for targets too.
+pub fn vdso() -> Option<Arc<ElfFile>> {
+    static VDSO: std::sync::OnceLock<Option<Arc<ElfFile>>> = std::sync::OnceLock::new();
+    VDSO.get_or_init(|| {
+        let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+        let m = parse_maps(&maps).into_iter().find(|m| m.path == "[vdso]")?;
+        let len = usize::try_from(m.end.checked_sub(m.start)?).ok()?;
+        let mut copy = memmap2::MmapMut::map_anon(len).ok()?;
+        // SAFETY: the [vdso] mapping of this process is readable for its whole length, which
+        // /proc/self/maps just gave; it never changes or goes away.
+        copy.copy_from_slice(unsafe { std::slice::from_raw_parts(m.start as *const u8, len) });
+        let map = copy.make_read_only().ok()?;
+        ElfFile::from_mmap(PathBuf::from("[vdso]"), Arc::new(map), &[]).map(Arc::new)
+    })
+    .clone()
 }
 
 #[cfg(test)]

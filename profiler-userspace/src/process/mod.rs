@@ -287,7 +287,7 @@ impl Process {
         }
         // The vDSO has no file; it is the same image as this process's own.
         if let Some(m) = mappings.iter().find(|m| m.path == "[vdso]") {
-            if let Some(elf) = crate::stack::elf::vdso() {
+            if let Some(elf) = maps::vdso() {
                 let bias = elf
                     .offset_to_svma(0)
                     .map(|svma| m.start.wrapping_sub(svma))

@@ -71,7 +71,19 @@ pub struct Layout {
 
 /// The built-in layout of `3.minor`.
 pub fn builtin(minor: u32) -> Option<Layout> {
-    let legacy = |minor: u32| Layout {
+    Some(match minor {
+        8..=10 => legacy(minor),
+        11 => modern(minor),
+        12 => layout_312(),
+        13 | 14 => layout_313_314(minor),
+        15 => layout_315(),
+        _ => return None,
+    })
+}
+
+/// 3.8-3.10: frame objects.
+fn legacy(minor: u32) -> Layout {
+    Layout {
         minor,
         interp_head: 32,
         interp_next: 0,
@@ -110,8 +122,12 @@ pub fn builtin(minor: u32) -> Option<Layout> {
         gen_iframe: None,
         gen_frame_state: None,
         frame_stackpointer: None,
-    };
-    let modern = Layout {
+    }
+}
+
+/// 3.11: interpreter frames, the base of the layouts after it.
+fn modern(minor: u32) -> Layout {
+    Layout {
         minor,
         interp_head: 40,
         interp_next: 0,
@@ -150,88 +166,92 @@ pub fn builtin(minor: u32) -> Option<Layout> {
         gen_iframe: None,
         gen_frame_state: None,
         frame_stackpointer: None,
-    };
-    Some(match minor {
-        8..=10 => legacy(minor),
-        11 => modern,
-        12 => Layout {
-            interp_threads_head: 72,
-            cframe_frame: 0,
-            thread_id: 136,
-            native_thread_id: Some(144),
-            frame_code: 0,
-            frame_previous: 8,
-            frame_owner: 70,
-            frame_locals: 40,
-            code_firstlineno: 68,
-            code_adaptive: 192,
-            unicode_ascii_data: 40,
-            unicode_compact_data: 56,
-            gil_in_runtime: None,
-            interp_gil_ptr: Some(384),
-            gc_collecting_interp: Some(312),
-            activations: Activations::Shim,
-            tstate_exc_info: 104,
-            ..modern
-        },
-        13 | 14 => Layout {
-            interp_head: if minor == 13 { 632 } else { 808 },
-            interp_next: if minor == 13 { 7264 } else { 7272 },
-            interp_threads_head: 7344,
-            tstate_frame: 72,
-            cframe_frame: NO_OFFSET,
-            thread_id: 152,
-            native_thread_id: Some(160),
-            frame_code: 0,
-            frame_previous: 8,
-            frame_owner: if minor == 13 { 70 } else { 74 },
-            frame_locals: 40,
-            frame_read: if minor == 13 { 72 } else { 80 },
-            frame_localsplus: if minor == 13 { 72 } else { 80 },
-            code_firstlineno: 68,
-            code_adaptive: if minor == 13 { 200 } else { 208 },
-            unicode_ascii_data: 40,
-            unicode_compact_data: 56,
-            gil_in_runtime: None,
-            interp_gil_ptr: Some(16),
-            gc_collecting_interp: Some(7600),
-            code_mask: if minor == 13 { !0 } else { !3 },
-            activations: Activations::Shim,
-            tstate_cur_exc: 112,
-            ..modern
-        },
-        // 3.15: 3.14's frames and code objects; the thread state gained the GIL flags and the
-        // base frame before `thread_id`, the interpreter lost a word before its thread list,
-        // and the GC's state shrank. Read off Debian's 3.15.2 (its debug offsets, and live).
-        15 => Layout {
-            interp_head: 936,
-            interp_next: 7264,
-            interp_threads_head: 7336,
-            tstate_frame: 72,
-            cframe_frame: NO_OFFSET,
-            thread_id: 176,
-            native_thread_id: Some(184),
-            frame_code: 0,
-            frame_previous: 8,
-            frame_owner: 74,
-            frame_locals: 40,
-            frame_read: 80,
-            frame_localsplus: 80,
-            code_firstlineno: 68,
-            code_adaptive: 208,
-            unicode_ascii_data: 40,
-            unicode_compact_data: 56,
-            gil_in_runtime: None,
-            interp_gil_ptr: Some(16),
-            gc_collecting_interp: Some(7512),
-            code_mask: !3,
-            activations: Activations::Shim,
-            tstate_cur_exc: 136,
-            tstate_exc_info: 144,
-            ..modern
-        },
-        _ => return None,
-    })
+    }
+}
+
+fn layout_312() -> Layout {
+    Layout {
+        interp_threads_head: 72,
+        cframe_frame: 0,
+        thread_id: 136,
+        native_thread_id: Some(144),
+        frame_code: 0,
+        frame_previous: 8,
+        frame_owner: 70,
+        frame_locals: 40,
+        code_firstlineno: 68,
+        code_adaptive: 192,
+        unicode_ascii_data: 40,
+        unicode_compact_data: 56,
+        gil_in_runtime: None,
+        interp_gil_ptr: Some(384),
+        gc_collecting_interp: Some(312),
+        activations: Activations::Shim,
+        tstate_exc_info: 104,
+        ..modern(12)
+    }
+}
+
+fn layout_313_314(minor: u32) -> Layout {
+    Layout {
+        interp_head: if minor == 13 { 632 } else { 808 },
+        interp_next: if minor == 13 { 7264 } else { 7272 },
+        interp_threads_head: 7344,
+        tstate_frame: 72,
+        cframe_frame: NO_OFFSET,
+        thread_id: 152,
+        native_thread_id: Some(160),
+        frame_code: 0,
+        frame_previous: 8,
+        frame_owner: if minor == 13 { 70 } else { 74 },
+        frame_locals: 40,
+        frame_read: if minor == 13 { 72 } else { 80 },
+        frame_localsplus: if minor == 13 { 72 } else { 80 },
+        code_firstlineno: 68,
+        code_adaptive: if minor == 13 { 200 } else { 208 },
+        unicode_ascii_data: 40,
+        unicode_compact_data: 56,
+        gil_in_runtime: None,
+        interp_gil_ptr: Some(16),
+        gc_collecting_interp: Some(7600),
+        code_mask: if minor == 13 { !0 } else { !3 },
+        activations: Activations::Shim,
+        tstate_cur_exc: 112,
+        ..modern(minor)
+    }
+}
+
+// 3.15: 3.14's frames and code objects; the thread state gained the GIL flags and the
+// base frame before `thread_id`, the interpreter lost a word before its thread list,
+// and the GC's state shrank. Read off Debian's 3.15.2 (its debug offsets, and live).
+fn layout_315() -> Layout {
+    Layout {
+        interp_head: 936,
+        interp_next: 7264,
+        interp_threads_head: 7336,
+        tstate_frame: 72,
+        cframe_frame: NO_OFFSET,
+        thread_id: 176,
+        native_thread_id: Some(184),
+        frame_code: 0,
+        frame_previous: 8,
+        frame_owner: 74,
+        frame_locals: 40,
+        frame_read: 80,
+        frame_localsplus: 80,
+        code_firstlineno: 68,
+        code_adaptive: 208,
+        unicode_ascii_data: 40,
+        unicode_compact_data: 56,
+        gil_in_runtime: None,
+        interp_gil_ptr: Some(16),
+        gc_collecting_interp: Some(7512),
+        code_mask: !3,
+        activations: Activations::Shim,
+        tstate_cur_exc: 136,
+        tstate_exc_info: 144,
+        ..modern(15)
+    }
 }
 
 /// What `_Py_DebugOffsets` (3.13+) says, where it differs from or confirms the built-in layout.

@@ -468,6 +468,39 @@ impl<T: Targets> Session<T> {
         self.collector.settle_sched(&snapshot, now_ns);
     }
 
+    /// Closes the profile of a continuous run's interval at `now_ns` and starts the next: the
+    /// ring read, the scheduler's accounting settled, the suspended tasks' time
+    /// (`--async-aware all`) sampled to the end. Returns the closed profile.
+    pub fn rotate(
+        &mut self,
+        source: &mut impl RecordSource,
+        now_ns: u64,
+    ) -> crate::aggregate::Profile {
+        self.drain(source);
+        self.settle_sched(now_ns);
+        self.collector.sample_tasks(now_ns);
+        self.collector.rotate(now_ns)
+    }
+
+    /// Closes the run's profile at `now_ns`, once the programs are detached: the ring read to
+    /// its end, the scheduler's accounting settled, the suspended tasks' time sampled, and
+    /// before it is finished, `read_blocked` (`dump`: the threads of a process read from its
+    /// memory) given its say. Returns the profile.
+    pub fn finish(
+        &mut self,
+        source: &mut impl RecordSource,
+        now_ns: u64,
+        read_blocked: impl FnOnce(&mut Collector),
+    ) -> &crate::aggregate::Profile {
+        self.drain_all(source);
+        log::debug!("session: ring drained");
+        self.settle_sched(now_ns);
+        self.collector.sample_tasks(now_ns);
+        read_blocked(&mut self.collector);
+        self.collector.finish(now_ns);
+        &self.collector.profile
+    }
+
     /// Whether a process that has just started is still waiting to be found (see `YOUNG_TICK`):
     /// the launched command, and a process that exec'd a Python interpreter. Not forks: a fork
     /// of a Python process is found whole at once, and one of anything else is not Python.

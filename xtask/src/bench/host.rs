@@ -95,7 +95,15 @@ pub(super) fn mixed(b: &Bench) -> Result<Section> {
                 .collect()
         ),
     ));
-    // Where the BPF time goes: per program, per sample and per run (medians of the runs).
+    if let Some(line) = bpf_by_program(&mixed) {
+        md.push(line);
+    }
+    raw.insert("mixed".into(), json!(mixed));
+    Ok((md, Value::Object(raw)))
+}
+
+/// Where the BPF time of the runs goes: per program, per sample and per run (medians of the runs).
+fn bpf_by_program(mixed: &[Value]) -> Option<String> {
     let mut names: Vec<String> = mixed
         .iter()
         .filter_map(|m| m["bpfPrograms"].as_object())
@@ -106,7 +114,7 @@ pub(super) fn mixed(b: &Bench) -> Result<Section> {
     let mut by_program = Vec::new();
     for name in &names {
         let (mut per_sample, mut per_run, mut runs) = (Vec::new(), Vec::new(), Vec::new());
-        for m in &mixed {
+        for m in mixed {
             // A program that did not run in a run (a fork in one of them) counts as 0 there.
             let p = &m["bpfPrograms"][name.as_str()];
             let (ms, n) = (
@@ -130,11 +138,7 @@ pub(super) fn mixed(b: &Bench) -> Result<Section> {
             median(per_run)
         ));
     }
-    if !by_program.is_empty() {
-        md.push(format!("\nBPF time by program: {}.", by_program.join("; ")));
-    }
-    raw.insert("mixed".into(), json!(mixed));
-    Ok((md, Value::Object(raw)))
+    (!by_program.is_empty()).then(|| format!("\nBPF time by program: {}.", by_program.join("; ")))
 }
 
 /// Section 8: the profiler's CPU beside idle processes and a shell starting programs.

@@ -436,9 +436,42 @@ pub fn unwind_user(
         },
     });
     let rooted = w.walk(&mut frames, true);
-    let (scanned_from, scan_slot) = (w.scanned_from, w.scan_slot);
-    let suffix_used = w.suffix_used;
+    let walked = Walked {
+        rooted,
+        scanned_from: w.scanned_from,
+        scan_slot: w.scan_slot,
+        suffix_used: w.suffix_used,
+    };
     *scan_frames = w.budget;
+    finish_unwind(process, s, skip, memo, late, frames, walked)
+}
+
+/// What the walk of `unwind_user` found, beside its frames.
+struct Walked {
+    rooted: bool,
+    scanned_from: Option<usize>,
+    scan_slot: Option<u64>,
+    suffix_used: bool,
+}
+
+/// The unwind of `s` once walked: what was read beyond the copy, whether a memo still holds,
+/// the thread's new memo, and the frames as `Unwound`.
+fn finish_unwind(
+    process: &mut Process,
+    s: &RawSample,
+    skip: &[u64],
+    memo: Option<&LateMemo>,
+    late: Option<LateStack>,
+    frames: Vec<Frame>,
+    walked: Walked,
+) -> Unwound {
+    let Walked {
+        rooted,
+        scanned_from,
+        scan_slot,
+        suffix_used,
+    } = walked;
+    let copy_end = s.sp.saturating_add(s.stack.len() as u64);
     // The first frame whose return address was read beyond the copy: its caller's stack
     // pointer (its CFA) is past the copy's end.
     let late_from = frames
