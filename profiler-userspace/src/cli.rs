@@ -366,6 +366,20 @@ impl Default for FileArgs {
     }
 }
 
+impl Default for SamplingArgs {
+    fn default() -> Self {
+        SamplingArgs {
+            rate: None,
+            duration: None,
+            mode: Mode::Wall,
+            stack_size: 65536,
+            ring_mb: None,
+            debug_bpf: false,
+            compat_programs: false,
+        }
+    }
+}
+
 impl Default for ContinuousArgs {
     fn default() -> Self {
         ContinuousArgs {
@@ -439,6 +453,35 @@ impl From<TopArgs> for RunArgs {
             continuous: ContinuousArgs::default(),
             general: a.general,
         }
+    }
+}
+
+/// How long `dump` samples: every running thread is sampled within a few of its ticks.
+pub const DUMP_WINDOW_SECS: f64 = 0.2;
+
+impl From<&DumpArgs> for RunArgs {
+    /// `dump`'s run: its process in wall mode for `DUMP_WINDOW_SECS`, quietly.
+    fn from(a: &DumpArgs) -> RunArgs {
+        let top = TopArgs {
+            target: TargetArgs {
+                pid: vec![a.pid],
+                ..TargetArgs::default()
+            },
+            sampling: SamplingArgs {
+                duration: Some(DUMP_WINDOW_SECS),
+                mode: Mode::Wall,
+                ..SamplingArgs::default()
+            },
+            python: PythonArgs {
+                async_aware: a.async_aware.clone(),
+                ..PythonArgs::default()
+            },
+            general: GeneralArgs {
+                quiet: true,
+                verbose: false,
+            },
+        };
+        top.into()
     }
 }
 
@@ -899,6 +942,40 @@ mod tests {
         ])
         .unwrap_err();
         assert!(e.contains("at least 1s"), "{e}");
+    }
+
+    /// The groups' defaults, and `dump`'s typed run, are what the command line gives.
+    #[test]
+    fn typed_runs_are_what_the_command_line_says() {
+        let parse = |argv: &[&str]| {
+            let mut all = vec!["tachyon-bpf"];
+            all.extend(argv);
+            Cli::try_parse_from(all).unwrap().run
+        };
+        let none = parse(&[]);
+        assert_eq!(
+            format!("{:?}", SamplingArgs::default()),
+            format!("{:?}", none.sampling)
+        );
+        assert_eq!(
+            format!("{:?}", FileArgs::default()),
+            format!("{:?}", none.file)
+        );
+        for aware in [None, Some("running"), Some("all")] {
+            let dump = DumpArgs {
+                pid: 42,
+                json: false,
+                async_aware: aware.map(String::from),
+            };
+            let mut argv = vec!["--pid", "42", "-m", "wall", "-d", "0.2", "-q"];
+            if let Some(w) = aware {
+                argv.extend(["--async-aware", w]);
+            }
+            assert_eq!(
+                format!("{:?}", RunArgs::from(&dump)),
+                format!("{:?}", parse(&argv))
+            );
+        }
     }
 
     #[test]

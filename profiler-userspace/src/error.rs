@@ -23,11 +23,15 @@ pub enum Kind {
     Input,
 }
 
+/// The error of a run: its kind (the exit code), one line for the user, and the error it came
+/// from (`source()`), whose chain `-v` prints.
 #[derive(Debug, thiserror::Error)]
 #[error("{message}")]
 pub struct AppError {
     pub kind: Kind,
     pub message: String,
+    #[source]
+    pub source: Option<Box<dyn std::error::Error + Send + Sync + 'static>>,
 }
 
 impl AppError {
@@ -35,7 +39,28 @@ impl AppError {
         AppError {
             kind,
             message: message.into(),
+            source: None,
         }
+    }
+
+    /// The same error, caused by `source`.
+    pub fn because(mut self, source: impl std::error::Error + Send + Sync + 'static) -> AppError {
+        self.source = Some(Box::new(source));
+        self
+    }
+
+    /// The causes below the message, outermost first (`source()`'s chain).
+    pub fn causes(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut at = std::error::Error::source(self);
+        while let Some(e) = at {
+            if out.len() == 16 {
+                break;
+            }
+            out.push(e.to_string());
+            at = e.source();
+        }
+        out
     }
 
     pub fn code(&self) -> i32 {
@@ -70,7 +95,15 @@ const PRIVILEGE: &str =
 
 impl From<CaptureError> for AppError {
     fn from(e: CaptureError) -> Self {
-        if let (CaptureError::Attach { .. }, Some(os)) = (&e, os_error(&e)) {
+        let error = AppError::from_capture(&e);
+        error.because(e)
+    }
+}
+
+impl AppError {
+    /// The kind and message of a capture error, with what the user can do about it.
+    fn from_capture(e: &CaptureError) -> AppError {
+        if let (CaptureError::Attach { .. }, Some(os)) = (e, os_error(e)) {
             // The kernel's own reason, which the error's text leaves out.
             let denied = matches!(os.raw_os_error(), Some(libc::EACCES | libc::EPERM));
             return if denied {
@@ -82,7 +115,7 @@ impl From<CaptureError> for AppError {
                 AppError::new(Kind::Kernel, format!("{e} ({os})"))
             };
         }
-        match (e.kind(), &e) {
+        match (e.kind(), e) {
             (capture::ErrorKind::Permission, _) => AppError::new(
                 Kind::Permission,
                 format!("{e}: {}", permission_hint(cap_eff(), memlock_limit())),
@@ -120,7 +153,11 @@ impl From<output::Error> for AppError {
             output::ErrorKind::Usage => Kind::Usage,
             output::ErrorKind::Encode => Kind::Other,
         };
-        AppError::new(kind, e.message)
+        AppError {
+            kind,
+            message: e.message,
+            source: e.source,
+        }
     }
 }
 
@@ -249,6 +286,20 @@ pub fn check_environment() -> Result<(), AppError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An output error's cause stays reachable through the run's error, for `-v`'s chain.
+    #[test]
+    fn causes_are_kept_to_the_exit_message() {
+        let io = std::io::Error::new(std::io::ErrorKind::StorageFull, "no space left");
+        let e = output::Error::caused(output::ErrorKind::Output, "writing p.json", io);
+        let app: AppError = e.into();
+        assert_eq!(app.code(), 6);
+        assert_eq!(app.to_string(), "writing p.json");
+        assert_eq!(app.causes(), ["no space left"]);
+        let encode = output::Error::encode("pprof", std::io::Error::other("broken pipe"));
+        assert_eq!(encode.to_string(), "pprof: broken pipe");
+        assert!(std::error::Error::source(&encode).is_some());
+    }
 
     #[test]
     fn capability_check() {

@@ -44,6 +44,12 @@ fn main() {
     if let Some(what) = &cli.generate {
         std::process::exit(generate(what));
     }
+    let verbose = match &cli.cmd {
+        None => cli.run.general.verbose,
+        Some(Cmd::Record(a)) => a.general.verbose,
+        Some(Cmd::Top(a)) => a.general.verbose,
+        Some(_) => false,
+    };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -61,6 +67,12 @@ fn main() {
         Ok(code) => std::process::exit(code),
         Err(e) => {
             eprintln!("tachyon-bpf: error: {e}");
+            // The causes behind the one line, with -v.
+            if verbose {
+                for cause in e.causes() {
+                    eprintln!("  caused by: {cause}");
+                }
+            }
             std::process::exit(e.code());
         }
     }

@@ -18,7 +18,6 @@ use crate::cli::{ConvertArgs, DumpArgs, RunArgs};
 use crate::error::{check_environment, other, target, usage, AppError};
 use crate::launch;
 use crate::sinks::{self, Sink};
-use clap::Parser;
 
 /// Which sink the command line asked for.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -270,8 +269,11 @@ impl<'a> Running<'a> {
         let registry = python::PythonRegistry::new(python::PythonOptions {
             show_internal: cli.python.show_internal,
             opcodes: cli.python.opcodes,
-            async_aware: cli.python.async_aware.is_some(),
-            async_all: cli.python.async_aware.as_deref() == Some("all"),
+            tasks: match cli.python.async_aware.as_deref() {
+                None => python::AsyncTasks::Off,
+                Some("all") => python::AsyncTasks::All,
+                Some(_) => python::AsyncTasks::Running,
+            },
         });
         let mut collector = Collector::new(
             start_ns,
@@ -304,9 +306,12 @@ impl<'a> Running<'a> {
         session.set_tick(tick_for(rate));
         session.targets.attach(rate)?;
         if let Some(why) = &session.targets.switch_in_refused {
+            let cause = std::error::Error::source(why)
+                .map(|c| format!(": {c}"))
+                .unwrap_or_default();
             eprintln!(
-                "tachyon-bpf: warning: no off-CPU stacks: {why}; blocked time is shown as \
-                 [off-CPU, stack not captured]"
+                "tachyon-bpf: warning: no off-CPU stacks: {why}{cause}; blocked time is shown \
+                 as [off-CPU, stack not captured]"
             );
         }
         Ok(Running {
@@ -834,26 +839,8 @@ const WRAPPER_EXEC_WITHIN: Duration = Duration::from_secs(1);
 
 /// `dump --pid P`: a short wall-mode run on the process (see `tachyon_bpf::dump`).
 pub async fn dump(args: DumpArgs) -> Result<i32, AppError> {
-    let pid = args.pid.to_string();
-    let mut argv = vec![
-        "tachyon-bpf",
-        "--pid",
-        &pid,
-        "-m",
-        "wall",
-        "-d",
-        DUMP_WINDOW_SECS,
-        "-q",
-    ];
-    if let Some(which) = args.async_aware.as_deref() {
-        argv.extend(["--async-aware", which]);
-    }
-    let cli = crate::cli::Cli::try_parse_from(argv).map_err(|e| other(format!("dump: {e}")))?;
-    run(cli.run, Command::Dump { json: args.json }).await
+    run((&args).into(), Command::Dump { json: args.json }).await
 }
-
-/// How long `dump` samples: every running thread is sampled within a few of its ticks.
-const DUMP_WINDOW_SECS: &str = "0.2";
 
 pub async fn convert(args: ConvertArgs) -> Result<i32, AppError> {
     let (mut profile, mut run) = output::recording::load(&args.input)?;

@@ -73,6 +73,17 @@ pub enum CaptureError {
         #[source]
         source: ProgramError,
     },
+    /// Neither `sched_exit_tp` nor a kprobe on `finish_task_switch` can be attached: `source`,
+    /// the kprobe's refusal, if it was tried.
+    #[error("the kernel has no sched_exit_tp (6.16+) and {}", match .symbol {
+        None => "no finish_task_switch to probe".to_string(),
+        Some(s) => format!("refused a kprobe on {s}"),
+    })]
+    NoSwitchIn {
+        symbol: Option<String>,
+        #[source]
+        source: Option<ProgramError>,
+    },
     #[error("attaching to the {name} tracepoint failed: {source}")]
     Tracepoint {
         name: &'static str,
@@ -195,7 +206,7 @@ pub struct Capture {
     switch_in: Option<aya::programs::kprobe::KProbeLinkId>,
     /// Why blocked threads cannot be captured as they come back (wall mode then charges their
     /// time to `[off-CPU, stack not captured]`).
-    pub switch_in_refused: Option<String>,
+    pub switch_in_refused: Option<CaptureError>,
     offcpu: u32,
     pub cpus: Vec<u32>,
     /// Holds the kernel's BPF run-time statistics on while it lives (None without
@@ -326,6 +337,7 @@ impl CaptureError {
             CaptureError::Load { .. }
             | CaptureError::Refused { .. }
             | CaptureError::Missing { .. }
+            | CaptureError::NoSwitchIn { .. }
             | CaptureError::Attach { .. } => ErrorKind::Kernel,
             CaptureError::Tracepoint { source, .. } => match os_error(source) {
                 Some(libc::EPERM | libc::EACCES) => ErrorKind::Permission,
@@ -536,23 +548,26 @@ impl Capture {
     /// else a kprobe on `finish_task_switch`. Without either (a kernel before 6.16 without
     /// kprobes, or one whose lockdown refuses them), wall mode goes on without off-CPU stacks:
     /// the reason, for a warning.
-    fn attach_switch_in(&mut self) -> Result<(), String> {
+    fn attach_switch_in(&mut self) -> Result<(), CaptureError> {
         if self.programs.switch_in_tracepoint {
-            return self
-                .attach_tracepoint(self.programs.switch_in, btf::SCHED_EXIT_TP)
-                .map_err(|e| e.to_string());
+            return self.attach_tracepoint(self.programs.switch_in, btf::SCHED_EXIT_TP);
         }
-        let symbol = switch_in_symbol()
-            .ok_or("the kernel has no sched_exit_tp (6.16+) and no finish_task_switch to probe")?;
+        let symbol = switch_in_symbol().ok_or(CaptureError::NoSwitchIn {
+            symbol: None,
+            source: None,
+        })?;
         let prog: &mut KProbe = self
             .bpf
             .program_mut(self.programs.switch_in)
             .expect("switch-in program")
             .try_into()
-            .map_err(|e: ProgramError| e.to_string())?;
-        let link = prog.attach(symbol.as_str(), 0).map_err(|e| {
-            format!("the kernel has no sched_exit_tp (6.16+) and refused a kprobe on {symbol}: {e}")
-        })?;
+            .map_err(load_error)?;
+        let link = prog
+            .attach(symbol.as_str(), 0)
+            .map_err(|source| CaptureError::NoSwitchIn {
+                symbol: Some(symbol.clone()),
+                source: Some(source),
+            })?;
         self.switch_in = Some(link);
         Ok(())
     }

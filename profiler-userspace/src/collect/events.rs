@@ -4,7 +4,6 @@ use super::Collector;
 use crate::capture::record::{Event, EventKind};
 
 impl Collector {
-    /// The process's name in the profile: the script for Python processes, else its comm.
     /// A scheduler or lifetime event.
     pub fn handle_event(&mut self, e: Event) {
         let t_ms = self.time_ms(e.time_ns);

@@ -66,10 +66,10 @@ pub struct Collector {
     kernel_frames: FxHashMap<u64, FrameId>,
     pub python: PythonRegistry,
     start_ns: u64,
-    /// Processes that exec'd since the caller last looked (their Python state is stale).
     /// The command this run launched (`Session::started`).
     pub launched: Option<u32>,
-    /// With each, whether the new program is named like a Python interpreter.
+    /// Processes that exec'd since the caller last looked (their Python state is stale), each
+    /// with whether the new program is named like a Python interpreter.
     execs: Vec<(u32, bool)>,
     /// New child processes of targets since the caller last looked.
     children: Vec<Child>,
@@ -403,7 +403,7 @@ impl Collector {
             .or_insert_with(|| Process::new(pid, ""));
         proc.reload_maps(elves);
         let found = self.python.try_add(proc, young);
-        if found.is_some() && self.python.options().async_all {
+        if found.is_some() && self.python.options().tasks.all() {
             // Its tasks' first pass stands for the time since.
             self.task_passes.insert(pid, crate::process::monotonic_ns());
         }
@@ -441,7 +441,7 @@ impl Collector {
     /// session passes at random spacings, and once more when a profile ends (`-d`, Ctrl-C, a
     /// continuous interval), so that the time after the last spaced pass is charged too.
     pub fn sample_tasks(&mut self, now_ns: u64) {
-        if !self.python.options().async_all {
+        if !self.python.options().tasks.all() {
             return;
         }
         let t_ms = self.time_ms(now_ns);

@@ -47,7 +47,7 @@ pub fn to_text(p: &Profile) -> String {
 }
 
 /// An interactive SVG flame graph (search, zoom; scripts inline, so it opens offline).
-pub fn flamegraph(p: &Profile, run: &RunInfo) -> Result<Vec<u8>, String> {
+pub fn flamegraph(p: &Profile, run: &RunInfo) -> Result<Vec<u8>, super::Error> {
     let text = to_text(p);
     let mut opts = inferno::flamegraph::Options::default();
     opts.title = format!("tachyon-bpf: {} ({} mode)", run.command, run.mode);
@@ -67,7 +67,7 @@ pub fn draw(
     mut opts: inferno::flamegraph::Options<'_>,
     text: &str,
     empty: &str,
-) -> Result<Vec<u8>, String> {
+) -> Result<Vec<u8>, super::Error> {
     opts.count_name = "samples".into();
     opts.deterministic = true;
     let mut out = Vec::new();
@@ -77,6 +77,6 @@ pub fn draw(
     } else {
         inferno::flamegraph::from_lines(&mut opts, text.lines(), &mut out)
     };
-    result.map_err(|e| format!("flame graph: {e}"))?;
+    result.map_err(|e| super::Error::encode("flame graph", e))?;
     Ok(out)
 }

@@ -156,7 +156,7 @@ impl Diff {
 
     /// A differential flame graph: widths are the new profile's samples; red frames grew in
     /// share since the baseline, blue ones shrank.
-    pub fn flamegraph(&self, run: &RunInfo) -> Result<Vec<u8>, String> {
+    pub fn flamegraph(&self, run: &RunInfo) -> Result<Vec<u8>, super::Error> {
         let mut opts = inferno::flamegraph::Options::default();
         opts.title = format!(
             "tachyon-bpf: {} ({} mode), against a baseline",

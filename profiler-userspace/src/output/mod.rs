@@ -45,12 +45,15 @@ pub enum ErrorKind {
     Encode,
 }
 
-/// An error of the output layer: its kind, and one line for the user.
+/// An error of the output layer: its kind, one line for the user, and the error it came from
+/// (`source()`), kept for `-v`'s chain of causes.
 #[derive(Debug, thiserror::Error)]
 #[error("{message}")]
 pub struct Error {
     pub kind: ErrorKind,
     pub message: String,
+    #[source]
+    pub source: Option<Box<dyn std::error::Error + Send + Sync + 'static>>,
 }
 
 impl Error {
@@ -58,7 +61,27 @@ impl Error {
         Error {
             kind,
             message: message.into(),
+            source: None,
         }
+    }
+
+    /// An error caused by `source`: the message says what failed; the cause stays reachable.
+    pub fn caused(
+        kind: ErrorKind,
+        message: impl Into<String>,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Error {
+        Error {
+            kind,
+            message: message.into(),
+            source: Some(Box::new(source)),
+        }
+    }
+
+    /// A format that could not be encoded, and why.
+    pub fn encode(what: &str, source: impl std::error::Error + Send + Sync + 'static) -> Error {
+        let message = format!("{what}: {source}");
+        Error::caused(ErrorKind::Encode, message, source)
     }
 }
 
@@ -265,8 +288,10 @@ impl Format {
     }
 
     pub fn render(self, p: &Profile, run: &RunInfo) -> Result<Vec<u8>, Error> {
-        let encoded = match self {
-            Format::Gecko => serde_json::to_vec(&gecko::to_json(p, run)).map_err(|e| e.to_string()),
+        match self {
+            Format::Gecko => {
+                serde_json::to_vec(&gecko::to_json(p, run)).map_err(|e| Error::encode("Gecko", e))
+            }
             Format::Collapsed => Ok(collapsed::to_text(p).into_bytes()),
             Format::Jsonl => Ok(jsonl::to_text(p, run).into_bytes()),
             Format::Pprof => pprof::to_bytes(p, run),
@@ -277,8 +302,7 @@ impl Format {
                 .into_iter()
                 .flat_map(|(name, page)| format!("<!-- {name} -->\n{page}").into_bytes())
                 .collect()),
-        };
-        encoded.map_err(|e| Error::new(ErrorKind::Encode, format!("{self:?}: {e}")))
+        }
     }
 }
 
@@ -332,10 +356,8 @@ pub fn write_outputs(
             write_atomic(path, &format.render(p, run)?, opts)
         };
         written.map_err(|e| {
-            Error::new(
-                ErrorKind::Output,
-                format!("cannot write {}: {e}", path.display()),
-            )
+            let message = format!("cannot write {}: {e}", path.display());
+            Error::caused(ErrorKind::Output, message, e)
         })?;
     }
     Ok(())

@@ -319,7 +319,7 @@ impl Ids {
     }
 }
 
-pub fn to_bytes(p: &Profile, run: &RunInfo) -> Result<Vec<u8>, String> {
+pub fn to_bytes(p: &Profile, run: &RunInfo) -> Result<Vec<u8>, super::Error> {
     gzipped(&build(p, run))
 }
 
@@ -328,13 +328,14 @@ pub fn to_bytes_of(
     p: &Profile,
     run: &RunInfo,
     keep: &dyn Fn(&ProcessData) -> bool,
-) -> Result<Vec<u8>, String> {
+) -> Result<Vec<u8>, super::Error> {
     gzipped(&build_of(p, run, keep))
 }
 
-fn gzipped(m: &PProfile) -> Result<Vec<u8>, String> {
+fn gzipped(m: &PProfile) -> Result<Vec<u8>, super::Error> {
     let raw = m.encode_to_vec();
     let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
-    gz.write_all(&raw).map_err(|e| e.to_string())?;
-    gz.finish().map_err(|e| e.to_string())
+    gz.write_all(&raw)
+        .map_err(|e| super::Error::encode("pprof", e))?;
+    gz.finish().map_err(|e| super::Error::encode("pprof", e))
 }

@@ -679,12 +679,10 @@ fn input(message: String) -> Error {
 }
 
 pub fn to_bytes(p: &Profile, run: &RunInfo) -> Result<Vec<u8>, Error> {
-    let encode =
-        |e: &dyn std::fmt::Display| Error::new(ErrorKind::Encode, format!("recording: {e}"));
     let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
-    serde_json::to_writer(&mut gz, &to_v2(p, run)).map_err(|e| encode(&e))?;
-    gz.flush().map_err(|e| encode(&e))?;
-    gz.finish().map_err(|e| encode(&e))
+    serde_json::to_writer(&mut gz, &to_v2(p, run)).map_err(|e| Error::encode("recording", e))?;
+    gz.flush().map_err(|e| Error::encode("recording", e))?;
+    gz.finish().map_err(|e| Error::encode("recording", e))
 }
 
 /// Reads a recording back; any problem is one line naming the file.

@@ -98,10 +98,8 @@ fn serve_one(mut s: TcpStream, path: &str, profile: &[u8]) {
 /// Starts serving `profile` (Gecko JSON bytes) on a free port of 127.0.0.1.
 pub fn start(profile: Vec<u8>) -> Result<Served, super::Error> {
     let failed = |e: std::io::Error| {
-        super::Error::new(
-            super::ErrorKind::Output,
-            format!("cannot serve the profile on 127.0.0.1: {e}"),
-        )
+        let message = format!("cannot serve the profile on 127.0.0.1: {e}");
+        super::Error::caused(super::ErrorKind::Output, message, e)
     };
     let listener = TcpListener::bind("127.0.0.1:0").map_err(failed)?;
     let port = listener.local_addr().map(|a| a.port()).map_err(failed)?;

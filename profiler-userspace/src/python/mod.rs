@@ -41,7 +41,7 @@ pub use discover::{maps_mention_python, python_name};
 pub use native_names::{
     is_anonymous_gil_wait, is_gc_function, is_gil_function, is_interpreter_file, SPLIT_FUNCTIONS,
 };
-pub use registry::{PythonOptions, PythonRegistry};
+pub use registry::{AsyncTasks, PythonOptions, PythonRegistry};
 
 use std::sync::Arc;
 

@@ -17,10 +17,32 @@ pub struct PythonOptions {
     pub show_internal: bool,
     /// Name the instruction of each sample's innermost Python frame (`--opcodes`).
     pub opcodes: bool,
-    /// Show samples of asyncio event loops from their running task (`--async-aware`).
-    pub async_aware: bool,
-    /// And every suspended task at each pass (`--async-aware all`).
-    pub async_all: bool,
+    /// What asyncio's tasks show (`--async-aware`).
+    pub tasks: AsyncTasks,
+}
+
+/// What `--async-aware` asks of asyncio's tasks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum AsyncTasks {
+    /// Event loops' samples are their threads' stacks, as of any thread.
+    #[default]
+    Off,
+    /// Event loops' samples show their running task's await chain (`--async-aware`).
+    Running,
+    /// And every suspended task is sampled at each pass (`--async-aware all`).
+    All,
+}
+
+impl AsyncTasks {
+    /// Whether running tasks' await chains are shown.
+    pub fn aware(self) -> bool {
+        self != AsyncTasks::Off
+    }
+
+    /// Whether suspended tasks are sampled.
+    pub fn all(self) -> bool {
+        self == AsyncTasks::All
+    }
 }
 
 /// A process with no runtime is looked at this many times, this far apart, before it is
@@ -145,11 +167,11 @@ impl PythonRegistry {
         let key = process_key(proc.pid);
         match PyProcess::discover(proc) {
             Ok(mut p) => {
-                if self.opts.async_aware && p.rt.layout.minor >= 14 {
+                if self.opts.tasks.aware() && p.rt.layout.minor >= 14 {
                     p.look_for_asyncio(proc);
-                } else if self.opts.async_aware && p.rt.layout.minor >= 11 {
+                } else if self.opts.tasks.aware() && p.rt.layout.minor >= 11 {
                     p.aio.handle_run_wanted = true;
-                } else if self.opts.async_aware {
+                } else if self.opts.tasks.aware() {
                     eprintln!(
                         "tachyon-bpf: pid {} runs Python {}: async-aware stacks need Python \
                          3.11 or newer, so its stacks are shown as they run",

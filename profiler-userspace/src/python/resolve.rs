@@ -57,7 +57,7 @@ impl PythonRegistry {
         // frame of its coroutine in the sample.
         let chain = match s.py_task {
             0 => None,
-            task if opts.async_aware => p.await_chain(task, s.tid, epoch),
+            task if opts.tasks.aware() => p.await_chain(task, s.tid, epoch),
             _ => None,
         };
         let coro_code = chain.as_ref().map(|c| c.coro_code);

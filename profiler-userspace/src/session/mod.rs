@@ -340,7 +340,7 @@ impl<T: Targets> Session<T> {
             self.ticks.is_multiple_of(self.ticks_in(SCAN_EVERY)),
             self.ticks.is_multiple_of(self.ticks_in(THREADS_EVERY)),
         );
-        if self.collector.python.options().async_all && Instant::now() >= self.task_pass_at {
+        if self.collector.python.options().tasks.all() && Instant::now() >= self.task_pass_at {
             self.pass_over_tasks();
         }
         if self.ticks.is_multiple_of(self.ticks_in(SWEEP_EVERY)) {

@@ -307,7 +307,7 @@ impl PythonRegistry {
     /// Whether `pid` is a Python process whose asyncio is still to be found
     /// (`--async-aware`), and it is time to look again (its mappings are read for it).
     pub fn asyncio_due(&self, pid: u32) -> bool {
-        self.opts.async_aware
+        self.opts.tasks.aware()
             && self.procs.get(&pid).is_some_and(|p| {
                 if p.gone_fork.is_some() {
                     return false;
