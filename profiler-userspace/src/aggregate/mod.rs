@@ -692,7 +692,7 @@ impl Profile {
             cpu_delta_us: 0.0,
         };
         let t = self.thread_mut(pid, proc_name, tid, thread_name, time_ms);
-        t.sched.note_sample(stack, s.state);
+        t.sched.note_sample(time_ms, stack, s.state);
         t.samples.push(s);
     }
 

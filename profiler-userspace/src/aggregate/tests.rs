@@ -35,7 +35,7 @@ fn a_wait_across_a_rotation_continues_in_the_next_profile() {
     };
     t.sched
         .account(&mut t.samples, &on, 0.0, Mode::Wall, true, None);
-    t.sched.note_capture(2_000_000, stack, st);
+    t.sched.note_capture(2_000_000, 2.0, stack, st);
     let mut off = Window {
         t0: Some(2.0),
         t1: 10.0,

@@ -37,8 +37,9 @@ pub struct SchedState {
     pub spans: Vec<(f64, f64, f64)>,
     /// The newest off-CPU captures: (capture time in ns, stack, state).
     captures: VecDeque<(u64, Option<StackId>, u8)>,
-    /// Stack and state of the latest sample or capture, for preemptions.
-    latest: Option<(Option<StackId>, u8)>,
+    /// Time (ms), stack and state of where the thread was last seen: its latest sample,
+    /// capture, or return from a blocking point (`account`), for preemptions.
+    latest: Option<(f64, Option<StackId>, u8)>,
     /// Time before which records are already accounted (see `settle`).
     accounted_to: f64,
     /// Any scheduler record seen for this thread.
@@ -47,19 +48,29 @@ pub struct SchedState {
 }
 
 impl SchedState {
-    /// An on-CPU sample was taken.
-    pub fn note_sample(&mut self, stack: Option<StackId>, st: u8) {
-        self.latest = Some((stack, st));
+    /// An on-CPU sample was taken at `t_ms`.
+    pub fn note_sample(&mut self, t_ms: f64, stack: Option<StackId>, st: u8) {
+        self.note_latest(t_ms, stack, st);
     }
 
-    /// An off-CPU capture, taken at `time_ns` as the thread blocked at a new point: the stack
-    /// that accounting records charge by that time.
-    pub fn note_capture(&mut self, time_ns: u64, stack: Option<StackId>, st: u8) {
+    /// The thread was seen at `t_ms` with `stack`: the latest unless something later was seen
+    /// already (records come in the order they were sent, and the record of a blocked interval
+    /// is sent after the samples taken once the thread was back).
+    fn note_latest(&mut self, t_ms: f64, stack: Option<StackId>, st: u8) {
+        if self.latest.is_none_or(|(t, ..)| t <= t_ms) {
+            self.latest = Some((t_ms, stack, st));
+        }
+    }
+
+    /// An off-CPU capture, taken at `time_ns` (`t_ms` in the profile's time) as the thread
+    /// came back from a new blocking point: the stack that accounting records charge by that
+    /// time.
+    pub fn note_capture(&mut self, time_ns: u64, t_ms: f64, stack: Option<StackId>, st: u8) {
         if self.captures.len() == CAPTURES_KEPT {
             self.captures.pop_front();
         }
         self.captures.push_back((time_ns, stack, st));
-        self.latest = Some((stack, st));
+        self.note_latest(t_ms, stack, st);
     }
 
     /// Accounts one record. `start` is when the thread was first known to run (the profile
@@ -97,6 +108,13 @@ impl SchedState {
                 }
             } else {
                 self.off_sample(samples, a, b - a, w.attr, w, mode, uncaptured);
+                // Back at `b` from that blocking point: where it stands until sampled again.
+                // A slot's capture was reused without a new one (it blocked there before),
+                // so without this a preemption right after it came back was charged to a
+                // sample taken before it blocked.
+                if let Some((stack, st)) = self.slot_capture(w, w.attr) {
+                    self.note_latest(b, stack, st);
+                }
             }
             return;
         }
@@ -128,14 +146,8 @@ impl SchedState {
     ) {
         let cap = match attr {
             ATTR_NONE => return,
-            ATTR_LATEST => self.latest,
-            a => w.slot_cap.get(a as usize).and_then(|&c| {
-                self.captures
-                    .iter()
-                    .rev()
-                    .find(|x| x.0 == c && c != 0)
-                    .map(|x| (x.1, x.2))
-            }),
+            ATTR_LATEST => self.latest.map(|(_, stack, st)| (stack, st)),
+            a => self.slot_capture(w, a),
         };
         let (stack, st) = cap.unwrap_or((uncaptured, 0));
         let st = st & !state::ON_CPU;
@@ -147,6 +159,17 @@ impl SchedState {
             in_mode: mode.keeps(st),
             cpu_delta_us: 0.0,
         });
+    }
+
+    /// The capture a record's slot `attr` names (`None`: not a slot, or its capture never
+    /// arrived).
+    fn slot_capture(&self, w: &Window, attr: u32) -> Option<(Option<StackId>, u8)> {
+        let c = *w.slot_cap.get(attr as usize)?;
+        self.captures
+            .iter()
+            .rev()
+            .find(|x| x.0 == c && c != 0)
+            .map(|x| (x.1, x.2))
     }
 
     /// Records ending by `t` are accounted already (a snapshot of what the BPF side held).
@@ -174,7 +197,8 @@ impl SchedState {
                 .iter()
                 .map(|&(t, s, st)| (t, import(s), st))
                 .collect(),
-            latest: self.latest.map(|(s, st)| (import(s), st)),
+            // The next profile starts at 0, the moment this one was settled.
+            latest: self.latest.map(|(_, s, st)| (0.0, import(s), st)),
             accounted_to: 0.0,
             ..Default::default()
         }
@@ -296,7 +320,7 @@ mod tests {
     fn long_intervals_are_exact_and_carry_their_capture() {
         let mut st = SchedState::default();
         let mut samples = vec![on(1.0), on(2.0)];
-        st.note_sample(Some(3), state::PYTHON | state::ON_CPU);
+        st.note_sample(2.0, Some(3), state::PYTHON | state::ON_CPU);
         // Running since before it was seen; blocks at 2.5 (captured in slot 1), back at 10.
         st.account(
             &mut samples,
@@ -306,7 +330,7 @@ mod tests {
             true,
             Some(99),
         );
-        st.note_capture(2_500_000, Some(7), state::PYTHON);
+        st.note_capture(2_500_000, 2.5, Some(7), state::PYTHON);
         let mut w = interval(Some(2.5), 10.0, false, 1);
         w.slot_cap[1] = 2_500_000;
         st.account(&mut samples, &w, 0.0, Mode::Wall, true, Some(99));
@@ -376,7 +400,7 @@ mod tests {
             (&mut kept, &mut with, true),
             (&mut not, &mut without, false),
         ] {
-            st.note_sample(Some(4), state::PYTHON | state::ON_CPU);
+            st.note_sample(0.5, Some(4), state::PYTHON | state::ON_CPU);
             st.account(
                 samples,
                 &interval(Some(0.0), 2.0, true, 0),
@@ -404,7 +428,7 @@ mod tests {
     fn spans_split_their_time_and_settled_parts_count_once() {
         let mut st = SchedState::default();
         let mut samples = Vec::new();
-        st.note_capture(1_000_000, Some(5), state::PYTHON | state::GIL_WAIT);
+        st.note_capture(1_000_000, 1.0, Some(5), state::PYTHON | state::GIL_WAIT);
         let mut w = Window {
             t0: Some(1.0),
             t1: 3.0,
@@ -536,5 +560,41 @@ mod tests {
                 ("Off CPU", 4.0, 5.0)
             ]
         );
+    }
+
+    /// A thread back from a blocking point it was captured at before (no new capture) and
+    /// preempted before its next sample: the preempted time is charged where it blocked, not to
+    /// a sample taken before it blocked. A sample taken once it was back (read before the
+    /// interval's record, which is sent at its next switch-out) stays the latest.
+    #[test]
+    fn a_preemption_after_a_known_block_is_charged_where_it_blocked() {
+        let charged = |sample_after: Option<f64>| {
+            let mut st = SchedState::default();
+            let mut samples = Vec::new();
+            // Captured blocking in slot 0 (stack 7) at 1 ms; sampled running elsewhere (stack
+            // 3) at 100 ms.
+            st.note_capture(1_000_000, 1.0, Some(7), state::PYTHON);
+            st.note_sample(100.0, Some(3), state::PYTHON | state::ON_CPU);
+            if let Some(t) = sample_after {
+                st.note_sample(t, Some(4), state::PYTHON | state::ON_CPU);
+            }
+            // Blocks again at the same point 101..601, then preempted 602..640.
+            let mut w = interval(Some(101.0), 601.0, false, 0);
+            w.slot_cap[0] = 1_000_000;
+            st.account(&mut samples, &w, 0.0, Mode::Wall, true, None);
+            st.account(
+                &mut samples,
+                &interval(Some(602.0), 640.0, false, ATTR_LATEST),
+                0.0,
+                Mode::Wall,
+                true,
+                None,
+            );
+            let last = samples.last().unwrap();
+            assert_eq!(last.weight_ms, 38.0);
+            last.stack
+        };
+        assert_eq!(charged(None), Some(7));
+        assert_eq!(charged(Some(601.5)), Some(4));
     }
 }

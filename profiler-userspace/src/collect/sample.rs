@@ -352,7 +352,7 @@ impl Collector {
             // Charged by the accounting records that name it.
             self.profile.counters.offcpu_captures += 1;
             let t = self.profile.thread_mut(pid, "", s.tid, &s.comm, t_ms);
-            t.sched.note_capture(s.time_ns, stack, st);
+            t.sched.note_capture(s.time_ns, t_ms, stack, st);
         } else {
             if !blocked {
                 st |= state::ON_CPU;
