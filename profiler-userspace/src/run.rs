@@ -58,7 +58,7 @@ fn check_targets(cli: &RunArgs) -> Result<(), AppError> {
 
 fn check_pids(pids: &[u32]) -> Result<(), AppError> {
     for &pid in pids {
-        if pid == 0 || !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+        if pid == 0 || !tachyon_bpf::process::procfs::exists(pid) {
             return Err(target(format!("no process with pid {pid}")));
         }
         if process::is_kernel_thread(pid) {

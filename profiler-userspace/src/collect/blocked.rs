@@ -28,7 +28,7 @@ const TRIES: usize = 3;
 /// A thread's scheduler state letter and its voluntary and involuntary context switches.
 fn thread_activity(pid: u32, tid: u32) -> Option<(char, u64)> {
     let state = procfs::task_stat(pid, tid)?.state;
-    let status = procfs::read(&format!("/proc/{pid}/task/{tid}/status"))?;
+    let status = procfs::task_file(pid, tid, "status")?;
     let switches = status
         .lines()
         .filter(|l| l.contains("ctxt_switches:"))
@@ -67,9 +67,8 @@ fn read_blocked(
     tid: u32,
     time_ns: u64,
 ) -> Option<RawSample<'static>> {
-    let dir = format!("/proc/{pid}/task/{tid}");
     // "NR ARG1..ARG6 SP PC" in a system call, "-1 SP PC" blocked elsewhere, "running".
-    let syscall = procfs::read(&format!("{dir}/syscall"))?;
+    let syscall = procfs::task_file(pid, tid, "syscall")?;
     let words: Vec<&str> = syscall.split_whitespace().collect();
     if words.len() < 3 {
         return None;
@@ -77,7 +76,7 @@ fn read_blocked(
     let hex = |w: &str| u64::from_str_radix(w.trim_start_matches("0x"), 16).ok();
     let sp = hex(words[words.len() - 2])?;
     let ip = hex(words[words.len() - 1])?;
-    let comm = procfs::read(&format!("{dir}/comm")).unwrap_or_default();
+    let comm = procfs::task_file(pid, tid, "comm").unwrap_or_default();
     let remote = Remote { pid };
     // Page by page up to the copy's size: the stack's end stops it early.
     let mut stack = Vec::with_capacity(STACK_COPY);
@@ -96,7 +95,7 @@ fn read_blocked(
         at += len as u64;
     }
     // Kernel frames, innermost first: "[<0>] name+0xoff/0xsize".
-    let kstack = procfs::read(&format!("{dir}/stack"))
+    let kstack = procfs::task_file(pid, tid, "stack")
         .unwrap_or_default()
         .lines()
         .filter_map(|l| {

@@ -254,7 +254,7 @@ fn ensure_process(
 pub use crate::process::monotonic_ns;
 
 fn alive_task(pid: u32, tid: u32) -> bool {
-    std::path::Path::new(&format!("/proc/{pid}/task/{tid}")).exists()
+    crate::process::procfs::task_exists(pid, tid)
 }
 
 /// The kernel's symbols a collector names kernel frames with, and where they came from (`-v`

@@ -53,10 +53,23 @@ fn parse_line(line: &str) -> Option<Mapping> {
     })
 }
 
+/// The most of a process's `maps` read: 65,530 mappings (the kernel's default limit) of
+/// about 150 bytes each, with room; past it the rest is left unread.
+pub const MAPS_MAX: u64 = 16 << 20;
+
+/// The process's mappings (at most `MAPS_MAX` bytes of its `maps`).
 pub fn read_maps(pid: u32) -> std::io::Result<Vec<Mapping>> {
-    Ok(parse_maps(&std::fs::read_to_string(format!(
-        "/proc/{pid}/maps"
-    ))?))
+    Ok(parse_maps(&maps_text(pid)?))
+}
+
+/// The process's `maps` as text, at most `MAPS_MAX` bytes of it.
+pub fn maps_text(pid: u32) -> std::io::Result<String> {
+    use std::io::Read;
+    let mut s = String::new();
+    std::fs::File::open(format!("/proc/{pid}/maps"))?
+        .take(MAPS_MAX)
+        .read_to_string(&mut s)?;
+    Ok(s)
 }
 
 /// The kernel's vDSO image, as mapped into this process: every 64-bit process on the host maps

@@ -69,6 +69,26 @@ pub fn read(path: &str) -> Option<String> {
     Some(s)
 }
 
+/// A file of thread `tid` of process `pid` (`status`, `syscall`, `comm`), bounded as `read`.
+pub fn task_file(pid: u32, tid: u32, name: &str) -> Option<String> {
+    read(&format!("/proc/{pid}/task/{tid}/{name}"))
+}
+
+/// The path of the process's executable, as the kernel names it (`/proc/PID/exe`).
+pub fn exe(pid: u32) -> Option<std::path::PathBuf> {
+    std::fs::read_link(format!("/proc/{pid}/exe")).ok()
+}
+
+/// Whether thread `tid` of process `pid` exists (its `/proc` entry; a zombie's included).
+pub fn task_exists(pid: u32, tid: u32) -> bool {
+    std::path::Path::new(&format!("/proc/{pid}/task/{tid}")).exists()
+}
+
+/// Whether process `pid` exists (its `/proc` entry; a zombie's included).
+pub fn exists(pid: u32) -> bool {
+    std::path::Path::new(&format!("/proc/{pid}")).exists()
+}
+
 fn numbered(dir: &str) -> Vec<u32> {
     std::fs::read_dir(dir)
         .map(|d| {

@@ -281,7 +281,7 @@ fn gil_words(
 
 /// Whether any mapping of the process names a python binary or libpython (a cheap pre-check).
 pub fn maps_mention_python(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/maps"))
+    crate::process::maps::maps_text(pid)
         .map(|m| {
             m.lines().any(|l| {
                 l.rsplit('/')

@@ -72,7 +72,7 @@ pub struct PythonRegistry {
 
 /// The process `pid` is now: its start time and executable.
 fn process_key(pid: u32) -> (u64, String) {
-    let exe = std::fs::read_link(format!("/proc/{pid}/exe"))
+    let exe = procfs::exe(pid)
         .map(|p| p.to_string_lossy().into_owned())
         .unwrap_or_default();
     (procfs::start_time(pid).unwrap_or(0), exe)

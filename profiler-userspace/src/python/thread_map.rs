@@ -180,7 +180,7 @@ fn task_ids(pid: u32, ns: &mut NsTids) -> Vec<(u32, u32)> {
     // threads' status files (the costly part of a thread-map refresh, made every 100 ms) are
     // then read only for processes in other namespaces (containers), once per thread.
     let nspid = |tid: u32| -> Option<Vec<u32>> {
-        let status = procfs::read(&format!("/proc/{pid}/task/{tid}/status"))?;
+        let status = procfs::task_file(pid, tid, "status")?;
         let line = status.lines().find_map(|l| l.strip_prefix("NSpid:"))?;
         Some(
             line.split_whitespace()
