@@ -304,8 +304,8 @@ impl<'a> Running<'a> {
         let ring = unsafe { AsyncFd::register_with_interest(ring, tokio::io::Interest::READABLE) }
             .map_err(|e| other(format!("ring buffer: {e}")))?;
         session.set_tick(tick_for(rate));
-        session.targets.attach(rate)?;
-        if let Some(why) = &session.targets.switch_in_refused {
+        session.targets_mut().attach(rate)?;
+        if let Some(why) = &session.targets().switch_in_refused {
             let cause = std::error::Error::source(why)
                 .map(|c| format!(": {c}"))
                 .unwrap_or_default();
@@ -331,7 +331,7 @@ impl<'a> Running<'a> {
     /// What the run is, as each format's metadata and the sink's intervals see it.
     fn info(&self, duration: Duration) -> RunInfo {
         let cli = self.cli;
-        let capture = &self.session.targets;
+        let capture = self.session.targets();
         RunInfo {
             run_id: uuid::Uuid::new_v4().simple().to_string(),
             start_epoch_ms: self.start_epoch_ms,
@@ -515,12 +515,12 @@ impl<'a> Running<'a> {
 
     /// The live status line: the profile so far, the time, the samples lost.
     fn status_line(&self) -> String {
-        let lost = self.session.targets.stats().0[profiler_common::STAT_LOST as usize];
+        let lost = self.session.targets().stats().0[profiler_common::STAT_LOST as usize];
         output::summary::status_line(
-            &self.session.collector.profile,
+            self.session.profile(),
             self.started.elapsed().as_secs_f64(),
             lost,
-            self.session.targets.cpus.len(),
+            self.session.targets().cpus.len(),
             self.rate,
         )
     }
@@ -529,11 +529,11 @@ impl<'a> Running<'a> {
     /// scheduler's accounting, and hands the profile to the sink (with the summary).
     async fn finish(mut self, child_status: Option<i32>) -> Result<i32, AppError> {
         let cli = self.cli;
-        self.session.targets.detach();
+        self.session.targets_mut().detach();
         log::debug!("run: programs detached at {:?}", self.started.elapsed());
         if let Some(logs) = self.bpf_logs.as_mut() {
             logs.get_mut().flush();
-            let unlogged = self.session.targets.unlogged_failures();
+            let unlogged = self.session.targets().unlogged_failures();
             if !unlogged.is_empty() {
                 let kinds: Vec<String> = unlogged.iter().map(|(k, n)| format!("{k} {n}")).collect();
                 eprintln!(
@@ -559,12 +559,12 @@ impl<'a> Running<'a> {
                     }
                 }
             });
-        if let (true, Some(addr)) = (cli.general.verbose, self.session.collector.kernel_reread_at) {
+        if let (true, Some(addr)) = (cli.general.verbose, self.session.kernel_reread_at()) {
             eprintln!(
                 "tachyon-bpf: kernel symbols read again mid-run: {addr:#x} is kernel code made since boot"
             );
         }
-        let capture = &self.session.targets;
+        let capture = self.session.targets();
         // One read of the kernel's statistics: the total is the programs' sum.
         let programs = capture.bpf_programs();
         let bpf = programs.as_ref().map(|v| {
@@ -579,20 +579,20 @@ impl<'a> Running<'a> {
             bpf_programs: programs.unwrap_or_default(),
             ..self.info(elapsed)
         };
-        self.sink.finish(&self.session.collector.profile, &run)?;
+        self.sink.finish(self.session.profile(), &run)?;
         // --otlp without --continuous: the run's profile, once, after the files are written.
         let otlp = match (&cli.file.otlp, cli.continuous.continuous) {
             (Some(url), false) => {
                 let p =
                     output::continuous::Pusher::start(url, output::continuous::Destination::Otlp);
-                p.push(&self.session.collector.profile, &run);
+                p.push(self.session.profile(), &run);
                 Some(p)
             }
             _ => None,
         };
         if !cli.general.quiet {
             summary(
-                &self.session.collector.profile,
+                self.session.profile(),
                 &run,
                 capture,
                 self.sink.as_ref(),
@@ -609,7 +609,7 @@ impl<'a> Running<'a> {
             }
         }
         if cli.formats.open {
-            open_in_browser(&self.session.collector.profile, &run).await?;
+            open_in_browser(self.session.profile(), &run).await?;
         }
         Ok(0)
     }

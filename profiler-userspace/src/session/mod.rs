@@ -204,8 +204,8 @@ const DRAIN_BUDGET: Duration = Duration::from_millis(100);
 const BUDGET_RECORDS: u32 = 32;
 
 pub struct Session<T: Targets> {
-    pub targets: T,
-    pub collector: Collector,
+    targets: T,
+    collector: Collector,
     scope: Scope,
     /// Processes that exec'd or forked during an --all/--all-pythons run, and the launched
     /// command, looked at often for a while.
@@ -302,6 +302,26 @@ impl<T: Targets> Session<T> {
         };
         s.discover(true, true);
         s
+    }
+
+    /// The kernel side the session drives (the BPF programs and maps).
+    pub fn targets(&self) -> &T {
+        &self.targets
+    }
+
+    pub fn targets_mut(&mut self) -> &mut T {
+        &mut self.targets
+    }
+
+    /// The profile being written.
+    pub fn profile(&self) -> &crate::aggregate::Profile {
+        &self.collector.profile
+    }
+
+    /// Where kernel symbols were read again during the run (an address in kernel code made
+    /// since boot), if they were.
+    pub fn kernel_reread_at(&self) -> Option<u64> {
+        self.collector.kernel_reread_at
     }
 
     /// Ticks every `tick` from now on (`tick_for` the run's rate).
