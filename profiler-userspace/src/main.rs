@@ -5,6 +5,7 @@
 //! turns failures into one line and an exit code.
 
 mod cli;
+mod convert;
 mod error;
 mod launch;
 mod run;
@@ -59,8 +60,11 @@ fn main() {
             None => run::run(cli.run, Command::Profile).await,
             Some(Cmd::Record(args)) => run::run(args.into(), Command::Record).await,
             Some(Cmd::Top(args)) => run::run(args.into(), Command::Top).await,
-            Some(Cmd::Convert(args)) => run::convert(args).await,
-            Some(Cmd::Dump(args)) => run::dump(args).await,
+            Some(Cmd::Convert(args)) => convert::convert(args).await,
+            // A short wall-mode run on the process (see `tachyon_bpf::output::dump`).
+            Some(Cmd::Dump(args)) => {
+                run::run((&args).into(), Command::Dump { json: args.json }).await
+            }
         }
     });
     match result {

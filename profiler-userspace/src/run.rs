@@ -14,7 +14,7 @@ use tachyon_bpf::output::{self, Format, RunInfo};
 use tachyon_bpf::session::{tick_for, Scope, Session, YOUNG_TICK};
 use tachyon_bpf::{process, python};
 
-use crate::cli::{ConvertArgs, DumpArgs, RunArgs};
+use crate::cli::RunArgs;
 use crate::error::{check_environment, other, target, usage, AppError};
 use crate::launch;
 use crate::sinks::{self, Sink};
@@ -235,6 +235,16 @@ fn targets(
     }
     Ok(explicit)
 }
+
+/// Programs a launched command may exec through before Python (`env`, a shell, pyenv's shim
+/// and `pyenv exec`), and how long each may take to exec the next. pyenv's take 10-20 ms each
+/// here, but far longer on a loaded host (they run a few subprocesses each); a wrapper that
+/// does not exec in time is let go and runs on. `env PYENV_VERSION=X shim` alone is seven
+/// programs before Python: `env`, then the shim, `pyenv` and `pyenv-exec`, each a
+/// `#!/usr/bin/env bash` script (`env`, then `bash`). A chain longer than this is let go at its
+/// end, and its Python is found as it starts, some of its start-up sampled without names.
+const MAX_WRAPPERS: usize = 16;
+const WRAPPER_EXEC_WITHIN: Duration = Duration::from_secs(1);
 
 /// A run once its programs are attached: its session, ring and sink, and what each format's
 /// metadata says of it.
@@ -617,108 +627,23 @@ impl<'a> Running<'a> {
 
 /// The end-of-run summary on stderr.
 fn summary(p: &Profile, run: &RunInfo, capture: &Capture, sink: &dyn Sink, elapsed: Duration) {
-    // A continuous run's profile holds only its last interval: the run's counts are the sink's.
-    let c = &sink.counters(p);
-    let secs = elapsed.as_secs_f64().max(1e-9);
-    let (_, lost_per_cpu) = capture.stats();
-    let lost_str: Vec<String> = lost_per_cpu
-        .iter()
-        .map(|(cpu, n)| format!("cpu{cpu} {n}"))
-        .collect();
-    let samples = sink.samples(p);
-    let cpus = capture.cpus.len();
-    if let Some(intervals) = sink.intervals() {
-        // The counters start again each interval: the run's totals are the intervals'.
-        eprintln!(
-            "tachyon-bpf: {secs:.2} s, {samples} samples ({:.0}/s at {} Hz on {cpus} CPUs) in \
-             {intervals} intervals, lost {} ({})",
-            samples as f64 / secs,
-            run.rate_hz,
-            run.lost,
-            lost_str.join(", "),
-        );
-    } else {
-        eprintln!(
-            "tachyon-bpf: {secs:.2} s, {samples} samples on CPU ({:.0}/s at {} Hz on {cpus} \
-             CPUs) and {} off-CPU captures, lost {} ({}), truncated {}, bad records {}, {} \
-             processes, {} threads",
-            samples as f64 / secs,
-            run.rate_hz,
-            c.offcpu_captures,
-            run.lost,
-            lost_str.join(", "),
-            c.native_truncated,
-            c.bad_records,
-            p.all_processes().count(),
-            p.thread_count(),
-        );
-    }
-    if let Some(cost) = &run.cost {
-        eprintln!("tachyon-bpf: {}", cost.line(samples));
-    }
-    if !run.bpf_programs.is_empty() {
-        eprintln!(
-            "tachyon-bpf: BPF time by program: {}",
-            output::bpf_programs_line(&run.bpf_programs)
-        );
-    }
-    let counters: Vec<String> = run
-        .bpf_counters
-        .iter()
-        .map(|(n, v)| format!("{n} {v}"))
-        .collect();
-    eprintln!("tachyon-bpf: BPF counters: {}", counters.join(", "));
-    if c.max_lag_ms > output::summary::LAG_WARN_MS {
-        eprintln!(
-            "tachyon-bpf: warning: the reader fell behind by up to {:.1} s (samples were \
-             processed late: a larger --ring-mb or a lower --rate keeps up)",
-            c.max_lag_ms / 1000.0
-        );
-    }
-    if c.py_samples > 0 {
-        eprintln!(
-            "tachyon-bpf: python: {} records of Python threads (samples and off-CPU captures), \
-             {} merged, {} merge mismatches, {} thread misses, {} read failures, {} truncated",
-            c.py_samples,
-            c.py_merged,
-            c.py_merge_mismatch,
-            c.py_thread_miss,
-            c.py_read_failed,
-            c.py_truncated
-        );
-        if c.py_async_samples + c.py_async_mismatch + c.py_async_suspended > 0 {
-            eprintln!(
-                "tachyon-bpf: asyncio: {} samples shown from their running task, {} whose task \
-                 did not match their frames (shown plain), {} await chains cut short",
-                c.py_async_samples, c.py_async_mismatch, c.py_async_cut
-            );
-        }
-        if c.py_async_suspended > 0 {
-            eprintln!(
-                "tachyon-bpf: asyncio: {} samples of suspended tasks, on a pseudo-thread per \
-                 event loop (\"asyncio tasks (loop in thread T)\"; wall time, not in the lines \
-                 below)",
-                c.py_async_suspended
-            );
-        }
-        let bad = c.py_unresolved_frames + c.py_cycles + c.py_bad_line_tables;
-        if bad > 0 {
-            eprintln!(
-                "tachyon-bpf: python: unreadable target data: {} unresolved code objects, {} \
-                 looping frame chains, {} corrupt line tables",
-                c.py_unresolved_frames, c.py_cycles, c.py_bad_line_tables
-            );
-        }
-    }
-    if sink.intervals().is_none() {
-        for l in output::summary::lines(p, 5) {
-            eprintln!("tachyon-bpf: {l}");
-        }
+    let totals = output::summary::RunTotals {
+        // A continuous run's profile holds only its last interval: the run's counts are the
+        // sink's.
+        counters: sink.counters(p),
+        samples: sink.samples(p),
+        intervals: sink.intervals(),
+        cpus: capture.cpus.len(),
+        lost_per_cpu: capture.stats().1,
+        elapsed,
+    };
+    for line in output::summary::run_lines(p, run, &totals) {
+        eprintln!("tachyon-bpf: {line}");
     }
 }
 
 /// Serves the Gecko profile to profiler.firefox.com until Ctrl-C or SIGTERM.
-async fn open_in_browser(p: &Profile, run: &RunInfo) -> Result<(), AppError> {
+pub(crate) async fn open_in_browser(p: &Profile, run: &RunInfo) -> Result<(), AppError> {
     let bytes = Format::Gecko.render(p, run)?;
     let served = output::serve::start(bytes)?;
     println!("{}", served.link);
@@ -734,150 +659,6 @@ async fn open_in_browser(p: &Profile, run: &RunInfo) -> Result<(), AppError> {
     }
     drop(served);
     Ok(())
-}
-
-/// `convert`: a recording into other formats.
-/// `convert NEW --diff-against BASELINE`: a differential flame graph, or folded stacks with both
-/// counts, of the two recordings counted in one mode.
-fn convert_diff(
-    args: &ConvertArgs,
-    baseline: &std::path::Path,
-    profile: &Profile,
-    run: &RunInfo,
-    base: &std::path::Path,
-) -> Result<i32, AppError> {
-    let format = match args.format.as_slice() {
-        [] | [Format::Flamegraph] => Format::Flamegraph,
-        [Format::Collapsed] => Format::Collapsed,
-        _ => {
-            return Err(usage(
-                "--diff-against writes one format: flamegraph (the default) or collapsed",
-            ))
-        }
-    };
-    if args.open {
-        return Err(usage(
-            "--diff-against writes a file; --open serves a Gecko profile",
-        ));
-    }
-    let (mut old, mut old_run) = output::recording::load(baseline)?;
-    let mode = args.mode.unwrap_or(profile.mode);
-    if old.mode != mode {
-        output::recording::select_mode(&mut old, &mut old_run, mode).map_err(|_| {
-            usage(format!(
-                "the baseline was recorded in {} mode and the new recording counts {} mode; \
-                 pick a mode both give with --mode",
-                old.mode.name(),
-                mode.name()
-            ))
-        })?;
-    }
-    let d = output::diff::diff(&old, profile);
-    let (bytes, ext) = match format {
-        Format::Collapsed => (d.to_text().into_bytes(), "folded"),
-        _ => (
-            d.flamegraph(run)
-                .map_err(|e| other(format!("flamegraph: {e}")))?,
-            "svg",
-        ),
-    };
-    let path = args
-        .output
-        .clone()
-        .unwrap_or_else(|| std::path::PathBuf::from(format!("{}.diff.{ext}", base.display())));
-    output::write_atomic(
-        &path,
-        &bytes,
-        output::WriteOptions::with_mode(args.file_mode),
-    )
-    .map_err(|e| other(format!("cannot write {}: {e}", path.display())))?;
-    if !args.quiet {
-        eprintln!(
-            "tachyon-bpf: {} samples against a baseline of {}; {:.1}% of the baseline is on call \
-             paths that are gone",
-            d.totals.1,
-            d.totals.0,
-            100.0 * d.gone_share()
-        );
-        eprintln!("tachyon-bpf: the largest changes of total share (baseline -> now):");
-        for (name, before, now) in d.changes().iter().take(8) {
-            eprintln!(
-                "tachyon-bpf: {:>+7.1}  {:5.1}% -> {:5.1}%  {name}",
-                100.0 * (now - before),
-                100.0 * before,
-                100.0 * now
-            );
-        }
-        for (path, share) in d.gone.iter().take(3) {
-            let leaf_first: Vec<&str> = path
-                .iter()
-                .skip(2)
-                .rev()
-                .take(3)
-                .map(String::as_str)
-                .collect();
-            eprintln!(
-                "tachyon-bpf:   gone: {:.1}%  {}",
-                100.0 * share,
-                leaf_first.join(" <- ")
-            );
-        }
-        sinks::report_written(&[path]);
-    }
-    Ok(0)
-}
-
-/// Programs a launched command may exec through before Python (`env`, a shell, pyenv's shim
-/// and `pyenv exec`), and how long each may take to exec the next. pyenv's take 10-20 ms each
-/// here, but far longer on a loaded host (they run a few subprocesses each); a wrapper that
-/// does not exec in time is let go and runs on. `env PYENV_VERSION=X shim` alone is seven
-/// programs before Python: `env`, then the shim, `pyenv` and `pyenv-exec`, each a
-/// `#!/usr/bin/env bash` script (`env`, then `bash`). A chain longer than this is let go at its
-/// end, and its Python is found as it starts, some of its start-up sampled without names.
-const MAX_WRAPPERS: usize = 16;
-const WRAPPER_EXEC_WITHIN: Duration = Duration::from_secs(1);
-
-/// `dump --pid P`: a short wall-mode run on the process (see `tachyon_bpf::dump`).
-pub async fn dump(args: DumpArgs) -> Result<i32, AppError> {
-    run((&args).into(), Command::Dump { json: args.json }).await
-}
-
-pub async fn convert(args: ConvertArgs) -> Result<i32, AppError> {
-    let (mut profile, mut run) = output::recording::load(&args.input)?;
-    if let Some(mode) = args.mode {
-        output::recording::select_mode(&mut profile, &mut run, mode)?;
-    }
-    let base = args.output.clone().unwrap_or_else(|| {
-        let s = args.input.to_string_lossy();
-        std::path::PathBuf::from(s.strip_suffix(".tbpf").unwrap_or(&s).to_string())
-    });
-    if let Some(baseline) = &args.diff_against {
-        return convert_diff(&args, baseline, &profile, &run, &base);
-    }
-    let outputs = if args.output.is_none() && args.format.len() <= 1 {
-        // One format, no -o: the recording's name with the format's extension.
-        let f = args.format.first().copied().unwrap_or(Format::Gecko);
-        vec![(
-            f,
-            std::path::PathBuf::from(format!("{}.{}", base.display(), f.extension())),
-        )]
-    } else {
-        output::output_paths(Some(&base), &args.format)
-    };
-    output::write_outputs(
-        &profile,
-        &run,
-        &outputs,
-        output::WriteOptions::with_mode(args.file_mode),
-    )?;
-    if !args.quiet {
-        let paths: Vec<_> = outputs.into_iter().map(|(_, p)| p).collect();
-        sinks::report_written(&paths);
-    }
-    if args.open {
-        open_in_browser(&profile, &run).await?;
-    }
-    Ok(0)
 }
 
 /// Gives the heap's free memory back to the system once an interval's tables are dropped: glibc

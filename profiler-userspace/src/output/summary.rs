@@ -284,6 +284,118 @@ pub fn status_line(p: &Profile, elapsed_s: f64, lost: u64, cpus: usize, rate_hz:
     line
 }
 
+/// What a run's summary says beside its profile: the run's counters (a continuous run's,
+/// added up over its intervals), samples and intervals, and the capture's CPUs and losses.
+pub struct RunTotals {
+    pub counters: crate::aggregate::Counters,
+    pub samples: u64,
+    /// A continuous run's intervals (`None`: one profile).
+    pub intervals: Option<u64>,
+    pub cpus: usize,
+    pub lost_per_cpu: Vec<(u32, u64)>,
+    pub elapsed: std::time::Duration,
+}
+
+/// The end-of-run summary's lines (without the program's prefix).
+pub fn run_lines(p: &Profile, run: &super::RunInfo, t: &RunTotals) -> Vec<String> {
+    let mut out = Vec::new();
+    let c = &t.counters;
+    let secs = t.elapsed.as_secs_f64().max(1e-9);
+    let lost_str: Vec<String> = t
+        .lost_per_cpu
+        .iter()
+        .map(|(cpu, n)| format!("cpu{cpu} {n}"))
+        .collect();
+    let (samples, cpus) = (t.samples, t.cpus);
+    if let Some(intervals) = t.intervals {
+        // The counters start again each interval: the run's totals are the intervals'.
+        out.push(format!(
+            "{secs:.2} s, {samples} samples ({:.0}/s at {} Hz on {cpus} CPUs) in \
+             {intervals} intervals, lost {} ({})",
+            samples as f64 / secs,
+            run.rate_hz,
+            run.lost,
+            lost_str.join(", "),
+        ));
+    } else {
+        out.push(format!(
+            "{secs:.2} s, {samples} samples on CPU ({:.0}/s at {} Hz on {cpus} \
+             CPUs) and {} off-CPU captures, lost {} ({}), truncated {}, bad records {}, {} \
+             processes, {} threads",
+            samples as f64 / secs,
+            run.rate_hz,
+            c.offcpu_captures,
+            run.lost,
+            lost_str.join(", "),
+            c.native_truncated,
+            c.bad_records,
+            p.all_processes().count(),
+            p.thread_count(),
+        ));
+    }
+    if let Some(cost) = &run.cost {
+        out.push(cost.line(samples));
+    }
+    if !run.bpf_programs.is_empty() {
+        out.push(format!(
+            "BPF time by program: {}",
+            super::bpf_programs_line(&run.bpf_programs)
+        ));
+    }
+    let counters: Vec<String> = run
+        .bpf_counters
+        .iter()
+        .map(|(n, v)| format!("{n} {v}"))
+        .collect();
+    out.push(format!("BPF counters: {}", counters.join(", ")));
+    if c.max_lag_ms > LAG_WARN_MS {
+        out.push(format!(
+            "warning: the reader fell behind by up to {:.1} s (samples were \
+             processed late: a larger --ring-mb or a lower --rate keeps up)",
+            c.max_lag_ms / 1000.0
+        ));
+    }
+    if c.py_samples > 0 {
+        out.push(format!(
+            "python: {} records of Python threads (samples and off-CPU captures), \
+             {} merged, {} merge mismatches, {} thread misses, {} read failures, {} truncated",
+            c.py_samples,
+            c.py_merged,
+            c.py_merge_mismatch,
+            c.py_thread_miss,
+            c.py_read_failed,
+            c.py_truncated
+        ));
+        if c.py_async_samples + c.py_async_mismatch + c.py_async_suspended > 0 {
+            out.push(format!(
+                "asyncio: {} samples shown from their running task, {} whose task \
+                 did not match their frames (shown plain), {} await chains cut short",
+                c.py_async_samples, c.py_async_mismatch, c.py_async_cut
+            ));
+        }
+        if c.py_async_suspended > 0 {
+            out.push(format!(
+                "asyncio: {} samples of suspended tasks, on a pseudo-thread per \
+                 event loop (\"asyncio tasks (loop in thread T)\"; wall time, not in the lines \
+                 below)",
+                c.py_async_suspended
+            ));
+        }
+        let bad = c.py_unresolved_frames + c.py_cycles + c.py_bad_line_tables;
+        if bad > 0 {
+            out.push(format!(
+                "python: unreadable target data: {} unresolved code objects, {} \
+                 looping frame chains, {} corrupt line tables",
+                c.py_unresolved_frames, c.py_cycles, c.py_bad_line_tables
+            ));
+        }
+    }
+    if t.intervals.is_none() {
+        out.extend(lines(p, 5));
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
