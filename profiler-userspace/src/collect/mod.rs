@@ -45,7 +45,7 @@ pub type Child = (u32, u32);
 pub struct Collector {
     pub profile: Profile,
     pub procs: FxHashMap<u32, Process>,
-    pub elves: ElfCache,
+    pub elf_files: ElfCache,
     kernel: KernelSymbols,
     /// Where `kernel` came from at start (`-v` says).
     pub kernel_source: crate::ksyms_cache::Source,
@@ -91,7 +91,7 @@ const REUNWINDS: usize = 16;
 
 /// Whether an unwind holds a return address in no module of the process (junk read where a
 /// frame kept none).
-fn has_junk(proc: &crate::process::Process, u: &Unwound) -> bool {
+fn has_stray_address(proc: &crate::process::Process, u: &Unwound) -> bool {
     u.frames
         .iter()
         .skip(1)
@@ -298,7 +298,7 @@ impl Collector {
         Collector {
             profile,
             procs: FxHashMap::default(),
-            elves: ElfCache::new(crate::python::SPLIT_FUNCTIONS),
+            elf_files: ElfCache::new(crate::python::SPLIT_FUNCTIONS),
             kernel,
             kernel_source,
             kernel_reread_at: None,
@@ -396,12 +396,12 @@ impl Collector {
     /// Reads `pid`'s mappings (again) and tries to set it up as a Python process: the BPF config
     /// to install when it is newly found. `young`: see `PythonRegistry::try_add`.
     pub fn try_python(&mut self, pid: u32, young: bool) -> Option<profiler_common::PyProcConfig> {
-        let elves = &mut self.elves;
+        let elf_files = &mut self.elf_files;
         let proc = self
             .procs
             .entry(pid)
             .or_insert_with(|| Process::new(pid, ""));
-        proc.reload_maps(elves);
+        proc.reload_maps(elf_files);
         let found = self.python.try_add(proc, young);
         if found.is_some() && self.python.options().tasks.all() {
             // Its tasks' first pass stands for the time since.
@@ -499,7 +499,7 @@ impl Collector {
             return None;
         }
         let proc = self.procs.get_mut(&pid)?;
-        proc.reload_maps(&mut self.elves);
+        proc.reload_maps(&mut self.elf_files);
         self.python.find_asyncio(proc)
     }
 

@@ -5,7 +5,9 @@
 
 use std::sync::Arc;
 
-use super::{ensure_process, has_junk, monotonic_ns, state_bits, Collector, PySink, REUNWINDS};
+use super::{
+    ensure_process, has_stray_address, monotonic_ns, state_bits, Collector, PySink, REUNWINDS,
+};
 use crate::aggregate::{state, Category, FrameId};
 use crate::capture::record::RawSample;
 use crate::process::unwind::{unwind_user, LateMemo, Unwound, SCAN_FRAMES};
@@ -52,7 +54,7 @@ impl Collector {
             self.profile.counters.native_truncated += 1;
         }
         let (root_first, st) = self.assemble(&s, py, &unwound, native, kernel);
-        self.file(&s, t_ms, &root_first, st, blocked);
+        self.add_to_profile(&s, t_ms, &root_first, st, blocked);
     }
 
     /// How long the sample waited in the ring buffer before being read.
@@ -84,7 +86,7 @@ impl Collector {
         // A sample inside an exec: the user registers are the old program's, whose mappings
         // are gone or going (the maps read now are the new program's); its kernel stack says it.
         let replaced = kernel.iter().any(|&f| self.is_exec_point(f));
-        let elves = &mut self.elves;
+        let elf_files = &mut self.elf_files;
         let proc = self
             .procs
             .entry(pid)
@@ -110,11 +112,11 @@ impl Collector {
             && proc.maps_read_ns() != 0
             && proc.maps_read_ns() < s.time_ns
         {
-            proc.reload_maps(elves);
+            proc.reload_maps(elf_files);
             self.profile.counters.maps_read_on_load += 1;
         }
         if s.ip != 0 && !replaced {
-            proc.ensure_maps(s.ip, s.time_ns, elves);
+            proc.ensure_maps(s.ip, s.time_ns, elf_files);
         }
         replaced
     }
@@ -126,7 +128,7 @@ impl Collector {
         if s.flags & profiler_common::SAMPLE_NO_USER != 0 || replaced {
             return Unwound::empty();
         }
-        let elves = &mut self.elves;
+        let elf_files = &mut self.elf_files;
         let Some(proc) = self.procs.get_mut(&pid) else {
             return Unwound::empty();
         };
@@ -135,7 +137,7 @@ impl Collector {
         // were read. Re-read them (rate-limited) and unwind again.
         if let Some(f) = u.frames.iter().find(|f| proc.module_for(f.addr).is_none()) {
             let before = proc.modules.len();
-            proc.ensure_maps(f.addr, s.time_ns, elves);
+            proc.ensure_maps(f.addr, s.time_ns, elf_files);
             if proc.modules.len() != before {
                 u = unwind_user(proc, s, &[], None, &mut { SCAN_FRAMES });
             }
@@ -326,7 +328,7 @@ impl Collector {
 
     /// Files the sample's stack under its process and thread: an on-CPU sample (or `dump`'s
     /// read of a blocked thread), or an off-CPU capture the scheduler's accounting charges.
-    fn file(
+    fn add_to_profile(
         &mut self,
         s: &RawSample,
         t_ms: f64,
@@ -420,7 +422,7 @@ impl Collector {
                 budget -= 1;
                 let proc = self.procs.get_mut(&pid)?;
                 let again = unwind_user(proc, s, &skip, memo, &mut scan_frames);
-                if has_junk(proc, &again) {
+                if has_stray_address(proc, &again) {
                     break;
                 }
                 if again.rooted {

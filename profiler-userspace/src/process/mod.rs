@@ -188,7 +188,7 @@ impl Process {
     /// they may not show it yet: read before the sample (`sample_ns`) was taken when `addr` is in
     /// no mapping at all or in one that was not executable (something was mapped since),
     /// `REFRESH_MIN` ago when it is in an anonymous one (JIT code).
-    pub fn ensure_maps(&mut self, addr: u64, sample_ns: u64, elves: &mut ElfCache) {
+    pub fn ensure_maps(&mut self, addr: u64, sample_ns: u64, elf_files: &mut ElfCache) {
         let stale = match self.maps_read_at {
             None => true,
             Some(t) if self.module_for(addr).is_none() => {
@@ -213,7 +213,7 @@ impl Process {
             Some(_) => false,
         };
         if stale && !(self.unreadable && self.maps_read_at.is_some()) {
-            self.reload_maps(elves);
+            self.reload_maps(elf_files);
         }
     }
 
@@ -222,7 +222,7 @@ impl Process {
         self.maps_read_ns
     }
 
-    pub fn reload_maps(&mut self, elves: &mut ElfCache) {
+    pub fn reload_maps(&mut self, elf_files: &mut ElfCache) {
         self.maps_read_at = Some(Instant::now());
         self.maps_read_ns = monotonic_ns();
         // A process that has exited (a zombie's mappings read empty) keeps what was read while
@@ -259,7 +259,7 @@ impl Process {
                 continue;
             }
             let first = ms[0];
-            let elf = elves.get(
+            let elf = elf_files.get(
                 self.pid,
                 &first.dev,
                 first.inode,

@@ -507,10 +507,10 @@ impl PyProcess {
     /// The code objects at `addrs` (`CodeCache::code`), noting asyncio's `Handle._run` when it
     /// is wanted and read for the first time.
     pub(super) fn code(&mut self, addrs: &[u64], epoch: u64) -> Vec<Option<Arc<CodeInfo>>> {
-        let aio = &mut self.aio;
+        let asyncio = &mut self.asyncio;
         self.cache.code(&self.rt, addrs, epoch, &mut |a, c| {
-            if aio.handle_run_wanted && aio.handle_run == 0 && is_handle_run(c) {
-                aio.handle_run = a;
+            if asyncio.handle_run_wanted && asyncio.handle_run == 0 && is_handle_run(c) {
+                asyncio.handle_run = a;
             }
         })
     }

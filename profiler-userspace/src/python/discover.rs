@@ -5,7 +5,7 @@ use super::asyncio::state::AsyncState;
 use super::code_cache::CodeCache;
 use super::layout::{self, Layout};
 use super::remote::{le_u64, Remote};
-use super::thread_map::ThreadMap;
+use super::thread_states::ThreadMap;
 use super::NotPython;
 use crate::process::Process;
 use profiler_common::PyProcConfig;
@@ -45,7 +45,7 @@ pub struct PyProcess {
     pub ready: bool,
     pub cache: CodeCache,
     pub threads: ThreadMap,
-    pub aio: AsyncState,
+    pub asyncio: AsyncState,
     /// A forked child that was gone before it was read, named from its parent (`rt` reads the
     /// parent): its own runtime, whose reads fail, for code that is not the parent's too. See
     /// `PythonRegistry::add_gone_fork`. Nothing is read of its threads or tasks.
@@ -195,7 +195,7 @@ impl PyProcess {
                 ready,
                 cache: CodeCache::default(),
                 threads: ThreadMap::default(),
-                aio: AsyncState::default(),
+                asyncio: AsyncState::default(),
                 gone_fork: None,
             });
         }

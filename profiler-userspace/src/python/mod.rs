@@ -9,7 +9,7 @@
 //! - `discover`: finding a runtime (`PyProcess`, its `Runtime`), its version and layout;
 //! - `layout`: per-version layouts; `objects`: CPython object offsets beyond them;
 //! - `code_cache`, `code`: code objects (read, validated per epoch, retired), line tables;
-//! - `thread_map`, `threads`: threads' thread states and `threading` names;
+//! - `thread_states`, `thread_names`: threads' thread states and `threading` names;
 //! - `resolve`: a sample's frames grouped into activations; `merge`: into the native stack;
 //! - `frame_chain`: the one walk of a frame chain from outside;
 //! - `asyncio/`: tasks, await chains and per-process asyncio state (`--async-aware`);
@@ -31,8 +31,8 @@ pub mod objects;
 pub mod opcodes;
 pub mod registry;
 pub mod resolve;
-pub mod thread_map;
-pub mod threads;
+pub mod thread_names;
+pub mod thread_states;
 
 /// Reads of the target's memory (the process layer's, used throughout this module).
 pub use crate::process::remote;

@@ -170,7 +170,7 @@ impl PythonRegistry {
                 if self.opts.tasks.aware() && p.rt.layout.minor >= 14 {
                     p.look_for_asyncio(proc);
                 } else if self.opts.tasks.aware() && p.rt.layout.minor >= 11 {
-                    p.aio.handle_run_wanted = true;
+                    p.asyncio.handle_run_wanted = true;
                 } else if self.opts.tasks.aware() {
                     eprintln!(
                         "tachyon-bpf: pid {} runs Python {}: async-aware stacks need Python \
@@ -246,7 +246,7 @@ impl PythonRegistry {
             ready: p.ready,
             cache: Default::default(),
             threads: Default::default(),
-            aio: Default::default(),
+            asyncio: Default::default(),
             gone_fork: Some(Box::new(Runtime {
                 remote: Remote { pid: child },
                 ..p.rt.clone()
@@ -267,7 +267,7 @@ impl PythonRegistry {
     pub fn new_profile(&mut self) {
         for p in self.procs.values_mut() {
             p.cache.new_profile();
-            p.aio.new_profile();
+            p.asyncio.new_profile();
         }
     }
 

@@ -218,7 +218,7 @@ struct Activation<'a> {
 
 /// A sample's frames as believed: each with whether it is a shim (no code of its own), and the
 /// code object of each other frame, read once per distinct address.
-struct Believed<'s> {
+struct TrustedFrames<'s> {
     frames: &'s [profiler_common::PyFrame],
     shims: Vec<bool>,
     codes: FxHashMap<u64, Option<Arc<CodeInfo>>>,
@@ -235,7 +235,7 @@ impl PyProcess {
         s: &'s RawSample,
         epoch: u64,
         out: &mut impl ProfileSink,
-    ) -> Believed<'s> {
+    ) -> TrustedFrames<'s> {
         let (layout, none) = (&self.rt.layout, self.rt.none_addr);
         let torn = s.py_frames.iter().position(|f| {
             !layout.is_shim(f.flags as u8, f.code, none)
@@ -259,7 +259,7 @@ impl PyProcess {
         uniq.sort_unstable();
         uniq.dedup();
         let codes = uniq.iter().copied().zip(self.code(&uniq, epoch)).collect();
-        Believed {
+        TrustedFrames {
             frames,
             shims,
             codes,
@@ -271,7 +271,7 @@ impl PyProcess {
     fn activations(
         &mut self,
         s: &RawSample,
-        b: Believed,
+        b: TrustedFrames,
         walk: &mut Activation,
         out: &mut impl ProfileSink,
     ) -> Vec<Vec<FrameRef>> {

@@ -80,15 +80,15 @@ impl PyProcess {
     /// once the `_asyncio` extension is mapped or `Handle._run` was seen); true when it is
     /// newly found, or (3.11-3.13) `Handle._run` was seen since: the BPF config changed.
     pub(in crate::python) fn look_for_asyncio(&mut self, proc: &Process) -> bool {
-        if self.aio.layout.is_some() {
-            let news = self.aio.handle_run != 0 && self.config.handle_run_code == 0;
+        if self.asyncio.layout.is_some() {
+            let news = self.asyncio.handle_run != 0 && self.config.handle_run_code == 0;
             self.async_config();
             return news;
         }
-        self.aio.looked = Some(std::time::Instant::now());
-        self.aio.looks = self.aio.looks.saturating_add(1);
+        self.asyncio.looked = Some(std::time::Instant::now());
+        self.asyncio.looks = self.asyncio.looks.saturating_add(1);
         let legacy_seen = || {
-            self.aio.handle_run != 0
+            self.asyncio.handle_run != 0
                 || proc.modules.iter().any(|m| {
                     m.path
                         .rsplit('/')
@@ -96,7 +96,7 @@ impl PyProcess {
                         .is_some_and(|f| f.starts_with("_asyncio"))
                 })
         };
-        let found = match self.aio.handle_run_wanted {
+        let found = match self.asyncio.handle_run_wanted {
             true if legacy_seen() => {
                 AsyncLayout::legacy(&self.rt.layout, self.rt.str_type, self.rt.long_type)
             }
@@ -111,7 +111,7 @@ impl PyProcess {
         };
         let Some(a) = found else { return false };
         log::info!("pid {}: asyncio found", self.pid);
-        self.aio.layout = Some(a);
+        self.asyncio.layout = Some(a);
         self.async_config();
         true
     }
@@ -119,12 +119,14 @@ impl PyProcess {
     /// Sets what the BPF side reads of asyncio at a sample into `config` (again after the
     /// rest of it was taken anew: `PythonRegistry::refresh`).
     pub(in crate::python) fn async_config(&mut self) {
-        let Some(a) = &self.aio.layout else { return };
+        let Some(a) = &self.asyncio.layout else {
+            return;
+        };
         let c = &mut self.config;
         if let Some(off) = a.tstate_running_task() {
             c.tstate_running_task = off as u32;
-        } else if self.aio.handle_run != 0 {
-            c.handle_run_code = self.aio.handle_run;
+        } else if self.asyncio.handle_run != 0 {
+            c.handle_run_code = self.asyncio.handle_run;
             c.frame_self = self.rt.layout.frame_localsplus;
             c.handle_callback = HANDLE_CALLBACK;
             c.step_task = STEP_TASK;
@@ -140,11 +142,11 @@ impl PyProcess {
         tid: u32,
         epoch: u64,
     ) -> Option<Arc<AwaitChain>> {
-        let a = self.aio.layout.as_ref()?;
-        if self.aio.await_chains.len() > 4096 {
-            self.aio.await_chains.clear();
+        let a = self.asyncio.layout.as_ref()?;
+        if self.asyncio.await_chains.len() > 4096 {
+            self.asyncio.await_chains.clear();
         }
-        let entry = self.aio.await_chains.get_mut(&task);
+        let entry = self.asyncio.await_chains.get_mut(&task);
         if let Some(e) = &entry {
             if e.epoch == epoch {
                 return e.chain.clone();
@@ -163,14 +165,14 @@ impl PyProcess {
         if chain.is_some() && !a.lists_tasks() {
             // 3.11-3.13: which thread runs the task's loop (`all` mode's passes).
             if let Some(l) = self.rt.remote.u64(task + 16) {
-                if self.aio.loop_threads.len() > 1024 {
-                    self.aio.loop_threads.clear();
+                if self.asyncio.loop_threads.len() > 1024 {
+                    self.asyncio.loop_threads.clear();
                 }
-                self.aio.loop_threads.insert(l, tid);
+                self.asyncio.loop_threads.insert(l, tid);
             }
-            self.aio.seen_task = task;
+            self.asyncio.seen_task = task;
         }
-        self.aio.await_chains.insert(
+        self.asyncio.await_chains.insert(
             task,
             AwaitEntry {
                 epoch,
@@ -192,7 +194,7 @@ impl PyProcess {
         epoch: u64,
     ) -> Arc<Vec<FrameRef>> {
         if let Some(p) = self
-            .aio
+            .asyncio
             .await_chains
             .get(&task)
             .and_then(|e| e.prefix.clone())
@@ -205,7 +207,7 @@ impl PyProcess {
             prefix.extend(self.chain_frames(out, &t.frames, epoch));
         }
         let prefix = Arc::new(prefix);
-        if let Some(e) = self.aio.await_chains.get_mut(&task) {
+        if let Some(e) = self.asyncio.await_chains.get_mut(&task) {
             e.prefix = Some(prefix.clone());
         }
         prefix
@@ -216,7 +218,7 @@ impl PyProcess {
     /// (from which `_asyncio`'s set of tasks is found, before a sample has shown one running).
     /// Code objects named on the way are learnt as a sample's are (`Handle._run` among them).
     fn loops_of_threads(&mut self, epoch: u64) {
-        let Some(a) = self.aio.layout.clone() else {
+        let Some(a) = self.asyncio.layout.clone() else {
             return;
         };
         let c = self.config;
@@ -254,13 +256,13 @@ impl PyProcess {
                     .collect();
                 if info.is_some_and(|i| &*i.name == "BaseEventLoop.run_forever") {
                     if let Some(&l) = locals.first() {
-                        self.aio.loop_threads.insert(l, tid);
+                        self.asyncio.loop_threads.insert(l, tid);
                         in_loop = true;
                     }
                 }
-                if in_loop && self.aio.seen_task == 0 {
+                if in_loop && self.asyncio.seen_task == 0 {
                     if let Some(&t) = locals.iter().find(|&&t| a.is_task_at(&self.rt.remote, t)) {
-                        self.aio.seen_task = t;
+                        self.asyncio.seen_task = t;
                     }
                 }
             }
@@ -269,14 +271,14 @@ impl PyProcess {
 
     /// The `<task> NAME` frame of a task.
     fn task_frame(&mut self, out: &mut impl ProfileSink, name: &str) -> FrameRef {
-        if self.aio.task_frames.len() > 100_000 {
-            self.aio.task_frames.clear();
+        if self.asyncio.task_frames.len() > 100_000 {
+            self.asyncio.task_frames.clear();
         }
-        if let Some(&f) = self.aio.task_frames.get(name) {
+        if let Some(&f) = self.asyncio.task_frames.get(name) {
             return f;
         }
         let f = out.task_frame(name);
-        self.aio.task_frames.insert(name.to_string(), f);
+        self.asyncio.task_frames.insert(name.to_string(), f);
         f
     }
 
@@ -312,17 +314,17 @@ impl PythonRegistry {
                 if p.gone_fork.is_some() {
                     return false;
                 }
-                let every = if p.aio.looks < ASYNCIO_EARLY_LOOKS {
+                let every = if p.asyncio.looks < ASYNCIO_EARLY_LOOKS {
                     ASYNCIO_EARLY_RETRY
                 } else {
                     ASYNCIO_RETRY
                 };
                 // 3.11-3.13: also once `Handle._run` has been seen, for the BPF side.
-                let handle_news = p.aio.handle_run != 0 && p.config.handle_run_code == 0;
-                let looks = p.aio.layout.is_none()
-                    && (p.aio.handle_run_wanted || p.rt.layout.minor >= 14)
-                    && p.aio.looked.is_none_or(|t| t.elapsed() >= every);
-                looks || (p.aio.layout.is_some() && handle_news)
+                let handle_news = p.asyncio.handle_run != 0 && p.config.handle_run_code == 0;
+                let looks = p.asyncio.layout.is_none()
+                    && (p.asyncio.handle_run_wanted || p.rt.layout.minor >= 14)
+                    && p.asyncio.looked.is_none_or(|t| t.elapsed() >= every);
+                looks || (p.asyncio.layout.is_some() && handle_news)
             })
     }
 
@@ -346,7 +348,7 @@ impl PythonRegistry {
         let Some(p) = self.procs.get_mut(&pid).filter(|p| p.gone_fork.is_none()) else {
             return Vec::new();
         };
-        let Some(a) = p.aio.layout.clone() else {
+        let Some(a) = p.asyncio.layout.clone() else {
             return Vec::new();
         };
         // Each loop thread's tasks, and the task it runs now (where the thread state says).
@@ -372,29 +374,30 @@ impl PythonRegistry {
             // coroutine is not suspended, so it shows no chain.
             // While no loop is known, on every pass: its tasks' time is lost until then (a walk
             // every 10 passes only lost a second of a 3 s test).
-            if p.aio.loop_threads.is_empty() || p.aio.loop_passes >= LOOP_WALK_EVERY {
-                p.aio.loop_passes = 0;
-                p.aio.loop_threads.clear();
+            if p.asyncio.loop_threads.is_empty() || p.asyncio.loop_passes >= LOOP_WALK_EVERY {
+                p.asyncio.loop_passes = 0;
+                p.asyncio.loop_threads.clear();
                 p.loops_of_threads(epoch);
             }
-            p.aio.loop_passes += 1;
-            if let Some(proc) = proc.filter(|_| p.aio.task_set == 0 && p.aio.seen_task != 0) {
-                p.aio.task_set = a
-                    .find_task_set(&p.rt.remote, proc, p.rt.layout.minor, p.aio.seen_task)
+            p.asyncio.loop_passes += 1;
+            if let Some(proc) = proc.filter(|_| p.asyncio.task_set == 0 && p.asyncio.seen_task != 0)
+            {
+                p.asyncio.task_set = a
+                    .find_task_set(&p.rt.remote, proc, p.rt.layout.minor, p.asyncio.seen_task)
                     .unwrap_or(0);
             }
-            if p.aio.task_set == 0 {
+            if p.asyncio.task_set == 0 {
                 return Vec::new();
             }
-            let (tasks, cut) = a.set_tasks(&p.rt.remote, p.aio.task_set);
+            let (tasks, cut) = a.set_tasks(&p.rt.remote, p.asyncio.task_set);
             if cut {
                 out.count(PyEvent::AsyncCut);
             }
             let mut by_thread: std::collections::BTreeMap<u32, Vec<(u64, Vec<u8>)>> =
                 Default::default();
             for (t, b) in tasks {
-                let tid =
-                    AsyncLayout::task_loop(&b).and_then(|l| p.aio.loop_threads.get(&l).copied());
+                let tid = AsyncLayout::task_loop(&b)
+                    .and_then(|l| p.asyncio.loop_threads.get(&l).copied());
                 if let Some(tid) = tid {
                     by_thread.entry(tid).or_default().push((t, b));
                 }
@@ -411,7 +414,7 @@ impl PythonRegistry {
                 &p.rt.layout,
                 &tasks,
                 running,
-                &mut p.aio.task_names,
+                &mut p.asyncio.task_names,
             );
             let mut stacks = Vec::with_capacity(chains.len());
             for c in chains {

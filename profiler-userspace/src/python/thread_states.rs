@@ -9,7 +9,7 @@ use rustc_hash::FxHashSet;
 use super::discover::Runtime;
 use super::registry::PythonRegistry;
 use super::remote::{self, le_u64};
-use super::{threads, ThreadChanges};
+use super::{thread_names, ThreadChanges};
 use crate::process::procfs;
 
 /// Bounds on walks of target lists (untrusted memory).
@@ -270,7 +270,7 @@ impl PythonRegistry {
             }
             *tries += 1;
             if let Some(name) =
-                threads::thread_name(&p.rt.remote, &p.rt.layout, p.rt.str_type, tstate)
+                thread_names::thread_name(&p.rt.remote, &p.rt.layout, p.rt.str_type, tstate)
             {
                 *tries = NAME_TRIES;
                 named.push((tid, name));
@@ -292,7 +292,7 @@ impl PythonRegistry {
             .filter_map(|(&tid, &tstate)| {
                 (0..TRIES_NOW)
                     .find_map(|_| {
-                        threads::thread_name(&p.rt.remote, &p.rt.layout, p.rt.str_type, tstate)
+                        thread_names::thread_name(&p.rt.remote, &p.rt.layout, p.rt.str_type, tstate)
                     })
                     .map(|name| (tid, name))
             })
